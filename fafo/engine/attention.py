@@ -1,0 +1,183 @@
+"""Attention plans and the two attention backends.
+
+A forward step attends its queries to two key sets and merges the results by log-sum-exp (LongSpec's hybrid
+tree attention):
+
+* the *prefix*: KV already in the static cache, physical slots ``[0, prefix)``; query ``q`` may be limited to the
+  first ``prefix_lens[q]`` slots (FAFO's fumble streams see only the fixed compressed region at the cache head);
+* the *step*: this forward's own tokens, with an arbitrary ``[Q, Q]`` boolean mask (causal, tree, Jacobi window...).
+
+Because the two parts are computed apart, no dense ``[Q, max_len]`` mask is ever built. Backends:
+``sdpa`` (reference: SDPA when there is no prefix, exact float32-softmax maths otherwise) and ``flex``
+(FlexAttention with block masks; compiled on CUDA, eager on CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("sdpa", "flex")
+
+
+@dataclass
+class AttentionPlan:
+    """Which keys each query of a step may see.
+
+    Attributes:
+        prefix: cache slots ``[0, prefix)`` are visible (they hold KV written by earlier steps).
+        prefix_lens: optional ``[Q]`` long tensor, query ``q`` sees only slots ``[0, prefix_lens[q])``
+            (each <= ``prefix``); ``None`` means every query sees the whole prefix.
+        step_mask: optional ``[Q, Q]`` bool tensor, ``True`` where a query may attend a step token; ``None`` is
+            causal. Every query must see itself.
+    """
+
+    prefix: int
+    prefix_lens: torch.Tensor | None = None
+    step_mask: torch.Tensor | None = None
+
+
+def causal_plan(prefix: int) -> AttentionPlan:
+    """Ordinary decoding or (chunked) prefill: all of the prefix, causal within the step."""
+    return AttentionPlan(prefix=prefix)
+
+
+def tree_mask(parents: list[int] | torch.Tensor, device=None) -> torch.Tensor:
+    """``[Q, Q]`` bool ancestor mask of a token tree given each node's parent index (-1 for a root)."""
+    parents = torch.as_tensor(parents, dtype=torch.long, device=device)
+    n = parents.numel()
+    mask = torch.eye(n, dtype=torch.bool, device=device)
+    for i in range(n):  # parents precede children, so each row extends its parent's row
+        p = int(parents[i])
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
+
+
+def _masked_attention_lse(q, k, v, mask, scale):
+    """Exact attention returning (out, lse).
+
+    q: [B, Hkv, G, Q, D]; k, v: [B, Hkv, K, D]; mask: broadcastable to [Q, K] bool or None.
+    out: [B, Hkv, G, Q, D] float32; lse: [B, Hkv, G, Q] float32 (-inf for a query that sees nothing).
+    """
+    scores = torch.matmul(q, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, Hkv, G, Q, K]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.clamp_min(torch.finfo(torch.float32).min)[..., None])
+    out = torch.matmul(probs.to(v.dtype), v[:, :, None]).float()
+    return out, lse
+
+
+def _merge(o1, l1, o2, l2):
+    """Combine two partial attentions over disjoint key sets by their log-sum-exps."""
+    lse = torch.logaddexp(l1, l2)
+    w1 = torch.exp(l1 - lse).nan_to_num(0.0)[..., None]
+    w2 = torch.exp(l2 - lse).nan_to_num(0.0)[..., None]
+    return o1 * w1 + o2 * w2
+
+
+def _prefix_mask(plan: AttentionPlan, device) -> torch.Tensor | None:
+    if plan.prefix_lens is None:
+        return None
+    return torch.arange(plan.prefix, device=device)[None, :] < plan.prefix_lens[:, None]  # [Q, P]
+
+
+def sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float, query_chunk=1024):
+    """Reference backend.
+
+    q: [B, Hq, Q, D]; k_cache/v_cache: [B, Hkv, S, D]; k_step/v_step: [B, Hkv, Q, D] -> [B, Hq, Q, D].
+    """
+    B, Hq, Q, D = q.shape
+    Hkv = k_step.shape[1]
+    if plan.prefix == 0:  # prefill: one fused SDPA call, nothing to merge
+        return F.scaled_dot_product_attention(
+            q, k_step, v_step, attn_mask=plan.step_mask, is_causal=plan.step_mask is None,
+            scale=scale, enable_gqa=Hq != Hkv,
+        )
+    step_mask = plan.step_mask
+    if step_mask is None:
+        step_mask = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
+    prefix_mask = _prefix_mask(plan, q.device)
+    qg = q.view(B, Hkv, Hq // Hkv, Q, D)
+    kp, vp = k_cache[:, :, : plan.prefix], v_cache[:, :, : plan.prefix]
+    outs = []
+    for s in range(0, Q, query_chunk):  # bounds the [chunk, prefix] score tensor for long chunked prefills
+        e = min(Q, s + query_chunk)
+        o1, l1 = _masked_attention_lse(qg[..., s:e, :], kp, vp, None if prefix_mask is None else prefix_mask[s:e], scale)
+        o2, l2 = _masked_attention_lse(qg[..., s:e, :], k_step, v_step, step_mask[s:e], scale)
+        outs.append(_merge(o1, l1, o2, l2))
+    return torch.cat(outs, dim=-2).view(B, Hq, Q, D).to(q.dtype)
+
+
+def _flex():
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+    return AuxRequest, create_block_mask, flex_attention
+
+
+_compiled_flex = None
+
+
+def _flex_call(q, k, v, block_mask, scale, compiled: bool):
+    global _compiled_flex
+    AuxRequest, _, flex_attention = _flex()
+    fn = flex_attention
+    if compiled:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=True)
+        fn = _compiled_flex
+    out, aux = fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+                  return_aux=AuxRequest(lse=True))
+    return out.float(), aux.lse.float()
+
+
+def generate_prefix_mask(prefix_lens: torch.Tensor):
+    """mask_mod: query ``q`` sees cache slots ``kv < prefix_lens[q]`` (the offsets live in a tensor)."""
+
+    def prefix_mask(b, h, q_idx, kv_idx):
+        return kv_idx < prefix_lens[q_idx]
+
+    return prefix_mask
+
+
+def generate_step_mask(step_mask: torch.Tensor):
+    """mask_mod: an arbitrary ``[Q, Q]`` boolean mask over this step's tokens."""
+
+    def step(b, h, q_idx, kv_idx):
+        return step_mask[q_idx, kv_idx]
+
+    return step
+
+
+def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float):
+    """FlexAttention backend (same contract as :func:`sdpa_attention`)."""
+    _, create_block_mask, _ = _flex()
+    compiled = q.device.type == "cuda"
+    Q = q.shape[2]
+    dev = q.device
+    step_mask = plan.step_mask
+    if step_mask is None:
+        step_mask = torch.ones(Q, Q, dtype=torch.bool, device=dev).tril()
+    bm_step = create_block_mask(generate_step_mask(step_mask), None, None, Q, Q, device=dev)
+    o2, l2 = _flex_call(q, k_step, v_step, bm_step, scale, compiled)
+    if plan.prefix == 0:
+        return o2.to(q.dtype)
+    lens = plan.prefix_lens
+    if lens is None:
+        lens = torch.full((Q,), plan.prefix, dtype=torch.long, device=dev)
+    bm_prefix = create_block_mask(generate_prefix_mask(lens), None, None, Q, plan.prefix, device=dev)
+    kp, vp = k_cache[:, :, : plan.prefix], v_cache[:, :, : plan.prefix]
+    o1, l1 = _flex_call(q, kp, vp, bm_prefix, scale, compiled)
+    return _merge(o1, l1, o2, l2).to(q.dtype)
+
+
+def attend(backend: str, q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float):
+    """Dispatch to a backend by name (``sdpa`` or ``flex``)."""
+    if backend == "sdpa":
+        return sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan, scale)
+    if backend == "flex":
+        return flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan, scale)
+    raise ValueError(f"unknown attention backend {backend!r}; use one of {BACKENDS}")

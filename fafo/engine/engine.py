@@ -1,0 +1,128 @@
+"""The engine every decoder shares: one model, one tokenizer, one reusable static cache.
+
+A fair race needs identical kernels, so vanilla and every method run on this object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fafo.engine.attention import BACKENDS, AttentionPlan, causal_plan
+from fafo.engine.cache import KVCache
+from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
+from fafo.engine.model import Transformer
+from fafo.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ConfigError(f"bench.dtype={name!r} is not supported; use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def check_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise ConfigError(f"model.attention={name!r} is not an attention backend; use one of {', '.join(BACKENDS)}")
+    return name
+
+
+@dataclass
+class Engine:
+    """Model + tokenizer + static cache on one device.
+
+    Attributes:
+        model: the transformer.
+        tokenizer: the checkpoint's tokenizer (with its chat template).
+        backend: attention backend name (``sdpa`` or ``flex``).
+        eos_ids: token ids that end a generation (tokenizer eos + generation_config eos).
+        max_len: the model's usable context (``max_position_embeddings`` unless capped by config).
+    """
+
+    model: Transformer
+    tokenizer: object
+    backend: str = "sdpa"
+    eos_ids: tuple[int, ...] = ()
+    max_len: int = 0
+    name: str = ""
+    _cache: KVCache | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, device="cpu", dtype="float32", backend="sdpa",
+                        revision: str | None = None, max_len: int | None = None, name: str = "") -> "Engine":
+        """Load a hub id or a local checkpoint directory."""
+        check_backend(backend)
+        parse_dtype(dtype) if isinstance(dtype, str) else dtype
+        ckpt = resolve_checkpoint(path, revision)
+        config = load_hf_config(ckpt)
+        return cls.load(ckpt, config, load_tokenizer(ckpt), device=device, dtype=dtype, backend=backend,
+                        max_len=max_len, name=name or path)
+
+    @classmethod
+    def load(cls, ckpt, config, tokenizer, *, device="cpu", dtype="float32", backend="sdpa",
+             max_len: int | None = None, name: str = "") -> "Engine":
+        """Load the weights of an already resolved checkpoint directory (config and tokenizer read)."""
+        torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+        model = load_model(ckpt, config, torch_dtype, torch.device(device))
+        context = min(max_len or config.max_position_embeddings, config.max_position_embeddings)
+        return cls(model, tokenizer, check_backend(backend), eos_token_ids(ckpt, config, tokenizer), context,
+                   name or str(ckpt))
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.lm_head.weight.dtype
+
+    @property
+    def weights_nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def cache(self, min_len: int) -> KVCache:
+        """The shared static cache, (re)allocated only when a sample needs more slots than it has."""
+        if self._cache is None or self._cache.max_len < min_len:
+            self._cache = None  # free the old one first
+            self._cache = self.model.new_cache(-(-min_len // 256) * 256)
+        return self._cache
+
+    def tensor(self, values, dtype=torch.long) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=dtype, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, cache: KVCache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None):
+        """One model step (see :meth:`Transformer.forward`); tokens/positions/slots may be lists or tensors."""
+        tokens = self.tensor(tokens)
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        slots = None if slots is None else self.tensor(slots)
+        return self.model(tokens, self.tensor(positions), cache, slots, plan, self.backend, logits, skip)
+
+    def prefill(self, cache: KVCache, prompt_ids: list[int], logits="last") -> torch.Tensor:
+        """Write the prompt's KV to slots ``[0, T)`` at positions ``[0, T)``; returns its logits rows."""
+        idx = torch.arange(len(prompt_ids), device=self.device)
+        return self.forward(cache, prompt_ids, idx, idx, causal_plan(0), logits)
+
+
+def eos_token_ids(ckpt, config, tokenizer) -> tuple[int, ...]:
+    """All ids that end a turn: the tokenizer's eos plus generation_config's (Llama-3 lists ``<|eot_id|>``)."""
+    ids: list[int] = []
+
+    def add(v):
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+            if x is not None and int(x) not in ids:
+                ids.append(int(x))
+
+    add(tokenizer.eos_token_id)
+    add(getattr(config, "eos_token_id", None))
+    try:
+        from transformers import GenerationConfig
+
+        add(GenerationConfig.from_pretrained(ckpt).eos_token_id)
+    except OSError:
+        pass
+    return tuple(ids)

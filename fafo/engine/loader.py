@@ -1,0 +1,111 @@
+"""Loading Hugging Face checkpoints (hub id or local directory) into :class:`fafo.engine.model.Transformer`.
+
+transformers does what it is good at (``AutoConfig``, ``AutoTokenizer`` with the chat template, rope init);
+the weights come straight from safetensors (or ``pytorch_model*.bin``) into our module, whose parameter names
+match Hugging Face's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from fafo.errors import ConfigError
+from fafo.engine.model import SUPPORTED_FAMILIES, ModelArgs, Transformer
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_ALLOW = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+
+
+def resolve_checkpoint(path: str, revision: str | None = None) -> Path:
+    """A local checkpoint directory for ``path`` (a directory, or a hub id fetched into the HF cache).
+
+    Raises:
+        ConfigError: the path is neither a directory nor a hub id, or the hub cannot be reached and the model is
+            not cached.
+    """
+    local = Path(os.path.expanduser(path))
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model.path={path!r} is a directory without config.json; point it at a Hugging Face "
+                              "checkpoint directory (save_pretrained output)")
+        return local
+    if not _HUB_ID.match(path):
+        raise ConfigError(f"model.path={path!r} is neither an existing directory nor a hub id like 'org/name'; "
+                          "fix the path or use a hub id")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(path, revision=revision, allow_patterns=_ALLOW))
+    except Exception as exc:  # offline, unknown repo, gated repo, no network...
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+        why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else type(exc).__name__
+        raise ConfigError(f"model.path={path!r} could not be fetched from the Hugging Face hub ({why}); download "
+                          f"it where the hub is reachable (`hf download {path}`) and set model.path to that "
+                          "directory, or log in for gated models") from None
+
+
+def load_hf_config(ckpt: Path):
+    """The transformers config of a checkpoint, refusing families the engine does not implement."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(ckpt)
+    if config.model_type not in SUPPORTED_FAMILIES:
+        raise ConfigError(f"model.path={str(ckpt)!r} is a {config.model_type!r} model; the engine supports "
+                          f"{', '.join(SUPPORTED_FAMILIES)} checkpoints")
+    return config
+
+
+def load_tokenizer(ckpt: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(ckpt)
+
+
+def _weight_files(ckpt: Path) -> list[Path]:
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = ckpt / index_name
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return [ckpt / s for s in shards]
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (ckpt / name).is_file():
+            return [ckpt / name]
+    raise ConfigError(f"model.path={str(ckpt)!r} has no model.safetensors / pytorch_model.bin weights; "
+                      "use a complete checkpoint directory")
+
+
+def _read_state_dict(files: list[Path], dtype: torch.dtype, device: torch.device):
+    from safetensors import safe_open
+
+    for f in files:
+        if f.suffix == ".safetensors":
+            with safe_open(str(f), framework="pt", device=str(device)) as sf:
+                for name in sf.keys():
+                    yield name, sf.get_tensor(name).to(dtype)
+        else:
+            for name, t in torch.load(f, map_location=device, weights_only=True).items():
+                yield name, t.to(dtype)
+
+
+def load_model(ckpt: Path, config, dtype: torch.dtype, device: torch.device) -> Transformer:
+    """Build the engine's transformer and fill it with the checkpoint's weights (strict, tied embeddings aware)."""
+    args = ModelArgs.from_hf(config)
+    with torch.device("meta"):
+        model = Transformer(args, config)
+    state = {n: t for n, t in _read_state_dict(_weight_files(ckpt), dtype, device) if "rotary_emb" not in n}
+    if args.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if not (args.tie_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise ConfigError(f"model.path={str(ckpt)!r}: weights do not match a {args.family} model "
+                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}); is config.json from this checkpoint?")
+    if args.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.setup_rotary(device)
+    return model.eval().requires_grad_(False)

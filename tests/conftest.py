@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny random checkpoints saved with save_pretrained and loaded through our loader."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from fafo.engine.engine import Engine  # noqa: E402
+from fafo.engine.tiny import tiny_checkpoint  # noqa: E402
+
+# name -> build_tiny_checkpoint kwargs. MHA and GQA, Llama and Qwen2 (qkv bias), rope scaling types.
+MODEL_SPECS = {
+    "llama_mha": dict(family="llama", num_attention_heads=4, num_key_value_heads=4, seed=1),
+    "llama_gqa": dict(family="llama", num_attention_heads=4, num_key_value_heads=2, seed=2),
+    "qwen2_gqa": dict(family="qwen2", num_attention_heads=4, num_key_value_heads=2, seed=3, tie_word_embeddings=True),
+    "llama3_rope": dict(family="llama", seed=4, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "yarn_rope": dict(family="llama", seed=5, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}),
+}
+DECODING_MODELS = ["llama_mha", "llama_gqa", "qwen2_gqa"]
+
+
+@pytest.fixture(scope="session")
+def ckpt_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpts")
+
+
+@pytest.fixture(scope="session")
+def checkpoint(ckpt_root):
+    """checkpoint(name) -> directory of a saved tiny model (built once per session)."""
+
+    def get(name: str):
+        return tiny_checkpoint(MODEL_SPECS[name], cache_dir=ckpt_root)
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def engine(checkpoint):
+    """engine(name, backend) -> Engine loaded from the saved directory, float32 on CPU (cached)."""
+    cache = {}
+
+    def get(name: str, backend: str = "sdpa") -> Engine:
+        if (name, backend) not in cache:
+            cache[name, backend] = Engine.from_pretrained(str(checkpoint(name)), backend=backend)
+        return cache[name, backend]
+
+    return get
+
+
+def prompt_ids(engine_: Engine, text: str) -> list[int]:
+    return engine_.tokenizer(text).input_ids
+
+
+@pytest.fixture
+def set_seed():
+    torch.manual_seed(0)

@@ -1,0 +1,115 @@
+"""The engine's logits equal transformers' own model (float32, 1e-4) for prefill and tree steps."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from fafo.engine.attention import AttentionPlan, causal_plan, sdpa_attention, tree_mask, flex_attention_backend
+from fafo.engine.engine import Engine
+from fafo.errors import ConfigError
+from tests.conftest import MODEL_SPECS
+
+ATOL = 1e-4
+
+
+def hf_model(path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def random_ids(n, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(5, vocab, (n,), generator=g)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("name", list(MODEL_SPECS))
+def test_prefill_logits_match_hf(name, backend, checkpoint, engine):
+    eng: Engine = engine(name, backend)
+    ids = random_ids(100, eng.model.args.vocab_size, seed=7)  # > original_max (64) for the scaled ropes
+    with torch.no_grad():
+        ref = hf_model(checkpoint(name))(ids[None]).logits[0]
+    cache = eng.cache(256)
+    ours = eng.prefill(cache, ids.tolist(), logits="all")[0]
+    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("name", list(MODEL_SPECS))
+def test_tree_step_at_arbitrary_positions_matches_hf(name, backend, checkpoint, engine):
+    """Prefix in the cache, then a token tree at gapped positions with a custom intra-step mask."""
+    eng: Engine = engine(name, backend)
+    prefix = random_ids(37, eng.model.args.vocab_size, seed=11)
+    tree = random_ids(6, eng.model.args.vocab_size, seed=12)
+    parents = [-1, 0, 0, 1, 1, 2]
+    depth = torch.tensor([0, 1, 1, 2, 2, 2])
+    positions = 37 + depth
+    mask = tree_mask(parents)
+
+    model = hf_model(checkpoint(name))
+    with torch.no_grad():
+        past = DynamicCache(config=model.config)
+        model(prefix[None], past_key_values=past, use_cache=True)
+        additive = torch.zeros(1, 1, 6, 37 + 6)
+        additive[0, 0, :, 37:] = torch.where(mask, 0.0, torch.finfo(torch.float32).min)
+        ref = model(tree[None], position_ids=positions[None], attention_mask=additive,
+                    past_key_values=past).logits[0]
+
+    cache = eng.cache(128)
+    eng.prefill(cache, prefix.tolist())
+    slots = torch.arange(60, 66)  # physical slots far from the logical positions
+    ours = eng.forward(cache, tree, positions, slots, AttentionPlan(prefix=37, step_mask=mask))[0]
+    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("impl", [sdpa_attention, flex_attention_backend])
+def test_prefix_lens_limit_what_each_query_reads(impl):
+    """A query restricted to the first slots attends exactly those: equal to plain attention over that subset."""
+    torch.manual_seed(0)
+    B, Hq, Hkv, Q, P, D = 1, 4, 2, 3, 20, 8
+    q = torch.randn(B, Hq, Q, D)
+    kc, vc = torch.randn(B, Hkv, P, D), torch.randn(B, Hkv, P, D)
+    ks, vs = torch.randn(B, Hkv, Q, D), torch.randn(B, Hkv, Q, D)
+    lens = torch.tensor([20, 5, 0])
+    out = impl(q, kc, vc, ks, vs, AttentionPlan(prefix=P, prefix_lens=lens), D**-0.5)
+    for i in range(Q):
+        k = torch.cat([kc[:, :, : lens[i]], ks[:, :, : i + 1]], 2).repeat_interleave(2, 1)
+        v = torch.cat([vc[:, :, : lens[i]], vs[:, :, : i + 1]], 2).repeat_interleave(2, 1)
+        ref = torch.softmax(q[:, :, i : i + 1] @ k.transpose(-1, -2) * D**-0.5, -1) @ v
+        torch.testing.assert_close(out[:, :, i : i + 1], ref, atol=1e-5, rtol=0)
+    # changing a slot the restricted query cannot see leaves its output unchanged
+    kc2 = kc.clone()
+    kc2[:, :, 10:] += 5.0
+    out2 = impl(q, kc2, vc, ks, vs, AttentionPlan(prefix=P, prefix_lens=lens), D**-0.5)
+    torch.testing.assert_close(out2[:, :, 1:], out[:, :, 1:])
+    assert not torch.allclose(out2[:, :, 0], out[:, :, 0])
+
+
+def test_incremental_decode_equals_full_forward(engine):
+    eng = engine("llama_gqa")
+    ids = random_ids(20, eng.model.args.vocab_size, seed=3).tolist()
+    cache = eng.cache(64)
+    full = eng.prefill(cache, ids, logits="all")[0]
+    eng.prefill(cache, ids[:12])
+    for t in range(12, 20):
+        step = eng.forward(cache, [ids[t]], [t], [t], causal_plan(t))[0, 0]
+        torch.testing.assert_close(step, full[t], atol=ATOL, rtol=0)
+
+
+def test_cache_move_compacts_entries(engine):
+    eng = engine("llama_mha")
+    cache = eng.cache(32)
+    eng.prefill(cache, list(range(10, 20)))
+    before = cache.keys[0][:, :, [7, 8]].clone()
+    cache.move(torch.tensor([7, 8]), torch.tensor([3, 4]))
+    torch.testing.assert_close(cache.keys[0][:, :, [3, 4]], before)
+
+
+def test_bad_model_paths_give_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="model.path"):
+        Engine.from_pretrained(str(tmp_path / "missing" / "dir" / "x"))
+    with pytest.raises(ConfigError, match="without config.json"):
+        Engine.from_pretrained(str(tmp_path))
+    with pytest.raises(ConfigError, match="hub"):
+        Engine.from_pretrained("nobody-here/not-a-real-model-xyz")
+    with pytest.raises(ConfigError, match="bench.dtype"):
+        Engine.from_pretrained(str(tmp_path), dtype="float64")
