@@ -9,29 +9,14 @@ Examples::
 
 from __future__ import annotations
 
-import hashlib
-import re
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from fafo.errors import ConfigError
-
-
-def run_name(override_dirname: str) -> str:
-    """A filesystem-safe directory name for a run's overrides ("default" when there are none)."""
-    if not override_dirname:
-        return "default"
-    name = re.sub(r"[^\w.,=+-]+", "_", override_dirname)
-    if len(name) > 120:
-        name = name[:100] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
-    return name
-
-
-OmegaConf.register_new_resolver("fafo_run_name", run_name, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")

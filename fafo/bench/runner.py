@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import sys
 import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -149,6 +151,7 @@ class Runner:
             answers.append(previous["text"])
 
     def _generate(self, decoder, prompt, budget, seed_index):
+        seed_everything(self.bench.seed * 1_000_003 + seed_index)  # methods with their own randomness (stream init)
         generator = self.sampling.generator(seed_index, self.device)
         self.memory.reset()
         self.clock.start()
@@ -216,6 +219,14 @@ class Runner:
                 "attention": self.engine.backend, "repeats": self.bench.repeats, "warmup_s": warmup_s,
                 "load_s": load_s, "sampling": asdict(self.sampling), "ignore_eos": bool(self.bench.ignore_eos),
                 "random_model": self.cfg.model.get("tiny") is not None, "run_dir": str(self.run_dir)}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (per sample, so reruns and resumes agree)."""
+    seed %= 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def print_summary(summary: dict, random_model: bool) -> None:

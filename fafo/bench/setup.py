@@ -104,13 +104,23 @@ def resolve_model(model_cfg: DictConfig) -> Checkpoint:
     return Checkpoint(path, load_hf_config(path), load_tokenizer(path), identity)
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
 def environment(device: torch.device) -> dict:
     """Where numbers came from: device name, library versions, git sha."""
     import transformers
 
     from fafo import __version__
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"

@@ -14,6 +14,7 @@ Because the two parts are computed apart, no dense ``[Q, max_len]`` mask is ever
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -125,7 +126,9 @@ def _flex_call(q, k, v, block_mask, scale, compiled: bool):
     global _compiled_flex
     AuxRequest, _, flex_attention = _flex()
     fn = flex_attention
-    if compiled:
+    if not compiled:  # eager flex is the unfused reference path on CPU; its per-call warning is noise here
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+    else:
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=True)
         fn = _compiled_flex

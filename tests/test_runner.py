@@ -1,0 +1,185 @@
+"""The runner end to end on the tiny model: records, metrics, resume, reference reuse, failures, sweeps."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from baselines.vanilla import VanillaDecoder
+from fafo.bench.records import SAMPLE_COLUMNS
+from fafo.bench.runner import Runner
+from fafo.engine.engine import Engine
+from fafo.errors import ConfigError
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+REPO = Path(__file__).resolve().parents[1]
+SUMMARY_KEYS = {"model", "method", "task", "n_samples", "new_tokens", "tau", "tau_request", "tokens_per_s",
+                "speedup", "speedup_mean", "peak_mem_mb", "exact_match_rate", "dtype", "device", "torch",
+                "transformers", "git_sha"}
+
+
+def make_cfg(tmp_path, *overrides):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("config", overrides=[f"bench.output_dir={tmp_path}", "wandb.mode=disabled",
+                                           "bench.progress=false", *overrides])
+    return cfg
+
+
+def read_rows(run_dir):
+    with open(Path(run_dir) / "samples.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@dataclass
+class FailingDecoder(VanillaDecoder):
+    """Vanilla that raises on one sample (recognised by its prompt length) or after `crash_after` calls."""
+
+    fail_prompt_len: int = -1
+    crash_after: int = -1
+    calls: int = 0
+
+    def generate(self, engine, prompt_ids, max_new_tokens, *args, **kwargs):
+        FailingDecoder.calls += 1
+        if self.crash_after >= 0 and FailingDecoder.calls > self.crash_after:
+            raise KeyboardInterrupt  # a killed process: nothing after this point runs
+        if len(prompt_ids) == self.fail_prompt_len:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return super().generate(engine, prompt_ids, max_new_tokens, *args, **kwargs)
+
+
+def test_end_to_end_records_and_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=12", "bench.max_samples=6"), run_dir).run()
+    rows = read_rows(run_dir)
+    assert list(rows[0]) == SAMPLE_COLUMNS
+    assert {r["status"] for r in rows} == {"ok"}
+    assert len(rows) == 8  # 6 samples, two of them two-turn
+    assert all(r["exact_match"] == "True" and r["first_mismatch"] == "-1" for r in rows)
+    assert all(float(r["tau"]) == 1.0 and int(r["forwards"]) == int(r["new_tokens"]) - 1 for r in rows)
+    assert all(float(r["prefill_s"]) + float(r["decode_s"]) == pytest.approx(float(r["total_s"])) for r in rows)
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(saved) and saved == json.loads(json.dumps(summary))
+    assert saved["exact_match_rate"] == 1.0 and saved["tau"] == 1.0 and saved["n_samples"] == 6
+    assert saved["speedup"] == pytest.approx(
+        sum(float(r["ref_total_s"]) for r in rows) / sum(float(r["total_s"]) for r in rows))
+    outputs = [json.loads(line) for line in (run_dir / "outputs.jsonl").read_text().splitlines()]
+    assert [(o["sample_id"], o["turn"]) for o in outputs] == [(r["sample_id"], int(r["turn"])) for r in rows]
+    assert all(len(o["tokens"]) == int(r["new_tokens"]) for o, r in zip(outputs, rows))
+
+
+def test_second_turn_is_built_from_first_answer(tmp_path):
+    run_dir = tmp_path / "run"
+    Runner(make_cfg(tmp_path, "bench.max_new_tokens=8", "task.ids=[multi-01]"), run_dir).run()
+    rows = read_rows(run_dir)
+    assert [r["turn"] for r in rows] == ["0", "1"]
+    first = json.loads((run_dir / "outputs.jsonl").read_text().splitlines()[0])
+    assert int(rows[1]["prompt_tokens"]) > int(rows[0]["prompt_tokens"]) + len(first["tokens"]) - 2
+
+
+def test_crashed_run_resumes_without_redoing_or_losing_rows(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = make_cfg(tmp_path, "bench.max_new_tokens=6", "bench.warmup=0", "bench.reuse_reference=false")
+    OmegaConf.update(cfg, "method._target_", "tests.test_runner.FailingDecoder")
+    OmegaConf.update(cfg, "method.crash_after", 7, force_add=True)
+    FailingDecoder.calls = 0
+    with pytest.raises(KeyboardInterrupt):
+        Runner(cfg, run_dir).run()
+    before = read_rows(run_dir)
+    assert 0 < len(before) < 14 and not (run_dir / "summary.json").exists()
+    with open(run_dir / "samples.csv", "a") as f:  # killed in the middle of writing a row
+        f.write("chat-09,0,0,chat,tiny-lla")
+    OmegaConf.update(cfg, "method.crash_after", -1)
+    summary = Runner(cfg, run_dir).run()
+    after = read_rows(run_dir)
+    keys = [(r["sample_id"], r["turn"], r["repeat"]) for r in after]
+    assert len(keys) == len(set(keys)) == 14  # 12 samples, two of them two-turn: each exactly once
+    assert after[: len(before)] == before  # nothing already written was lost or rewritten
+    assert summary["n_samples"] == 12 and summary["exact_match_rate"] == 1.0
+
+
+def test_failing_sample_is_recorded_and_the_run_goes_on(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.warmup=0", "task.ids=[chat-01,multi-01,code-01]")
+    runner = Runner(cfg, run_dir)
+    bad = len(runner.task.prompt_ids(runner.ckpt.tokenizer, runner.samples[1], 0, []))
+    OmegaConf.update(cfg, "method._target_", "tests.test_runner.FailingDecoder")
+    OmegaConf.update(cfg, "method.fail_prompt_len", bad, force_add=True)
+    summary = Runner(cfg, run_dir).run()
+    status = {(r["sample_id"], r["turn"]): r["status"] for r in read_rows(run_dir)}
+    assert status[("chat-01", "0")] == status[("code-01", "0")] == "ok"
+    assert status[("multi-01", "0")].startswith("error: RuntimeError: CUDA out of memory")
+    assert status[("multi-01", "1")] == "skipped: turn 0 failed"
+    assert summary["n_failed"] == 2 and summary["n_samples"] == 2
+
+
+def test_reference_is_reused_across_runs_and_repeats_are_kept(tmp_path):
+    Runner(make_cfg(tmp_path, "bench.max_new_tokens=5", "bench.max_samples=3"), tmp_path / "a").run()
+    assert all(r["ref_source"] == "interleaved" for r in read_rows(tmp_path / "a"))
+    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=5", "bench.max_samples=3"), tmp_path / "b").run()
+    assert all(r["ref_source"] == "stored" for r in read_rows(tmp_path / "b"))
+    assert summary["exact_match_rate"] == 1.0
+    # a different budget is a different reference: never compared against a mismatched baseline
+    Runner(make_cfg(tmp_path, "bench.max_new_tokens=6", "bench.max_samples=3"), tmp_path / "c").run()
+    assert all(r["ref_source"] == "interleaved" for r in read_rows(tmp_path / "c"))
+    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3"),
+                     tmp_path / "d").run()
+    rows = read_rows(tmp_path / "d")
+    assert sorted({r["repeat"] for r in rows}) == ["0", "1", "2"] and len(rows) == 6
+    per_repeat = [sum(float(r["ref_total_s"]) for r in rows if r["repeat"] == k)
+                  / sum(float(r["total_s"]) for r in rows if r["repeat"] == k) for k in "012"]
+    assert summary["speedup_min"] == pytest.approx(min(per_repeat))
+    assert summary["speedup_max"] == pytest.approx(max(per_repeat))
+
+
+@pytest.mark.parametrize("override,setting", [
+    ("bench.dtype=float64", "bench.dtype"),
+    ("bench.device=cuda:0", "bench.device"),
+    ("bench.repeats=0", "bench.repeats"),
+    ("bench.max_new_tokens=100000", "bench.max_new_tokens"),
+    ("task.ids=[nope]", "task.ids"),
+    ("sampling.temperature=-1", "sampling.temperature"),
+    ("model.attention=xformers", "model.attention"),
+    ("model=llama2_7b_chat", "model.path"),
+])
+def test_bad_settings_fail_before_loading_a_model(tmp_path, monkeypatch, override, setting):
+    monkeypatch.setattr(Engine, "load", lambda *a, **k: pytest.fail("model loaded before validation"))
+    if override.startswith("bench.device=cuda"):
+        pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA present")
+    with pytest.raises(ConfigError, match=setting.replace(".", r"\.")) as err:
+        Runner(make_cfg(tmp_path, override), tmp_path / "run").run()
+    assert "\n" not in str(err.value)
+
+
+def run_cli(*args, cwd):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "fafo.bench", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=600)
+
+
+def test_cli_prints_one_error_line_and_exits_2(tmp_path):
+    proc = run_cli("bench.dtype=float64", f"bench.output_dir={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: bench.dtype='float64' is not supported; use auto or one of float32, float16, bfloat16"]
+    proc = run_cli("method=nope", cwd=tmp_path)
+    assert proc.returncode != 0 and "method/nope" in proc.stderr and "vanilla" in proc.stderr
+
+
+@pytest.mark.slow
+def test_two_by_two_multirun_completes(tmp_path):
+    proc = run_cli("-m", "model=tiny_llama,tiny_qwen2", "bench.max_new_tokens=4,8", "bench.max_samples=2",
+                   f"bench.output_dir={tmp_path}", "wandb.mode=disabled", "bench.progress=false", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summaries = sorted(tmp_path.glob("*/builtin/vanilla/*/summary.json"))
+    assert len(summaries) == 4, proc.stdout[-2000:]
+    got = {(json.loads(s.read_text())["model"], s.parent.name) for s in summaries}
+    assert got == {(m, f"bench.max_new_tokens={n},bench.max_samples=2") for m in ("tiny-llama", "tiny-qwen2")
+                   for n in (4, 8)}
+    assert all(json.loads(s.read_text())["exact_match_rate"] == 1.0 for s in summaries)
