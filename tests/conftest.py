@@ -22,6 +22,12 @@ MODEL_SPECS = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     "yarn_rope": dict(family="llama", seed=5, rope_parameters={
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}),
+    "linear_rope": dict(family="llama", seed=6, rope_parameters={
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+    # dynamic NTK only changes frequencies past max_position_embeddings: tests go beyond 64 positions
+    "dynamic_rope": dict(family="llama", seed=7, max_position_embeddings=64, rope_parameters={
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+    "mistral_gqa": dict(family="mistral", seed=8, num_attention_heads=4, num_key_value_heads=1),
 }
 DECODING_MODELS = ["llama_mha", "llama_gqa", "qwen2_gqa"]
 

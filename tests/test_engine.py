@@ -104,6 +104,20 @@ def test_cache_move_compacts_entries(engine):
     torch.testing.assert_close(cache.keys[0][:, :, [3, 4]], before)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_engine_tracks_float32(dtype, checkpoint):
+    path = str(checkpoint("llama_gqa"))
+    ids = random_ids(30, 1000, seed=5).tolist()
+    ref = Engine.from_pretrained(path)
+    half = Engine.from_pretrained(path, dtype=dtype)
+    cache = half.cache(64)
+    assert cache.keys[0].dtype == getattr(torch, dtype) and half.dtype == getattr(torch, dtype)
+    out = half.prefill(cache, ids, logits="all")[0].float()
+    exact = ref.prefill(ref.cache(64), ids, logits="all")[0]
+    assert (out.argmax(-1) == exact.argmax(-1)).float().mean() > 0.8
+    assert (out - exact).abs().mean() < 0.02 * exact.abs().mean()
+
+
 def test_bad_model_paths_give_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="model.path"):
         Engine.from_pretrained(str(tmp_path / "missing" / "dir" / "x"))

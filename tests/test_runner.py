@@ -183,3 +183,51 @@ def test_two_by_two_multirun_completes(tmp_path):
     assert got == {(m, f"bench.max_new_tokens={n},bench.max_samples=2") for m in ("tiny-llama", "tiny-qwen2")
                    for n in (4, 8)}
     assert all(json.loads(s.read_text())["exact_match_rate"] == 1.0 for s in summaries)
+
+
+def test_user_prompts_file_and_wandb_offline_log(tmp_path):
+    data = tmp_path / "mine.jsonl"
+    data.write_text(json.dumps({"id": 1, "text": "def add(a, b):\n"}) + "\n"
+                    + json.dumps({"id": "c", "turns": ["Hi there.", "And again?"], "max_new_tokens": 3}) + "\n")
+    run_dir = tmp_path / "run"
+    cfg = make_cfg(tmp_path, "task=prompts", f"task.data_path={data}", "bench.max_new_tokens=null",
+                   "task.max_new_tokens=5", "wandb.mode=offline")
+    summary = Runner(cfg, run_dir).run()
+    rows = read_rows(run_dir)
+    assert [(r["sample_id"], r["turn"], r["new_tokens"]) for r in rows] == [("1", "0", "5"), ("c", "0", "3"),
+                                                                          ("c", "1", "3")]
+    assert summary["task"] == "prompts" and summary["exact_match_rate"] == 1.0
+    assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")), "no offline W&B run was written"
+
+
+@pytest.mark.slow
+def test_sigkilled_run_resumes_each_sample_exactly_once(tmp_path):
+    import signal
+    import time
+
+    args = ["bench.max_new_tokens=200", "bench.ignore_eos=true", "bench.warmup=0", "bench.progress=false",
+            f"bench.output_dir={tmp_path}", "wandb.mode=disabled"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "fafo.bench", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    csv_path = None
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        found = list(tmp_path.glob("tiny_llama/builtin/vanilla/*/samples.csv"))
+        if found and len(found[0].read_text().splitlines()) >= 3:  # header + 2 rows
+            csv_path = found[0]
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert csv_path is not None and proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    killed_rows = read_rows(csv_path.parent)
+    assert len(killed_rows) < 14
+    done = run_cli(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = read_rows(csv_path.parent)
+    keys = [(r["sample_id"], r["turn"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 14 and rows[: len(killed_rows)] == killed_rows
+    outputs = [json.loads(x) for x in (csv_path.parent / "outputs.jsonl").read_text().splitlines()]
+    assert sorted((o["sample_id"], o["turn"]) for o in outputs) == sorted((k, int(t)) for k, t in keys)
+    assert json.loads((csv_path.parent / "summary.json").read_text())["n_samples"] == 12

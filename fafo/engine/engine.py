@@ -68,6 +68,8 @@ class Engine:
         torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
         model = load_model(ckpt, config, torch_dtype, torch.device(device))
         context = min(max_len or config.max_position_embeddings, config.max_position_embeddings)
+        if model.args.sliding_window:  # the engine attends to everything: exact only inside the window
+            context = min(context, model.args.sliding_window)
         return cls(model, tokenizer, check_backend(backend), eos_token_ids(ckpt, config, tokenizer), context,
                    name or str(ckpt))
 
