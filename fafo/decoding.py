@@ -55,6 +55,9 @@ class Decoder(ABC):
     def setup(self, engine: Engine) -> None:
         """Called once per run, before any generate (state that persists across samples lives here)."""
 
+    def check_sampling(self, sampling: Sampling) -> None:
+        """Raise ConfigError if this method cannot decode with ``sampling`` (checked before loading a model)."""
+
     def extra_slots(self, max_new_tokens: int) -> int:
         """Cache slots this method needs beyond ``prompt + max_new_tokens`` (scratch for drafts, windows...)."""
         return 0

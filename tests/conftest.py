@@ -28,8 +28,15 @@ MODEL_SPECS = {
     "dynamic_rope": dict(family="llama", seed=7, max_position_embeddings=64, rope_parameters={
         "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
     "mistral_gqa": dict(family="mistral", seed=8, num_attention_heads=4, num_key_value_heads=1),
+    # default-ish init: these degenerate into repetition, so n-gram methods reach high acceptance
+    "llama_mha_rep": dict(family="llama", num_attention_heads=4, num_key_value_heads=4, seed=3,
+                          initializer_range=0.05),
+    "qwen2_gqa_rep": dict(family="qwen2", num_attention_heads=4, num_key_value_heads=2, seed=3,
+                          initializer_range=0.05),
 }
 DECODING_MODELS = ["llama_mha", "llama_gqa", "qwen2_gqa"]
+# varied text (acceptance near zero) and repetitive text (acceptance high), MHA and GQA, Llama and Qwen2
+LOSSLESS_MODELS = ["llama_mha", "llama_gqa", "qwen2_gqa", "llama_mha_rep", "qwen2_gqa_rep"]
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,8 @@ class Runner:
         self.sampling = build(cfg.sampling, "sampling")
         self.method = build(method_node(cfg.method), "method")
         self.reference = build(self.bench.reference, "bench.reference")
+        self.method.check_sampling(self.sampling)
+        self.reference.check_sampling(self.sampling)
         self.task = build(cfg.task, "task")
         self.samples = self.task.samples()[: self.bench.max_samples or None]
         self.names = {"model": cfg.model.name, "method": cfg.method.get("name") or type(self.method).__name__,

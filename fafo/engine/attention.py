@@ -33,11 +33,21 @@ class AttentionPlan:
             (each <= ``prefix``); ``None`` means every query sees the whole prefix.
         step_mask: optional ``[Q, Q]`` bool tensor, ``True`` where a query may attend a step token; ``None`` is
             causal. Every query must see itself.
+        region_from: optional query index: queries ``[region_from, Q)`` see only the cache's fixed head region,
+            slots ``[0, region_len)`` (FAFO's fumble streams over C(kv)); earlier queries see the whole prefix.
+        region_len: valid slots of the fixed region (<= ``prefix``).
+        region_block_mask: flex only: a BlockMask for the region queries over the region's capacity, built once
+            per generation (its mask_mod reads the live region length from a tensor).
+        step_block_mask: flex only: a BlockMask equal to ``step_mask``, built once per generation.
     """
 
     prefix: int
     prefix_lens: torch.Tensor | None = None
     step_mask: torch.Tensor | None = None
+    region_from: int | None = None
+    region_len: int = 0
+    region_block_mask: object | None = None
+    step_block_mask: object | None = None
 
 
 def causal_plan(prefix: int) -> AttentionPlan:
@@ -103,11 +113,17 @@ def sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sca
         step_mask = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
     prefix_mask = _prefix_mask(plan, q.device)
     qg = q.view(B, Hkv, Hq // Hkv, Q, D)
-    kp, vp = k_cache[:, :, : plan.prefix], v_cache[:, :, : plan.prefix]
+    split = Q if plan.region_from is None else plan.region_from
     outs = []
     for s in range(0, Q, query_chunk):  # bounds the [chunk, prefix] score tensor for long chunked prefills
         e = min(Q, s + query_chunk)
-        o1, l1 = _masked_attention_lse(qg[..., s:e, :], kp, vp, None if prefix_mask is None else prefix_mask[s:e], scale)
+        parts = []
+        for lo, hi, n_kv in ((s, min(e, split), plan.prefix), (max(s, split), e, plan.region_len)):
+            if lo < hi:  # queries before the split read the whole prefix, the rest only the fixed region
+                mask = None if prefix_mask is None else prefix_mask[lo:hi, :n_kv]
+                parts.append(_masked_attention_lse(qg[..., lo:hi, :], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv],
+                                                   mask, scale))
+        o1, l1 = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
         o2, l2 = _masked_attention_lse(qg[..., s:e, :], k_step, v_step, step_mask[s:e], scale)
         outs.append(_merge(o1, l1, o2, l2))
     return torch.cat(outs, dim=-2).view(B, Hq, Q, D).to(q.dtype)
@@ -156,25 +172,76 @@ def generate_step_mask(step_mask: torch.Tensor):
 
 
 def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float):
-    """FlexAttention backend (same contract as :func:`sdpa_attention`)."""
+    """FlexAttention backend (same contract as :func:`sdpa_attention`).
+
+    Block masks given in the plan (FAFO builds them once per generation) are used as they are; missing ones are
+    built here and stored on the plan, so the layers of one forward share them.
+    """
     _, create_block_mask, _ = _flex()
     compiled = q.device.type == "cuda"
-    Q = q.shape[2]
-    dev = q.device
-    step_mask = plan.step_mask
-    if step_mask is None:
-        step_mask = torch.ones(Q, Q, dtype=torch.bool, device=dev).tril()
-    bm_step = create_block_mask(generate_step_mask(step_mask), None, None, Q, Q, device=dev)
+    Q, dev = q.shape[2], q.device
+    bm_step = plan.step_block_mask
+    if bm_step is None:
+        step_mask = plan.step_mask
+        if step_mask is None:
+            step_mask = torch.ones(Q, Q, dtype=torch.bool, device=dev).tril()
+        bm_step = plan.step_block_mask = create_block_mask(generate_step_mask(step_mask), None, None, Q, Q,
+                                                           device=dev)
     o2, l2 = _flex_call(q, k_step, v_step, bm_step, scale, compiled)
     if plan.prefix == 0:
         return o2.to(q.dtype)
-    lens = plan.prefix_lens
-    if lens is None:
-        lens = torch.full((Q,), plan.prefix, dtype=torch.long, device=dev)
-    bm_prefix = create_block_mask(generate_prefix_mask(lens), None, None, Q, plan.prefix, device=dev)
-    kp, vp = k_cache[:, :, : plan.prefix], v_cache[:, :, : plan.prefix]
-    o1, l1 = _flex_call(q, kp, vp, bm_prefix, scale, compiled)
+    split = Q if plan.region_from is None else plan.region_from
+    parts = []
+    if split > 0:
+        qs = q[:, :, :split]
+        kp, vp = k_cache[:, :, : plan.prefix], v_cache[:, :, : plan.prefix]
+        bm = None
+        if plan.prefix_lens is not None:
+            bm = create_block_mask(generate_prefix_mask(plan.prefix_lens[:split]), None, None, split, plan.prefix,
+                                   device=dev)
+        parts.append(_flex_call(qs, kp, vp, bm, scale, compiled))
+    if split < Q:
+        bm = plan.region_block_mask
+        if bm is None:
+            lens = torch.full((Q - split,), plan.region_len, dtype=torch.long, device=dev)
+            bm = plan.region_block_mask = create_block_mask(generate_prefix_mask(lens), None, None, Q - split,
+                                                            plan.region_len, device=dev)
+        n_kv = bm.seq_lengths[1]  # the region's capacity: the kernel never reads past it
+        parts.append(_flex_call(q[:, :, split:], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv], bm, scale, compiled))
+    o1, l1 = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
     return _merge(o1, l1, o2, l2).to(q.dtype)
+
+
+def generate_region_mask(region_len: torch.Tensor):
+    """mask_mod: keys ``kv < region_len[0]`` of the fixed head region (the live length is read from a tensor)."""
+
+    def region(b, h, q_idx, kv_idx):
+        return kv_idx < region_len[0]
+
+    return region
+
+
+def region_block_mask(region_len: torch.Tensor, n_queries: int, capacity: int):
+    """A BlockMask for ``n_queries`` fumble queries over a fixed region of ``capacity`` slots, built once.
+
+    All blocks are kept *partial* (``separate_full_blocks=False``) so the mask_mod, which reads ``region_len``,
+    is applied on every call: the region may still be filling up while the mask object stays the same.
+    """
+    _, create_block_mask, _ = _flex()
+    live = region_len.clone()
+    region_len.fill_(capacity)  # every block of the region is active in the mask's block structure
+    try:
+        return create_block_mask(generate_region_mask(region_len), None, None, n_queries, capacity,
+                                 device=region_len.device, separate_full_blocks=False)
+    finally:
+        region_len.copy_(live)
+
+
+def step_block_mask(step_mask: torch.Tensor):
+    """A BlockMask for a static ``[Q, Q]`` intra-step mask (FAFO's candidates + streams), built once."""
+    _, create_block_mask, _ = _flex()
+    Q = step_mask.shape[0]
+    return create_block_mask(generate_step_mask(step_mask), None, None, Q, Q, device=step_mask.device)
 
 
 def attend(backend: str, q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float):

@@ -95,8 +95,9 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, Q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
         v = self.v_proj(x).view(B, Q, -1, d).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if slots is not None:
-            cache.write(self.layer, slots, k, v)
+        if slots is not None:  # the first len(slots) tokens of the step are kept; the rest stay scratch
+            n = slots.shape[0]
+            cache.write(self.layer, slots, k[:, :, :n], v[:, :, :n])
         out = attend(backend, q, cache.keys[self.layer], cache.values[self.layer], k, v, plan, self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
 
@@ -181,7 +182,8 @@ class Transformer(nn.Module):
             tokens: [B, Q] token ids.
             positions: [B, Q] or [Q] logical positions (RoPE).
             cache: the static cache; ``slots`` of it are written, ``plan.prefix`` slots of it are read.
-            slots: [Q] long physical slots for this step's KV, or ``None`` to keep it in scratch only.
+            slots: [Q'] long physical slots for the KV of the step's first Q' tokens (Q' <= Q; the others are
+                attended within the step only), or ``None`` to write nothing.
             plan: visibility of cached and step keys per query.
             backend: ``sdpa`` or ``flex``.
             logits: ``"all"``, ``"last"``, ``"none"`` (hidden states) or a [K] index tensor of rows to project.

@@ -1,0 +1,42 @@
+"""StreamingLLM / LM-Infinite compression: attention sinks + a local window.
+
+Based on StreamingLLM (https://arxiv.org/abs/2309.17453) and LM-Infinite (https://arxiv.org/abs/2308.16137):
+keep the first ``sink`` tokens and the most recent ``local`` ones. Keys keep their original positions (FAFO's
+prompts are shorter than the pre-training length, so no re-rotation is needed). The FAFO paper's best
+Init+Local budget is about 760 tokens (seed 000_, Table 13).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fafo.compress.base import Compression
+from fafo.errors import ConfigError
+
+
+@dataclass
+class StreamingLLM(Compression):
+    """Sink + local window.
+
+    Attributes:
+        sink: initial tokens always kept (StreamingLLM's start_size; 4 in its examples).
+        local: most recent tokens kept.
+    """
+
+    sink: int = 4
+    local: int = 756
+
+    def __post_init__(self):
+        if self.sink < 0 or self.local < 1:
+            raise ConfigError(f"method.compress: sink={self.sink} must be >= 0 and local={self.local} >= 1")
+
+    @property
+    def budget(self) -> int:
+        return self.sink + self.local
+
+    def select(self, n_cached: int) -> torch.Tensor:
+        if n_cached <= self.budget:
+            return torch.arange(n_cached)
+        return torch.cat([torch.arange(self.sink), torch.arange(n_cached - self.local, n_cached)])

@@ -1,0 +1,266 @@
+"""FAFO: Fumble Around and Find Out (seed papers 000_/001_, section 4, App. D-I, Algorithms 1-4).
+
+Each step runs ONE forward over ``[current token | m candidates x k | n streams x k (column-wise)]``:
+
+* **Fumble Around**: n streams of k tokens attend only to C(kv) (the fixed head region of the cache), the
+  current token and their own earlier tokens; each emits one argmax token, drops its oldest token into its
+  buffer of the last k discarded tokens, and its new state is cached in the pool under every suffix of that
+  buffer (Alg. 2).
+* **Find Out**: m candidates retrieved by the longest matching suffix of the committed text (Alg. 3) are
+  verified against the full cache; the longest argmax-matching prefix plus the bonus token is committed (Alg. 4),
+  and the KV already computed for those tokens is kept (no recompute).
+
+``fused=False`` is FAFO-2forward (the paper's Table 1 ablation): the same streams, pool and candidates, but the
+fumble part and the verification part run as two forwards. Its outputs, tau and pool are identical to FAFO's.
+
+Choices the paper leaves open (documented here, each a config knob):
+
+* Stream positions are relative to the current token at position P: token j of stream i sits at
+  ``P + 1 + i * stagger + j``, so streams guess at different horizons (like Lookahead's window columns); they are
+  re-based every step as P advances by the committed tokens. ``stagger=0`` puts all streams at ``P + 1``.
+* Streams start as k tokens drawn uniformly from the prompt with a generator seeded by ``seed`` (Lookahead draws
+  ``random.choice`` unseeded), so runs are reproducible.
+* Fumble tokens see the current token (``see_current``): it is the freshest context they can have, and its KV is
+  computed in the same forward anyway.
+* m (candidates verified) is separate from n (streams); both default to the paper's 40 and the pool keeps n values
+  per key (App. E). Fewer retrieved candidates are padded so every step has the same shape (static masks).
+* The pool starts empty per generation; ``pool_from_prompt`` seeds it with the prompt's k-grams (off: the paper
+  does not do it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fafo.compress.base import Compression, FixedRegion
+from fafo.compress.stream import StreamingLLM
+from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.engine.attention import AttentionPlan, causal_plan, region_block_mask, step_block_mask
+from fafo.engine.engine import Engine
+from fafo.errors import ConfigError
+from fafo.pool import CandidatePool
+from fafo.sampling import Sampling
+
+
+def fafo_step_mask(m: int, k: int, n: int, see_current: bool = True) -> torch.Tensor:
+    """``[Q, Q]`` bool mask over ``[current | m candidates x k | k rows x n streams]``, Q = 1 + m*k + n*k.
+
+    The current token sees itself; candidate tokens see the current token and their own earlier tokens
+    (causal within the candidate); stream tokens, laid out column-wise (row j holds token j of every stream),
+    see the current token (if ``see_current``) and the tokens of their own stream up to themselves.
+    """
+    q = 1 + m * k + n * k
+    mask = torch.zeros(q, q, dtype=torch.bool)
+    mask[:, 0] = True
+    if not see_current:
+        mask[1 + m * k :, 0] = False
+    idx = torch.arange(q)
+    cand = idx[1 : 1 + m * k] - 1
+    c_row, c_col = cand[:, None], cand[None, :]
+    mask[1 : 1 + m * k, 1 : 1 + m * k] = (c_row // k == c_col // k) & (c_col <= c_row)
+    st = idx[1 + m * k :] - 1 - m * k
+    s_row, s_col = st[:, None], st[None, :]
+    mask[1 + m * k :, 1 + m * k :] = (s_row % n == s_col % n) & (s_col // n <= s_row // n)
+    return mask
+
+
+@dataclass
+class FAFODecoder(Decoder):
+    """FAFO-<compression> (fused, one forward per step) or FAFO-2forward (``fused=False``).
+
+    Attributes:
+        compress: the KV compression function C the streams see (StreamingLLM, Quest, SnapKV...).
+        n: fumble streams.
+        k: tokens per stream, candidate length and longest pool key (paper best: 6-7).
+        m: candidates verified per step (None = n).
+        pool_cap: values per pool key, LRU (None = n, App. E).
+        stagger: position offset between consecutive streams.
+        see_current: whether fumble tokens attend the current token.
+        pool_from_prompt: seed the pool with the prompt's k-grams.
+        fused: one forward for fumble + verification (False: FAFO-2forward).
+        seed: seeds the streams' initial tokens.
+    """
+
+    compress: Compression = field(default_factory=StreamingLLM)
+    n: int = 40
+    k: int = 6
+    m: int | None = None
+    pool_cap: int | None = None
+    stagger: int = 1
+    see_current: bool = True
+    pool_from_prompt: bool = False
+    fused: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("n", "k", "m", "pool_cap"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"method.{name}={value!r} must be an integer >= 1")
+        if self.stagger < 0:
+            raise ConfigError(f"method.stagger={self.stagger} must be >= 0")
+        if not isinstance(self.compress, Compression):
+            raise ConfigError("method.compress must be a compression function (choose one in conf/method/compress/)")
+
+    @property
+    def n_candidates(self) -> int:
+        return self.m or self.n
+
+    def extra_slots(self, max_new_tokens: int) -> int:
+        return 1 + self.n_candidates * self.k
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        if not sampling.greedy:
+            raise ConfigError("method fafo verifies greedily; use sampling=greedy until sampling verification lands")
+
+    def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
+                 sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
+        clock = clock or NullClock()
+        if sampling is not None:
+            self.check_sampling(sampling)
+        state = FAFOState(self, engine, prompt_ids, max_new_tokens)
+        cur = state.prefill()
+        clock.mark("prefill")
+        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
+        accept_lengths: list[int] = []
+        while not finished:
+            new, kv_src = state.step()
+            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
+            accept_lengths.append(len(tokens) - sum(accept_lengths) - 1)
+            if not finished:
+                state.commit(new, kv_src)
+        extras = {"pool_entries": len(state.pool), "fumble_forwards": state.fumble_forwards,
+                  "buffer_bytes": state.buffer_bytes}
+        return Generation(tokens, accept_lengths, len(accept_lengths), extras)
+
+
+class FAFOState:
+    """Everything one FAFO generation owns: the fixed-region layout, streams, discard buffers, pool, static masks."""
+
+    def __init__(self, cfg: FAFODecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int):
+        self.cfg, self.engine = cfg, engine
+        self.n, self.k, self.m = cfg.n, cfg.k, cfg.n_candidates
+        self.prompt = list(prompt_ids)
+        self.history = list(prompt_ids)
+        self.scratch = len(prompt_ids) + max_new_tokens  # committed entries never reach this slot
+        self.cache = engine.cache(self.scratch + cfg.extra_slots(max_new_tokens))
+        self.layout = FixedRegion(self.cache, cfg.compress, capacity=self.scratch)
+        self.pool = CandidatePool(self.k, cfg.pool_cap or self.n)
+        if cfg.pool_from_prompt:
+            self.pool.add_text(self.prompt)
+        g = torch.Generator().manual_seed(cfg.seed)
+        init = torch.randint(len(self.prompt), (self.n, self.k), generator=g)
+        self.streams = torch.tensor(self.prompt)[init]  # [n, k], CPU
+        self.discarded: list[list[int]] = [[] for _ in range(self.n)]
+        self.fumble_forwards = 0
+        self._build_static()
+
+    def _build_static(self) -> None:
+        """Masks, relative positions and output rows: fixed for the whole generation (built once)."""
+        n, k, m, dev = self.n, self.k, self.m, self.engine.device
+        stream_rel = 1 + (torch.arange(n)[None, :] * self.cfg.stagger + torch.arange(k)[:, None]).flatten()
+        self.cand_rel = torch.arange(1, k + 1).repeat(m)
+        self.stream_rel = stream_rel  # column-wise: row j of every stream, then row j + 1...
+        self.v_len = 1 + m * k  # current token + candidates
+        self.region_len_t = torch.zeros(1, dtype=torch.long, device=dev)
+        self.scratch_slots = torch.arange(self.scratch, self.scratch + self.v_len, device=dev)
+        stream_last = torch.arange((k - 1) * n, k * n)  # row k-1 of the stream block: each stream's newest token
+        flex = self.engine.backend == "flex"
+        capacity = min(self.cfg.compress.budget, self.scratch)
+        if self.cfg.fused:
+            mask = fafo_step_mask(m, k, n, self.cfg.see_current).to(dev)
+            self.rows = torch.cat([torch.arange(self.v_len), self.v_len + stream_last]).to(dev)
+            self.masks = [(mask, step_block_mask(mask) if flex else None)]
+        else:
+            full = fafo_step_mask(m, k, n, self.cfg.see_current)
+            keep_f = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(self.v_len, self.v_len + n * k)])
+            verify, fumble = full[: self.v_len, : self.v_len].to(dev), full[keep_f][:, keep_f].to(dev)
+            self.rows = (1 + stream_last).to(dev)
+            self.masks = [(fumble, step_block_mask(fumble) if flex else None),
+                          (verify, step_block_mask(verify) if flex else None)]
+        self.region_mask = region_block_mask(self.region_len_t, n * k, capacity) if flex else None
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Extra device memory of the method beyond the cache: the step's scratch slots are inside the cache."""
+        return 0
+
+    def prefill(self) -> int:
+        slots = self.layout.prefill_slots(len(self.prompt)).to(self.engine.device)
+        logits = self.engine.forward(self.cache, self.prompt, torch.arange(len(self.prompt)), slots,
+                                     causal_plan(0), logits="last")
+        self.cur = int(logits[0, -1].argmax())
+        self.history.append(self.cur)
+        return self.cur
+
+    def candidates(self) -> tuple[torch.Tensor, int]:
+        """[m, k] candidate tokens (padded with zeros) and how many are real."""
+        found = self.pool.retrieve(self.history, self.m)
+        cands = torch.zeros(self.m, self.k, dtype=torch.long)
+        if found:
+            cands[: len(found)] = torch.tensor(found)
+        return cands, len(found)
+
+    def plan(self, mask, block_mask, region_from: int | None) -> AttentionPlan:
+        return AttentionPlan(prefix=self.layout.n, step_mask=mask, region_from=region_from,
+                             region_len=self.layout.region_len, region_block_mask=self.region_mask,
+                             step_block_mask=block_mask)
+
+    def forward_logits(self, cands: torch.Tensor) -> torch.Tensor:
+        """The step's logits rows: [1 + m*k verification rows, then each stream's newest-token row]."""
+        P = self.layout.n  # the current token's position = number of cached entries
+        self.region_len_t.fill_(self.layout.region_len)
+        cur = torch.tensor([self.cur])
+        streams = self.streams.T.flatten()  # column-wise
+        if self.cfg.fused:
+            tokens = torch.cat([cur, cands.flatten(), streams])
+            pos = P + torch.cat([torch.zeros(1, dtype=torch.long), self.cand_rel, self.stream_rel])
+            (mask, bm), = self.masks
+            out = self.engine.forward(self.cache, tokens, pos, self.scratch_slots, self.plan(mask, bm, self.v_len),
+                                      logits=self.rows)
+            return out[0]
+        (f_mask, f_bm), (v_mask, v_bm) = self.masks
+        pos_f = P + torch.cat([torch.zeros(1, dtype=torch.long), self.stream_rel])
+        fumble = self.engine.forward(self.cache, torch.cat([cur, streams]), pos_f, None,
+                                     self.plan(f_mask, f_bm, 1), logits=self.rows)
+        self.fumble_forwards += 1
+        pos_v = P + torch.cat([torch.zeros(1, dtype=torch.long), self.cand_rel])
+        verify = self.engine.forward(self.cache, torch.cat([cur, cands.flatten()]), pos_v, self.scratch_slots,
+                                     self.plan(v_mask, v_bm, None))
+        return torch.cat([verify[0], fumble[0]])
+
+    def step(self) -> tuple[list[int], torch.Tensor]:
+        """One FAFO step: returns the committed tokens (accepted + bonus) and the scratch rows holding their KV
+        (the current token's and the accepted candidate tokens')."""
+        cands, n_real = self.candidates()
+        preds = self.forward_logits(cands).argmax(-1).cpu()  # the one host sync of the step
+        v, new_stream = preds[: self.v_len], preds[self.v_len :]
+        best_len, best = 0, 0
+        if n_real:
+            before = torch.cat([v[:1].expand(n_real, 1), v[1:].view(self.m, self.k)[:n_real, :-1]], dim=1)
+            lengths = (cands[:n_real] == before).long().cumprod(dim=1).sum(dim=1)
+            best = int(lengths.argmax())
+            best_len = int(lengths[best])
+        bonus = int(v[0]) if best_len == 0 else int(v[1 + best * self.k + best_len - 1])
+        new = cands[best, :best_len].tolist() + [bonus]
+        kv_rows = torch.cat([torch.zeros(1, dtype=torch.long), 1 + best * self.k + torch.arange(best_len)])
+        self._advance_streams(new_stream)
+        return new, kv_rows
+
+    def _advance_streams(self, new_tokens: torch.Tensor) -> None:
+        dropped = self.streams[:, 0].tolist()
+        self.streams = torch.cat([self.streams[:, 1:], new_tokens[:, None]], dim=1)
+        for i, state in enumerate(self.streams.tolist()):
+            buf = self.discarded[i]
+            buf.append(dropped[i])
+            del buf[: -self.k]
+            self.pool.add_stream(buf, state)
+
+    def commit(self, new: list[int], kv_rows: torch.Tensor) -> None:
+        """Keep the KV of the current token and the accepted candidate tokens; the bonus becomes current."""
+        P = self.layout.n
+        self.layout.commit(self.scratch_slots.cpu()[kv_rows], torch.arange(P, P + kv_rows.numel()))
+        self.history.extend(new)
+        self.cur = new[-1]

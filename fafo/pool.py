@@ -1,0 +1,64 @@
+"""The "Find Out" candidate pool (FAFO seed 000_, Algorithms 2-3 and App. E), kept on the CPU.
+
+Caching (Alg. 2): a stream's new k-token state is stored under every suffix (lengths 1..k) of that stream's
+buffer of its last k discarded tokens: the key is the text the state *followed*. Each key keeps at most ``cap``
+values, least recently used evicted first (App. E; re-adding a value refreshes it).
+
+Retrieval (Alg. 3): look up the committed text's suffix of length k first, then shorter ones down to 1, and
+collect distinct candidates until ``m`` are found. Within one key, the most recently added come first (the
+paper leaves the order open; recent guesses were made with a context closer to the current one).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class CandidatePool:
+    """Suffix-keyed n-gram pool.
+
+    Args:
+        k: stream length, also the longest key.
+        cap: values kept per key (the paper uses n, the number of streams).
+    """
+
+    def __init__(self, k: int, cap: int):
+        self.k, self.cap = k, cap
+        self.table: dict[tuple[int, ...], OrderedDict[tuple[int, ...], None]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.table.values())
+
+    def add(self, key: tuple[int, ...], value: tuple[int, ...]) -> None:
+        bucket = self.table.setdefault(key, OrderedDict())
+        bucket.pop(value, None)
+        bucket[value] = None
+        if len(bucket) > self.cap:
+            bucket.popitem(last=False)
+
+    def add_stream(self, discarded: Sequence[int], state: Sequence[int]) -> None:
+        """Alg. 2 for one stream: ``state`` under each suffix of ``discarded`` (its last k dropped tokens)."""
+        value = tuple(state)
+        tail = tuple(discarded[-self.k :])
+        for length in range(1, len(tail) + 1):
+            self.add(tail[-length:], value)
+
+    def add_text(self, tokens: Sequence[int]) -> None:
+        """Seed from a text (e.g. the prompt): every k-gram stored under each suffix of the text before it."""
+        tokens = list(tokens)
+        for start in range(1, len(tokens) - self.k + 1):
+            self.add_stream(tokens[max(0, start - self.k) : start], tokens[start : start + self.k])
+
+    def retrieve(self, context: Sequence[int], m: int) -> list[tuple[int, ...]]:
+        """Alg. 3: up to ``m`` distinct candidates, longest matching suffix of ``context`` first."""
+        found: dict[tuple[int, ...], None] = {}
+        for length in range(min(self.k, len(context)), 0, -1):
+            bucket = self.table.get(tuple(context[-length:]))
+            if not bucket:
+                continue
+            for value in reversed(bucket):
+                found.setdefault(value, None)
+                if len(found) == m:
+                    return list(found)
+        return list(found)

@@ -1,0 +1,179 @@
+"""FAFO-Stream and FAFO-2forward (method configs fafo_stream, fafo_2forward): lossless and doing what the paper does."""
+
+import pytest
+import torch
+
+from baselines.vanilla import VanillaDecoder
+from fafo.compress.stream import StreamingLLM
+from fafo.errors import ConfigError
+from fafo.fafo import FAFODecoder, FAFOState, fafo_step_mask
+from fafo.pool import CandidatePool
+from fafo.sampling import Sampling
+from tests.conftest import LOSSLESS_MODELS
+from tests.lossless import PROMPTS, assert_lossless
+
+SMALL = StreamingLLM(sink=2, local=6)  # budget 8: far smaller than every prompt
+LARGE = StreamingLLM(sink=4, local=756)  # larger than prompt + generation: C(kv) is the whole cache
+STREAMS = [(1, 1, None), (8, 2, None), (40, 6, None), (8, 6, 3)]  # (n, k, m)
+
+
+@pytest.mark.parametrize("n,k,m", STREAMS, ids=[f"n{n}-k{k}-m{m}" for n, k, m in STREAMS])
+@pytest.mark.parametrize("budget", [SMALL, LARGE], ids=["budget<prompt", "budget>prompt"])
+@pytest.mark.parametrize("name", LOSSLESS_MODELS)
+def test_fafo_stream_is_token_identical_to_vanilla_greedy(name, budget, n, k, m, engine):
+    assert_lossless(FAFODecoder(compress=budget, n=n, k=k, m=m), engine(name))
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_gqa_rep"])
+def test_fafo_2forward_is_token_identical_and_matches_fused(name, engine):
+    eng = engine(name)
+    assert_lossless(FAFODecoder(compress=SMALL, n=8, k=3, fused=False), eng)
+    for text in PROMPTS:
+        ids = eng.tokenizer(text).input_ids
+        one = FAFODecoder(compress=SMALL, n=8, k=3).generate(eng, ids, 40)
+        two = FAFODecoder(compress=SMALL, n=8, k=3, fused=False).generate(eng, ids, 40)
+        assert one.accept_lengths == two.accept_lengths and one.extras["pool_entries"] == two.extras["pool_entries"]
+
+
+def test_flex_backend_is_token_identical(engine):
+    assert_lossless(FAFODecoder(compress=SMALL, n=3, k=2), engine("qwen2_gqa_rep", "flex"), max_new=16,
+                    prompts=PROMPTS[2:])
+
+
+def test_tau_above_1_5_on_repetitive_text(engine):
+    eng = engine("llama_mha_rep")
+    ids = eng.tokenizer(PROMPTS[2]).input_ids
+    gen = FAFODecoder(compress=LARGE, n=40, k=6).generate(eng, ids, 120)
+    assert gen.tokens == VanillaDecoder().generate(eng, ids, 120).tokens
+    assert gen.tau > 1.5 and max(gen.accept_lengths) == 7  # a whole k-token candidate + the bonus
+
+
+def test_pool_caches_under_every_discard_suffix_with_lru_cap():
+    pool = CandidatePool(k=3, cap=2)
+    pool.add_stream([7, 8, 9], (1, 2, 3))  # Alg. 2: keys (9,), (8, 9), (7, 8, 9)
+    assert {key: list(v) for key, v in pool.table.items()} == {(9,): [(1, 2, 3)], (8, 9): [(1, 2, 3)],
+                                                               (7, 8, 9): [(1, 2, 3)]}
+    pool.add_stream([5, 9], (4, 5, 6))
+    pool.add_stream([9], (1, 2, 3))  # refreshed: now most recent under (9,)
+    pool.add_stream([9], (0, 0, 0))  # cap 2: the least recently used (4, 5, 6) is evicted under (9,)
+    assert list(pool.table[(9,)]) == [(1, 2, 3), (0, 0, 0)]
+    assert list(pool.table[(5, 9)]) == [(4, 5, 6)]
+    # Alg. 3: the longest matching suffix first, most recent first within a key, distinct, at most m
+    assert pool.retrieve([1, 7, 8, 9], m=2) == [(1, 2, 3), (0, 0, 0)]
+    assert pool.retrieve([5, 9], m=5) == [(4, 5, 6), (0, 0, 0), (1, 2, 3)]
+    assert pool.retrieve([4, 4], m=5) == []
+
+
+def test_pool_seeding_from_text():
+    pool = CandidatePool(k=2, cap=4)
+    pool.add_text([1, 2, 3, 4])
+    assert pool.retrieve([1], m=3) == [(2, 3)] and pool.retrieve([1, 2], m=3) == [(3, 4)]
+
+
+def test_step_mask_layout():
+    mask = fafo_step_mask(m=2, k=2, n=3)
+    assert mask.shape == (11, 11) and mask.diagonal().all()
+    # candidate 1 token 1 (row 4) sees the current token and candidate 1 token 0 (row 3) only
+    assert mask[4].nonzero().flatten().tolist() == [0, 3, 4]
+    # stream 2 row 1 (index 5 + 1*3 + 2 = 10) sees the current token and stream 2 row 0 (index 7)
+    assert mask[10].nonzero().flatten().tolist() == [0, 7, 10]
+    assert not fafo_step_mask(1, 1, 2, see_current=False)[2, 0]
+
+
+def _state(eng, n=4, k=2, max_new=8, see_current=True):
+    ids = eng.tokenizer(PROMPTS[0] * 2).input_ids
+    state = FAFOState(FAFODecoder(compress=SMALL, n=n, k=k, see_current=see_current), eng, ids, max_new)
+    state.prefill()
+    for _ in range(3):  # a few steps so the region has swapped and the tail holds evicted entries
+        state.commit(*state.step())
+    return state
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_fumble_reads_only_the_fixed_region(backend, engine):
+    """Poison R(kv): the fumble rows do not change, the verification rows do.
+
+    With ``see_current=False`` the streams depend on nothing but C(kv) and their own tokens. (With the default
+    ``see_current=True`` they also attend the current token, whose deeper-layer KV is computed from the full
+    cache in the same forward, as in the paper's mask, so the tail reaches them through that one token.)
+    """
+    eng = engine("llama_gqa", backend)
+    state = _state(eng, see_current=False)
+    cands, _ = state.candidates()
+    cands[0] = torch.tensor([5, 6])
+    before = state.forward_logits(cands).clone()
+    budget, n = state.layout.budget, state.layout.n
+    assert n > budget
+    for values in state.cache.values:  # poison R(kv): everything outside the fixed region
+        values[:, :, budget:n] += 50.0
+    after = state.forward_logits(cands)
+    v = state.v_len
+    torch.testing.assert_close(after[v:], before[v:], atol=0, rtol=0)  # fumble rows: bit-identical
+    assert not torch.allclose(after[:v], before[:v])  # verification rows read the full cache
+
+
+def test_fixed_region_holds_the_selection_and_committed_kv_is_exact(engine, monkeypatch):
+    eng = engine("qwen2_gqa_rep")
+    checks = []
+    original = FAFOState.commit
+
+    def commit_and_check(self, new, kv_rows):
+        original(self, new, kv_rows)
+        region = set(self.layout.region_positions().tolist())
+        checks.append(region == set(self.cfg.compress.select(self.layout.n).tolist()))
+
+    monkeypatch.setattr(FAFOState, "commit", commit_and_check)
+    ids = eng.tokenizer(PROMPTS[2]).input_ids
+    state = FAFOState(FAFODecoder(compress=SMALL, n=8, k=3), eng, ids, 40)
+    state.prefill()
+    while len(state.history) < len(ids) + 30:
+        state.commit(*state.step())
+    assert checks and all(checks)
+    # every cached entry equals the KV a plain prefill of the committed text computes at that position
+    ref_cache = eng.model.new_cache(256)
+    n = state.layout.n
+    eng.prefill(ref_cache, state.history[:n])
+    pos = state.layout.pos[:n]
+    for layer in range(len(ref_cache.keys)):
+        torch.testing.assert_close(state.cache.keys[layer][:, :, :n], ref_cache.keys[layer][:, :, pos], atol=1e-5,
+                                   rtol=0)
+        torch.testing.assert_close(state.cache.values[layer][:, :, :n], ref_cache.values[layer][:, :, pos],
+                                   atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fused,per_step", [(True, 1), (False, 2)])
+def test_forwards_per_step(fused, per_step, engine, monkeypatch):
+    eng = engine("llama_mha_rep")
+    calls = []
+    original = eng.model.forward
+    monkeypatch.setattr(eng.model, "forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    gen = FAFODecoder(compress=SMALL, n=8, k=3, fused=fused).generate(eng, eng.tokenizer(PROMPTS[2]).input_ids, 30)
+    assert gen.n_forwards > 0 and len(calls) == 1 + per_step * gen.n_forwards  # + the prefill
+    assert gen.extras["fumble_forwards"] == (0 if fused else gen.n_forwards)
+
+
+def test_block_masks_are_built_once_per_generation(engine, monkeypatch):
+    import torch.nn.attention.flex_attention as fa
+
+    eng = engine("llama_gqa", "flex")
+    ids = eng.tokenizer(PROMPTS[0]).input_ids
+    counts = []
+    for max_new in (4, 9):
+        calls = []
+        original = fa.create_block_mask
+        monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+        gen = FAFODecoder(compress=SMALL, n=2, k=2).generate(eng, ids, max_new)
+        monkeypatch.setattr(fa, "create_block_mask", original)
+        assert gen.n_forwards >= max_new // 2
+        counts.append(len(calls))
+    assert counts == [3, 3]  # prefill's causal mask, then the region and step masks, however many steps
+
+
+def test_bad_hyperparameters_and_sampling_are_refused():
+    for kw in (dict(n=0), dict(k=-1), dict(m=0), dict(stagger=-1)):
+        with pytest.raises(ConfigError, match="method."):
+            FAFODecoder(**kw)
+    with pytest.raises(ConfigError, match="method.compress"):
+        StreamingLLM(sink=2, local=0)
+    with pytest.raises(ConfigError, match="sampling"):
+        FAFODecoder().check_sampling(Sampling(temperature=0.7))
