@@ -165,7 +165,8 @@ class FAFOState:
         self.stream_rel = stream_rel  # column-wise: row j of every stream, then row j + 1...
         self.v_len = 1 + m * k  # current token + candidates
         self.region_len_t = torch.zeros(1, dtype=torch.long, device=dev)
-        self.scratch_slots = torch.arange(self.scratch, self.scratch + self.v_len, device=dev)
+        self.scratch_slots_cpu = torch.arange(self.scratch, self.scratch + self.v_len)  # no sync to index it
+        self.scratch_slots = self.scratch_slots_cpu.to(dev)
         stream_last = torch.arange((k - 1) * n, k * n)  # row k-1 of the stream block: each stream's newest token
         flex = self.engine.backend == "flex"
         capacity = min(self.cfg.compress.budget, self.scratch)
@@ -261,6 +262,6 @@ class FAFOState:
     def commit(self, new: list[int], kv_rows: torch.Tensor) -> None:
         """Keep the KV of the current token and the accepted candidate tokens; the bonus becomes current."""
         P = self.layout.n
-        self.layout.commit(self.scratch_slots.cpu()[kv_rows], torch.arange(P, P + kv_rows.numel()))
+        self.layout.commit(self.scratch_slots_cpu[kv_rows], torch.arange(P, P + kv_rows.numel()))
         self.history.extend(new)
         self.cur = new[-1]

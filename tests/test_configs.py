@@ -40,6 +40,18 @@ def test_config_composes_and_instantiates(group, option):
     assert cfg.model.attention in ("sdpa", "flex")
 
 
+COMPRESS = sorted(p.stem for p in (CONF / "method" / "compress").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("option", COMPRESS)
+def test_compression_group_composes_under_fafo(option):
+    from fafo.compress.base import Compression
+
+    cfg = compose_with("method=fafo_stream", f"method/compress={option}")
+    method = build(method_node(cfg.method), "method")
+    assert isinstance(method.compress, Compression) and method.compress.budget > 0
+
+
 def test_run_dir_depends_only_on_config():
     a = compose_with("method=vanilla", "bench.max_new_tokens=8")
     b = compose_with("bench.max_new_tokens=8", "method=vanilla")
