@@ -167,6 +167,8 @@ class FAFOState:
         self.region_len_t = torch.zeros(1, dtype=torch.long, device=dev)
         self.scratch_slots_cpu = torch.arange(self.scratch, self.scratch + self.v_len)  # no sync to index it
         self.scratch_slots = self.scratch_slots_cpu.to(dev)
+        self.verify_rows = torch.arange(self.v_len, device=dev)
+        self.captured: dict = {}
         stream_last = torch.arange((k - 1) * n, k * n)  # row k-1 of the stream block: each stream's newest token
         flex = self.engine.backend == "flex"
         capacity = min(self.cfg.compress.budget, self.scratch)
@@ -189,9 +191,12 @@ class FAFOState:
         return 0
 
     def prefill(self) -> int:
-        slots = self.layout.prefill_slots(len(self.prompt)).to(self.engine.device)
-        logits = self.engine.forward(self.cache, self.prompt, torch.arange(len(self.prompt)), slots,
-                                     causal_plan(0), logits="last")
+        """Prefill in position order, then let C select and swap its entries into the fixed region."""
+        T = len(self.prompt)
+        plan = causal_plan(0)
+        plan.capture_rows = self.cfg.compress.prefill_query_rows(T)
+        logits = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan, logits="last")
+        self.layout.prefill(T, plan.captured or None)
         self.cur = int(logits[0, -1].argmax())
         self.history.append(self.cur)
         return self.cur
@@ -204,10 +209,12 @@ class FAFOState:
             cands[: len(found)] = torch.tensor(found)
         return cands, len(found)
 
-    def plan(self, mask, block_mask, region_from: int | None) -> AttentionPlan:
+    def plan(self, mask, block_mask, region_from: int | None, capture: bool = False) -> AttentionPlan:
+        rows = self.verify_rows if capture and self.cfg.compress.wants_decode_query else None
         return AttentionPlan(prefix=self.layout.n, step_mask=mask, region_from=region_from,
                              region_len=self.layout.region_len, region_block_mask=self.region_mask,
-                             step_block_mask=block_mask)
+                             step_block_mask=block_mask, dense_layers=self.cfg.compress.dense(),
+                             capture_rows=rows)
 
     def forward_logits(self, cands: torch.Tensor) -> torch.Tensor:
         """The step's logits rows: [1 + m*k verification rows, then each stream's newest-token row]."""
@@ -219,8 +226,9 @@ class FAFOState:
             tokens = torch.cat([cur, cands.flatten(), streams])
             pos = P + torch.cat([torch.zeros(1, dtype=torch.long), self.cand_rel, self.stream_rel])
             (mask, bm), = self.masks
-            out = self.engine.forward(self.cache, tokens, pos, self.scratch_slots, self.plan(mask, bm, self.v_len),
-                                      logits=self.rows)
+            plan = self.plan(mask, bm, self.v_len, capture=True)
+            out = self.engine.forward(self.cache, tokens, pos, self.scratch_slots, plan, logits=self.rows)
+            self.captured = plan.captured
             return out[0]
         (f_mask, f_bm), (v_mask, v_bm) = self.masks
         pos_f = P + torch.cat([torch.zeros(1, dtype=torch.long), self.stream_rel])
@@ -228,8 +236,9 @@ class FAFOState:
                                      self.plan(f_mask, f_bm, 1), logits=self.rows)
         self.fumble_forwards += 1
         pos_v = P + torch.cat([torch.zeros(1, dtype=torch.long), self.cand_rel])
-        verify = self.engine.forward(self.cache, torch.cat([cur, cands.flatten()]), pos_v, self.scratch_slots,
-                                     self.plan(v_mask, v_bm, None))
+        plan = self.plan(v_mask, v_bm, None, capture=True)
+        verify = self.engine.forward(self.cache, torch.cat([cur, cands.flatten()]), pos_v, self.scratch_slots, plan)
+        self.captured = plan.captured
         return torch.cat([verify[0], fumble[0]])
 
     def step(self) -> tuple[list[int], torch.Tensor]:
@@ -261,7 +270,8 @@ class FAFOState:
 
     def commit(self, new: list[int], kv_rows: torch.Tensor) -> None:
         """Keep the KV of the current token and the accepted candidate tokens; the bonus becomes current."""
-        P = self.layout.n
-        self.layout.commit(self.scratch_slots_cpu[kv_rows], torch.arange(P, P + kv_rows.numel()))
+        last = int(kv_rows[-1])  # query-aware C re-selects with the newest committed token's query
+        query = {l: q[:, :, last : last + 1] for l, q in self.captured.items()} or None
+        self.layout.commit(self.scratch_slots_cpu[kv_rows], query)
         self.history.extend(new)
         self.cur = new[-1]

@@ -102,7 +102,7 @@ def test_fumble_reads_only_the_fixed_region(backend, engine):
     cands, _ = state.candidates()
     cands[0] = torch.tensor([5, 6])
     before = state.forward_logits(cands).clone()
-    budget, n = state.layout.budget, state.layout.n
+    budget, n = state.layout.region_len, state.layout.n
     assert n > budget
     for values in state.cache.values:  # poison R(kv): everything outside the fixed region
         values[:, :, budget:n] += 50.0
@@ -119,8 +119,7 @@ def test_fixed_region_holds_the_selection_and_committed_kv_is_exact(engine, monk
 
     def commit_and_check(self, new, kv_rows):
         original(self, new, kv_rows)
-        region = set(self.layout.region_positions().tolist())
-        checks.append(region == set(self.cfg.compress.select(self.layout.n).tolist()))
+        checks.append(region_holds_selection(self.layout))
 
     monkeypatch.setattr(FAFOState, "commit", commit_and_check)
     ids = eng.tokenizer(PROMPTS[2]).input_ids
@@ -129,16 +128,29 @@ def test_fixed_region_holds_the_selection_and_committed_kv_is_exact(engine, monk
     while len(state.history) < len(ids) + 30:
         state.commit(*state.step())
     assert checks and all(checks)
-    # every cached entry equals the KV a plain prefill of the committed text computes at that position
-    ref_cache = eng.model.new_cache(256)
-    n = state.layout.n
-    eng.prefill(ref_cache, state.history[:n])
-    pos = state.layout.pos[:n]
+    assert_cache_is_permuted_prefill(eng, state.layout, state.history)
+
+
+def region_holds_selection(layout) -> bool:
+    """After a step: per layer and KV head, the fixed region's positions are exactly C's selection."""
+    sel = layout.compression.select(layout)
+    L, H, _ = layout.pos.shape
+    sel = sel.expand(L, H, -1) if sel.dim() == 1 else sel
+    region = layout.region_positions()
+    return region.shape == sel.shape and bool((region.sort(-1).values == sel.sort(-1).values).all())
+
+
+def assert_cache_is_permuted_prefill(eng, layout, history):
+    """Every cached entry equals the KV a plain prefill of the committed text computes at its position."""
+    ref_cache = eng.model.new_cache(512)
+    n = layout.n
+    eng.prefill(ref_cache, history[:n])
     for layer in range(len(ref_cache.keys)):
-        torch.testing.assert_close(state.cache.keys[layer][:, :, :n], ref_cache.keys[layer][:, :, pos], atol=1e-5,
-                                   rtol=0)
-        torch.testing.assert_close(state.cache.values[layer][:, :, :n], ref_cache.values[layer][:, :, pos],
-                                   atol=1e-5, rtol=0)
+        for h in range(ref_cache.keys[layer].shape[1]):
+            pos = layout.pos[layer, h, :n]
+            assert sorted(pos.tolist()) == list(range(n))
+            for ours, ref in ((layout.cache.keys, ref_cache.keys), (layout.cache.values, ref_cache.values)):
+                torch.testing.assert_close(ours[layer][:, h, :n], ref[layer][:, h, pos], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("fused,per_step", [(True, 1), (False, 2)])

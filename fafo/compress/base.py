@@ -2,12 +2,13 @@
 
 A compression function is a small dataclass (fields = hyperparameters = Hydra schema, validated in
 ``__post_init__``) that answers one question: which cached entries, by logical position, form the compressed
-view ``C(kv)`` now. :class:`FixedRegion` keeps exactly those entries physically in slots ``[0, budget)`` of the
-static cache, the layout of FAFO section 4.4 / App. H::
+view ``C(kv)`` now, per layer and per KV head. :class:`FixedRegion` keeps exactly those entries physically in the
+first slots of the static cache, the layout of FAFO section 4.4 / App. H::
 
     [ C(kv): fixed region, slots [0, budget) | R(kv): the rest, slots [budget, n) | scratch for this step ]
 
-so the fumble attention reads a static block range whatever the context length.
+so the fumble attention reads a static block range whatever the context length. Selections may differ per
+layer and KV head (Quest, SnapKV); each (layer, head) row of the cache is permuted on its own.
 """
 
 from __future__ import annotations
@@ -22,78 +23,150 @@ from fafo.engine.cache import KVCache
 
 @dataclass
 class Compression(ABC):
-    """Base class of KV compression functions (StreamingLLM, Quest, SnapKV...)."""
+    """Base class of KV compression functions (StreamingLLM, Quest, SnapKV...).
+
+    Hooks receive the :class:`FixedRegion` (keys by position: :meth:`FixedRegion.keys_at`) and the post-RoPE
+    queries the engine captured (``{layer: [B, H_q, R, D]}``) for the rows named by :attr:`query_rows`.
+    """
+
+    def dense(self) -> frozenset[int]:
+        """Layers in which C(kv) is the whole cache (fumble queries read everything there)."""
+        return frozenset()
 
     @property
     @abstractmethod
     def budget(self) -> int:
-        """Entries in C(kv) once the cache holds more than that (the fixed region's size)."""
+        """Entries C(kv) holds at most (the fixed region's size)."""
+
+    @property
+    def wants_decode_query(self) -> bool:
+        """Whether :meth:`after_append` needs the newest committed token's query (Quest)."""
+        return False
+
+    def prefill_query_rows(self, n_prompt: int) -> torch.Tensor | None:
+        """Prompt rows whose queries :meth:`after_prefill` needs (None: none)."""
+        return None
+
+    def after_prefill(self, region: "FixedRegion", queries: dict[int, torch.Tensor] | None) -> None:
+        """Called once the prompt's KV is cached (identity layout: slot = position)."""
+
+    def after_append(self, region: "FixedRegion", new_slots: torch.Tensor, query: dict | None) -> None:
+        """Called when new entries were appended at ``new_slots`` (before reselection); ``query`` holds the
+        latest decode query per layer ([B, H_q, 1, D]) when the decoder captured one."""
 
     @abstractmethod
-    def select(self, n_cached: int) -> torch.Tensor:
-        """Logical positions (long, CPU) forming C(kv) when positions ``[0, n_cached)`` are cached."""
+    def select(self, region: "FixedRegion") -> torch.Tensor:
+        """Logical positions forming C(kv) for ``region.n`` cached entries: ``[K]`` (same for every layer and
+        head) or ``[L, H_kv, K]``; K <= budget and equal across layers and heads."""
+
+
+def topk_positions_per_head(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The shared top-k of score-based compressions (kvpress's ScorerPress step).
+
+    scores: [..., H_kv, N] per-KV-head scores over candidate entries -> [..., H_kv, k] their indices, sorted
+    ascending (the order is irrelevant to attention; sorted makes selections comparable in tests).
+    """
+    return torch.topk(scores, k, dim=-1).indices.sort(dim=-1).values
+
+
+def group_scores(scores: torch.Tensor, n_kv_heads: int, reduce: str) -> torch.Tensor:
+    """Combine per-query-head scores [..., H_q, N] into per-KV-head scores [..., H_kv, N] under GQA."""
+    grouped = scores.unflatten(-2, (n_kv_heads, -1))
+    return grouped.amax(dim=-2) if reduce == "max" else grouped.mean(dim=-2)
 
 
 class FixedRegion:
     """Physical layout ``[C(kv) | R(kv)]`` of a static cache, maintained by swapping (FAFO App. H).
 
-    ``pos[s]`` is the logical position held by slot ``s`` (-1: empty). Slots ``[0, n)`` hold the ``n`` cached
-    entries, the first ``min(n, budget)`` of them being exactly ``compression.select(n)``.
+    For each layer l and KV head h, ``pos[l, h, s]`` is the logical position held by slot ``s`` (-1: empty) and
+    ``slot_of[l, h, p]`` its inverse. Slots ``[0, n)`` hold the ``n`` cached entries; the first ``region_len``
+    of them are exactly the current selection of the compression function.
 
     Args:
-        cache: the static cache whose slots are moved.
+        cache: the static cache whose slots are moved (batch 1).
         compression: the function C.
-        capacity: slots available for committed entries (scratch for a step's new KV lies beyond).
+        capacity: slots available for committed entries (scratch for a step's new KV lies beyond; one slot past
+            ``capacity`` must exist in the cache: it is the no-op target of padded swaps).
     """
 
     def __init__(self, cache: KVCache, compression: Compression, capacity: int):
         self.cache, self.compression = cache, compression
         self.budget = compression.budget
-        self.pos = torch.full((capacity,), -1, dtype=torch.long)
+        self.capacity = capacity
+        self.device = cache.keys[0].device
+        L, H = len(cache.keys), cache.keys[0].shape[1]
+        self.pos = torch.full((L, H, capacity + 1), -1, dtype=torch.long, device=self.device)
+        self.slot_of = torch.full((L, H, capacity + 1), -1, dtype=torch.long, device=self.device)
+        self.pos[:, :, capacity] = capacity  # the junk slot holds a dummy position, so padded swaps stay no-ops
+        self.slot_of[:, :, capacity] = capacity
         self.n = 0
+        self.region_len = 0
+        self.state: dict = {}  # the compression function's per-generation state (Quest metadata, SnapKV picks)
 
-    @property
-    def region_len(self) -> int:
-        """Valid entries in the fixed region (less than the budget only while the cache is shorter)."""
-        return min(self.n, self.budget)
+    def keys_at(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
+        """Keys of logical ``positions`` ([N] or [H, N]) in ``layer`` -> [B, H, N, D]."""
+        slots = self.slot_of[layer].gather(1, positions.to(self.device).expand(self.slot_of.shape[1], -1))
+        keys = self.cache.keys[layer]
+        return keys.gather(2, slots[None, :, :, None].expand(keys.shape[0], -1, -1, keys.shape[-1]))
 
-    def prefill_slots(self, n_prompt: int) -> torch.Tensor:
-        """Slots for the prompt's KV so that C(prompt) lands in the fixed region directly (no copy): [T] long."""
-        selected = self.compression.select(n_prompt)
-        rest = torch.ones(n_prompt, dtype=torch.bool)
-        rest[selected] = False
-        order = torch.cat([selected, torch.nonzero(rest).flatten()])  # slot s holds position order[s]
-        slots = torch.empty(n_prompt, dtype=torch.long)
-        slots[order] = torch.arange(n_prompt)
-        self.pos[:n_prompt] = order
+    def prefill(self, n_prompt: int, queries: dict | None = None) -> None:
+        """The prompt's KV sits at slots ``[0, T)`` in position order; select C and swap it into place."""
+        ar = torch.arange(n_prompt, device=self.device)
+        self.pos[:, :, :n_prompt] = ar
+        self.slot_of[:, :, :n_prompt] = ar
         self.n = n_prompt
-        return slots
+        self.compression.after_prefill(self, queries)
+        self._reselect()
 
-    def commit(self, scratch_slots: torch.Tensor, positions: torch.Tensor) -> None:
+    def commit(self, scratch_slots: torch.Tensor, query: dict | None = None) -> None:
         """Append entries computed in scratch slots (positions ``n, n+1, ...``), then swap the fixed region so
-        it holds exactly C(kv) again: newly selected entries in, evicted ones out to where the new ones were."""
+        it holds exactly C(kv) again: newly selected entries in, evicted ones out to where those came from."""
         a = scratch_slots.numel()
-        new_slots = torch.arange(self.n, self.n + a)
-        self.cache.move(scratch_slots.to(self.cache.keys[0].device), new_slots.to(self.cache.keys[0].device))
-        self.pos[self.n : self.n + a] = positions
+        new = torch.arange(self.n, self.n + a, device=self.device)
+        self.cache.move(scratch_slots.to(self.device), new)
+        self.pos[:, :, self.n : self.n + a] = new
+        self.slot_of[:, :, self.n : self.n + a] = new
         self.n += a
+        self.compression.after_append(self, new, query)
         self._reselect()
 
     def _reselect(self) -> None:
-        f = self.region_len
-        want = torch.zeros(self.n, dtype=torch.bool)  # indexed by logical position (positions are 0..n-1)
-        want[self.compression.select(self.n)] = True
-        in_region = want[self.pos[: self.n]]
-        evict = torch.nonzero(~in_region[:f]).flatten()  # fixed slots holding unselected entries
-        admit = torch.nonzero(in_region[f:]).flatten() + f  # selected entries outside the region
-        assert evict.numel() == admit.numel(), "compression selected more entries than its budget"
-        if evict.numel():
-            src = torch.cat([evict, admit])
-            dst = torch.cat([admit, evict])
-            dev = self.cache.keys[0].device
-            self.cache.move(src.to(dev), dst.to(dev))
-            self.pos[dst] = self.pos[src].clone()
+        L, H, _ = self.pos.shape
+        sel = self.compression.select(self).to(self.device)
+        sel = sel.expand(L, H, -1) if sel.dim() == 1 else sel  # [L, H, K]
+        K = sel.shape[-1]
+        want = torch.zeros(L, H, self.n, dtype=torch.bool, device=self.device)
+        want.scatter_(2, sel, True)
+        evict = ~want.gather(2, self.pos[:, :, :K])  # [L, H, K]: region slots holding unselected entries
+        admit_slots = self.slot_of.gather(2, sel)  # [L, H, K]: where the selected entries are now
+        admit = admit_slots >= K
+        width = int(evict.sum(-1).max()) if evict.numel() else 0
+        if width:
+            junk = self.capacity  # padded pairs swap this unused slot with itself
+            src_out = _first_true(torch.arange(K, device=self.device).expand(L, H, K), evict, width, junk)
+            src_in = _first_true(admit_slots, admit, width, junk)
+            src, dst = torch.cat([src_out, src_in], -1), torch.cat([src_in, src_out], -1)  # swap pairs
+            self._move_rows(src, dst)
+            moved = self.pos.gather(2, src)
+            self.pos.scatter_(2, dst, moved)
+            self.slot_of.scatter_(2, moved, dst)
+        self.region_len = K
+
+    def _move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Per (layer, head) slot copies: src/dst [L, H, N]; values are gathered before any write."""
+        for layer in range(src.shape[0]):
+            for buf in (self.cache.keys[layer], self.cache.values[layer]):
+                D = buf.shape[-1]
+                vals = buf.gather(2, src[layer][None, :, :, None].expand(buf.shape[0], -1, -1, D))
+                buf.scatter_(2, dst[layer][None, :, :, None].expand(buf.shape[0], -1, -1, D), vals)
 
     def region_positions(self) -> torch.Tensor:
-        """Logical positions currently in the fixed region (for tests and debugging)."""
-        return self.pos[: self.region_len].clone()
+        """[L, H_kv, region_len] logical positions currently in the fixed region."""
+        return self.pos[:, :, : self.region_len].clone()
+
+
+def _first_true(values: torch.Tensor, mask: torch.Tensor, width: int, fill: int) -> torch.Tensor:
+    """Per row, the values where mask is True, first ``width`` of them, padded with ``fill``: [..., width]."""
+    order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[..., :width]
+    picked = values.gather(-1, order)
+    return torch.where(mask.gather(-1, order), picked, torch.full_like(picked, fill))

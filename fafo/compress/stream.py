@@ -36,7 +36,8 @@ class StreamingLLM(Compression):
     def budget(self) -> int:
         return self.sink + self.local
 
-    def select(self, n_cached: int) -> torch.Tensor:
-        if n_cached <= self.budget:
-            return torch.arange(n_cached)
-        return torch.cat([torch.arange(self.sink), torch.arange(n_cached - self.local, n_cached)])
+    def select(self, region) -> torch.Tensor:
+        n = region.n
+        if n <= self.budget:
+            return torch.arange(n)
+        return torch.cat([torch.arange(self.sink), torch.arange(n - self.local, n)])

@@ -15,7 +15,7 @@ Because the two parts are computed apart, no dense ``[Q, max_len]`` mask is ever
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,9 @@ class AttentionPlan:
         region_block_mask: flex only: a BlockMask for the region queries over the region's capacity, built once
             per generation (its mask_mod reads the live region length from a tensor).
         step_block_mask: flex only: a BlockMask equal to ``step_mask``, built once per generation.
+        dense_layers: layers in which the region queries see the whole prefix after all (Quest's dense layers).
+        capture_rows: rows whose post-RoPE queries the model stores in ``captured`` ({layer: [B, H_q, R, D]}),
+            for query-aware compression (Quest, SnapKV).
     """
 
     prefix: int
@@ -48,6 +51,15 @@ class AttentionPlan:
     region_len: int = 0
     region_block_mask: object | None = None
     step_block_mask: object | None = None
+    dense_layers: frozenset = frozenset()
+    capture_rows: torch.Tensor | None = None
+    captured: dict = field(default_factory=dict)
+
+    def for_layer(self, layer: int) -> "AttentionPlan":
+        """The plan as one layer sees it: in a dense layer the region queries read the whole prefix."""
+        if self.region_from is None or layer not in self.dense_layers:
+            return self
+        return replace(self, region_from=None, region_block_mask=None)
 
 
 def causal_plan(prefix: int) -> AttentionPlan:

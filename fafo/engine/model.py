@@ -95,6 +95,9 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, Q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
         v = self.v_proj(x).view(B, Q, -1, d).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if plan.capture_rows is not None:
+            plan.captured[self.layer] = q[:, :, plan.capture_rows]
+        plan = plan.for_layer(self.layer)
         if slots is not None:  # the first len(slots) tokens of the step are kept; the rest stay scratch
             n = slots.shape[0]
             cache.write(self.layer, slots, k[:, :, :n], v[:, :, :n])

@@ -1,0 +1,294 @@
+"""Lookahead Decoding (Fu, Bailis, Stoica, Zhang, ICML 2024, https://arxiv.org/abs/2402.02057), greedy.
+
+Faithful to the official code, hao-ai-lab/LookaheadDecoding @ eed010d: ``lade/decoding.py``
+(``jacobi_greedy_search_multilevel``, ``update_token_map``, ``fill_pool_with_prompt``,
+``append_new_generated_pool``) and ``lade/models/modeling_llama.py`` (``jforward_multilevel``,
+``j_make_causal_mask_multilevel``), re-implemented on our engine. Each step is ONE forward over
+``[current | lookahead window | guesses]``:
+
+* **Window** (the lookahead branch): N-1 levels x W columns. Level 0 is the current token followed by W-1
+  window tokens (the official ``past_tokens[0]``); levels 1..N-2 hold W tokens each. Token (level l, column i)
+  sits at position ``P + l + i`` (P: the current token's position) and sees level 0 columns 0..i and column i of
+  levels 1..l, i.e. one contiguous trajectory of positions ``P .. P+i+l``. Only the top level's predictions are
+  used: column i yields the N-gram ``(level 0..N-2 of column i, prediction)``, stored in the pool under its first
+  token (``add_window``); then the window moves one column: level 0 <- level 1 minus its column 0, level l <-
+  level l+1, top <- the predictions. It moves one column whatever was accepted (the official greedy code asserts
+  ``ALWAYS_FWD_ONE``), so after a multi-token step the window is simply re-based at the new current token.
+* **Warm-up** (the official "filling multi-level window"): level 0 starts with W+N-3 tokens; the first forward
+  processes the prompt AND level 0, causally (the official prefill), and level 1 <- the predictions of every
+  level-0 token. Each of the next N-3 forwards fills one more level: every level drops its column 0 and the new
+  level is the top level's predictions minus column 0. After these N-2 forwards (prefill included) the window has
+  its steady shape; only then are guesses verified and the pool updated. Warm-up forwards commit one token.
+* **Pool**: dict keyed by ONE token -> at most G (N-1)-grams, LRU (re-inserting moves to the end; a new one
+  evicts the oldest). ``pool_from_prompt`` (official ``POOL_FROM_PROMPT``) also stores every N-gram of the prompt
+  and of the committed text as it grows.
+* **Verification**: every n-gram under the current token (up to G, oldest first) at positions P+1..P+N-1, each
+  causal within itself and seeing the current token; guesses and window never see each other; all see the cache.
+  Acceptance is the official ``max_hit``: the longest argmax-matching prefix, but at most N-2 guess tokens, so a
+  step commits at most N-1 tokens (after a full match the model's next prediction is NOT taken); ties go to the
+  first guess. ``bonus_token=True`` takes it (up to N tokens per step). The KV computed for the current token and
+  the accepted guess tokens is kept (the official code copies it into place and trims the rest).
+
+Where we differ or the official code is open (each documented in place):
+
+* The window starts as W+N-3 tokens drawn uniformly (with replacement) from the prompt by a generator seeded
+  with ``seed`` (official: ``random.choice`` with the seed commented out, so its tau is not reproducible).
+* Stop ids: every id in ``eos_ids`` ends a generation (official: only ``eos_token_id[0]``).
+* ``pool_from_prompt`` stores the true committed N-grams (the official loop appends ``hits[max_hit]`` once per
+  accepted token to its history, a bug that corrupts those N-grams after multi-token steps).
+* Unlimited guess sets (official ``GUESS_SET_SIZE=-1``, an unordered set) are not offered; ``guess_set=0``
+  disables verification (one token per step, the window still runs).
+* The number of guesses, hence the step's shape, varies per step as in the official code (no padding); masks,
+  positions and flex BlockMasks are built once per shape per generation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.engine.attention import AttentionPlan, causal_plan, step_block_mask
+from fafo.engine.engine import Engine
+from fafo.errors import ConfigError
+from fafo.sampling import Sampling
+
+
+def lookahead_step_mask(columns: int, levels: int, n_guesses: int, guess_len: int) -> torch.Tensor:
+    """``[Q, Q]`` bool mask over ``[level 0 | level 1 | ... | guess 0 | guess 1 | ...]``, Q = levels*columns +
+    n_guesses*guess_len, the official ``j_make_causal_mask_multilevel`` (without its distributed offsets).
+
+    Level 0 (row 0 = the current token) is causal; token (l >= 1, column i) sees level-0 columns 0..i and column
+    i of levels 1..l; guess tokens see the current token and their own guess causally; nothing else.
+    """
+    w = levels * columns
+    q = w + n_guesses * guess_len
+    mask = torch.zeros(q, q, dtype=torch.bool)
+    idx = torch.arange(w)
+    lvl, col = idx // columns, idx % columns
+    level0 = (lvl[None, :] == 0) & (col[None, :] <= col[:, None])
+    same_column = (col[None, :] == col[:, None]) & (lvl[None, :] >= 1) & (lvl[None, :] <= lvl[:, None])
+    mask[:w, :w] = level0 | same_column
+    g = torch.arange(n_guesses * guess_len)
+    gi, gt = g // guess_len, g % guess_len
+    mask[w:, w:] = (gi[:, None] == gi[None, :]) & (gt[None, :] <= gt[:, None])
+    mask[w:, 0] = True
+    return mask
+
+
+class NgramPool:
+    """The official ``token_map``: one token -> at most ``cap`` (N-1)-grams, least recently inserted first."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.table: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.table.values())
+
+    def as_dict(self) -> dict[int, list[tuple[int, ...]]]:
+        return {key: list(bucket) for key, bucket in self.table.items()}
+
+    def get(self, key: int) -> list[tuple[int, ...]]:
+        """The guesses for ``key``, oldest first (the official list order, which decides ties)."""
+        return list(self.table.get(key, ()))
+
+    def add(self, key: int, ngram: tuple[int, ...]) -> None:
+        """Official LRU rule: present -> moved to the end; else appended, evicting the oldest when full."""
+        if self.cap <= 0:
+            return
+        bucket = self.table.setdefault(key, OrderedDict())
+        if ngram in bucket:
+            bucket.move_to_end(ngram)
+            return
+        if len(bucket) >= self.cap:
+            bucket.popitem(last=False)
+        bucket[ngram] = None
+
+    def add_text(self, tokens: list[int], n: int) -> None:
+        """Every N-gram of ``tokens`` in order, under its first token (``fill_pool_with_prompt``)."""
+        for s in range(len(tokens) - n + 1):
+            self.add(tokens[s], tuple(tokens[s + 1 : s + n]))
+
+    def add_window(self, current: int, levels: list[list[int]], top: list[int]) -> None:
+        """``update_token_map``: column i of the window (level 0 = current + levels[0], levels 1..N-2, then the top
+        level's prediction ``top[i]``) is stored under its level-0 token, column 0 first."""
+        for i, key in enumerate([current, *levels[0]]):
+            self.add(key, tuple(lv[i] for lv in levels[1:]) + (top[i],))
+
+
+@dataclass
+class LookaheadDecoder(Decoder):
+    """Lookahead Decoding, greedy, one forward per step (official presets: 7B 5/15/15, 13B 5/10/10, README and
+    Spec-Bench 5/7/7).
+
+    Attributes:
+        level: N, the n-gram size; the window has N-1 levels and guesses are N-1 tokens long (>= 3).
+        window: W, window columns (>= 1).
+        guess_set: G, n-grams kept per pool key and hence guesses verified per step at most (0: none).
+        bonus_token: after a fully matched guess also commit the model's next prediction (official: no).
+        pool_from_prompt: also store the prompt's and the committed text's N-grams (official POOL_FROM_PROMPT).
+        seed: seeds the window's initial tokens (drawn from the prompt).
+    """
+
+    level: int = 5
+    window: int = 15
+    guess_set: int = 15
+    bonus_token: bool = False
+    pool_from_prompt: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        lows = {"level": 3, "window": 1, "guess_set": 0}
+        for name, low in lows.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                why = " (N-1 >= 2 levels; N=2 would commit one token per step)" if name == "level" else ""
+                raise ConfigError(f"method.{name}={value!r} must be an integer >= {low}{why}")
+        for name in ("bonus_token", "pool_from_prompt"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"method.{name}={getattr(self, name)!r} must be true or false")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"method.seed={self.seed!r} must be an integer")
+
+    def step_tokens(self) -> int:
+        """The most tokens one forward processes after the prefill (warm-up windows are wider but shallower)."""
+        n, w = self.level, self.window
+        steady = (n - 1) * w + self.guess_set * (n - 1)
+        return max([steady] + [(f + 1) * (w + n - 2 - f) for f in range(1, n - 2)])
+
+    def extra_slots(self, max_new_tokens: int) -> int:
+        return self.step_tokens()  # a step writes its KV to slots [P, P + Q) and keeps what it accepts
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        if not sampling.greedy:
+            raise ConfigError("method lookahead verifies greedily; use sampling=greedy until sampling lands")
+
+    def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
+                 sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
+        clock = clock or NullClock()
+        if sampling is not None:
+            self.check_sampling(sampling)
+        state = LookaheadState(self, engine, prompt_ids, max_new_tokens)
+        cur = state.prefill()
+        clock.mark("prefill")
+        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
+        accept_lengths: list[int] = []
+        while not finished:
+            new, kv_rows = state.step()
+            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
+            accept_lengths.append(len(tokens) - sum(accept_lengths) - 1)
+            if not finished:
+                state.commit(new, kv_rows)
+        extras = {"pool_entries": len(state.pool), "guesses_verified": state.guesses_verified,
+                  "buffer_bytes": 0}  # the step's scratch slots are inside the cache
+        return Generation(tokens, accept_lengths, len(accept_lengths), extras)
+
+
+@dataclass
+class _Shape:
+    """What one step shape (window columns x levels, number of guesses) needs, built once per generation."""
+
+    mask: torch.Tensor  # [Q, Q] bool, on device
+    block_mask: object | None  # flex only
+    rel: torch.Tensor  # [Q] positions relative to the current token
+    offsets: torch.Tensor  # [Q] arange: the step's KV goes to slots P + offsets
+    rows: torch.Tensor  # logits rows: current token, top window level, every guess token
+    guess_base: int  # row of the first guess token
+
+
+class LookaheadState:
+    """One generation: the window levels, the pool, the current token and its position."""
+
+    def __init__(self, cfg: LookaheadDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int):
+        self.cfg, self.engine, self.n = cfg, engine, cfg.level
+        self.prompt = list(prompt_ids)
+        self.history = list(prompt_ids)
+        self.cache = engine.cache(len(self.prompt) + max_new_tokens + cfg.extra_slots(max_new_tokens))
+        g = torch.Generator().manual_seed(cfg.seed)
+        init = torch.randint(len(self.prompt), (cfg.window + self.n - 3,), generator=g).tolist()
+        # levels[0] is level 0 without the current token; levels 1.. appear during warm-up (official past_tokens)
+        self.levels: list[list[int]] = [[self.prompt[i] for i in init]]
+        self.pool = NgramPool(cfg.guess_set)
+        if cfg.pool_from_prompt:
+            self.pool.add_text(self.prompt, self.n)
+        self.shapes: dict[tuple[int, int, int], _Shape] = {}
+        self.guesses_verified = 0
+        self.P = len(self.prompt)  # the current token's position = its slot = committed KV entries
+        self.cur = -1
+
+    def prefill(self) -> int:
+        """The official first forward: prompt + level 0, causal; only the prompt's KV is kept."""
+        T, level0 = len(self.prompt), self.levels[0]
+        dev = self.engine.device
+        out = self.engine.forward(self.cache, self.prompt + level0, torch.arange(T + len(level0), device=dev),
+                                  torch.arange(T, device=dev), causal_plan(0),
+                                  logits=torch.arange(T - 1, T + len(level0), device=dev))
+        preds = out[0].argmax(-1).tolist()
+        self.levels = [level0[1:], preds[1:]]  # level 1 <- the prediction of every level-0 token
+        self._extend([preds[0]])
+        return self.cur
+
+    def _shape(self, columns: int, levels: int, n_guesses: int) -> _Shape:
+        key = (columns, levels, n_guesses)
+        if key not in self.shapes:
+            dev, k = self.engine.device, self.n - 1
+            mask = lookahead_step_mask(columns, levels, n_guesses, k).to(dev)
+            col = torch.arange(columns)
+            rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + [torch.arange(1, k + 1)] * n_guesses)
+            w = levels * columns
+            rows = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(w - columns, w + n_guesses * k)])
+            bm = step_block_mask(mask) if self.engine.backend == "flex" else None
+            self.shapes[key] = _Shape(mask, bm, rel.to(dev), torch.arange(rel.numel(), device=dev), rows.to(dev), w)
+        return self.shapes[key]
+
+    def step(self) -> tuple[list[int], list[int]]:
+        """One forward; returns the committed tokens and the step rows whose KV must be kept after the current
+        token's (the accepted guess tokens')."""
+        levels, k = self.levels, self.n - 1
+        warm = len(levels) < k  # official: past_tokens[LEVEL - 2] is None
+        guesses = [] if warm or self.cfg.guess_set == 0 else self.pool.get(self.cur)
+        columns = len(levels[0]) + 1
+        s = self._shape(columns, len(levels), len(guesses))
+        tokens = [self.cur] + [t for lv in levels for t in lv] + [t for g in guesses for t in g]
+        plan = AttentionPlan(prefix=self.P, step_mask=s.mask, step_block_mask=s.block_mask)
+        out = self.engine.forward(self.cache, tokens, s.rel + self.P, s.offsets + self.P, plan, logits=s.rows)
+        preds = out[0].argmax(-1).tolist()  # the step's one host sync
+        first, top, checked = preds[0], preds[1 : 1 + columns], preds[1 + columns :]
+        if warm:  # every level drops column 0; the top level's predictions, minus column 0, are the new level
+            self.levels = [lv[1:] for lv in levels] + [top[1:]]
+            return [first], []
+        self.guesses_verified += len(guesses)
+        hit, best = 0, 0
+        for g, guess in enumerate(guesses):  # official max_hit loop
+            want = [first] + checked[g * k : g * k + k - 1]  # what guess token t must equal
+            m = 0
+            while m < k and guess[m] == want[m]:
+                m += 1
+            if not self.cfg.bonus_token:
+                m = min(m, k - 1)  # official: `gg` stops at N-2 even after a full match (at most N-1 tokens/step)
+            if m > hit:  # strict: ties keep the first (oldest) guess
+                hit, best = m, g
+        new = [first] + checked[best * k : best * k + hit]
+        if self.cfg.guess_set:
+            self.pool.add_window(self.cur, levels, top)
+        self.levels = [levels[1][1:], *levels[2:], top]  # one column forward, whatever was accepted
+        return new, [s.guess_base + best * k + t for t in range(hit)]
+
+    def commit(self, new: list[int], kv_rows: list[int]) -> None:
+        """The current token's KV is already at slot P; move the accepted guess tokens' KV next to it."""
+        if kv_rows:
+            src = torch.tensor(kv_rows) + self.P
+            dst = torch.arange(self.P + 1, self.P + 1 + len(kv_rows))
+            self.cache.move(src.to(self.engine.device), dst.to(self.engine.device))
+        self.P += len(new)
+        self._extend(new)
+
+    def _extend(self, new: list[int]) -> None:
+        for t in new:
+            self.history.append(t)
+            if self.cfg.pool_from_prompt:  # official append_new_generated_pool, on the true history
+                self.pool.add_text(self.history[-self.n :], self.n)
+        self.cur = new[-1]

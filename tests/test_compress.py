@@ -1,0 +1,149 @@
+"""Quest, SnapKV and StreamingLLM as FAFO compression functions (fafo_quest, fafo_snapkv) and as lossy decoding."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from baselines.lossy import LossyDecoder
+from baselines.vanilla import VanillaDecoder
+from fafo.compress.base import FixedRegion
+from fafo.compress.quest import Quest
+from fafo.compress.snapkv import SnapKV
+from fafo.compress.stream import StreamingLLM
+from fafo.engine.cache import KVCache
+from fafo.errors import ConfigError
+from fafo.fafo import FAFODecoder, FAFOState
+from tests.conftest import LOSSLESS_MODELS
+from tests.lossless import PROMPTS, assert_lossless
+from tests.test_fafo import assert_cache_is_permuted_prefill, region_holds_selection
+
+QUEST = Quest(token_budget=16, page_size=4, dense_layers=1)
+SNAP = SnapKV(capacity=8, window=2, kernel=3, local=4)
+COMPRESSIONS = {"quest": QUEST, "snapkv": SNAP}
+
+
+def random_region(compression, n=61, layers=2, heads=2, q_heads=4, dim=8, seed=0):
+    """A FixedRegion over a random cache holding n entries (slot = position), prefilled with random queries."""
+    g = torch.Generator().manual_seed(seed)
+    cache = KVCache(layers, 1, heads, n + 8, dim, torch.float32, "cpu")
+    for buf in cache.keys + cache.values:
+        buf.copy_(torch.randn(buf.shape, generator=g))
+    rows = compression.prefill_query_rows(n)
+    queries = {l: torch.randn(1, q_heads, len(rows), dim, generator=g) for l in range(layers)}
+    region = FixedRegion(cache, compression, capacity=n + 4)
+    keys_before = [k.clone() for k in cache.keys]
+    region.prefill(n, queries)
+    return region, queries, keys_before
+
+
+@pytest.mark.parametrize("name", LOSSLESS_MODELS)
+@pytest.mark.parametrize("compress", list(COMPRESSIONS))
+def test_fafo_quest_and_snapkv_are_token_identical(name, compress, engine):
+    for n, k in ((8, 2), (40, 6)):  # n = k = 1 is covered by the StreamingLLM matrix
+        assert_lossless(FAFODecoder(compress=COMPRESSIONS[compress], n=n, k=k), engine(name), max_new=24,
+                        prompts=[p * 2 for p in PROMPTS])
+
+
+@pytest.mark.parametrize("compress", [QUEST, SNAP, Quest(token_budget=512), SnapKV(capacity=512)],
+                         ids=["quest", "snapkv", "quest>prompt", "snapkv>prompt"])
+def test_fixed_region_holds_the_selection_after_every_step(compress, engine, monkeypatch):
+    eng = engine("qwen2_gqa_rep")
+    checks = []
+    original = FAFOState.commit
+
+    def commit_and_check(self, new, kv_rows):
+        original(self, new, kv_rows)
+        checks.append(region_holds_selection(self.layout))
+
+    monkeypatch.setattr(FAFOState, "commit", commit_and_check)
+    ids = eng.tokenizer(PROMPTS[2] * 2).input_ids
+    state = FAFOState(FAFODecoder(compress=compress, n=8, k=3), eng, ids, 30)
+    state.prefill()
+    assert region_holds_selection(state.layout)
+    while len(state.history) < len(ids) + 24:
+        state.commit(*state.step())
+    assert checks and all(checks)
+    assert_cache_is_permuted_prefill(eng, state.layout, state.history)
+
+
+def test_quest_upper_bound_bounds_every_key_of_its_page():
+    region, queries, keys = random_region(QUEST)
+    for layer in range(2):
+        q = queries[layer][:, :, -1]
+        ub = QUEST.upper_bound(q, region.state["kmax"][layer], region.state["kmin"][layer])  # [1, Hq, pages]
+        k = keys[layer][0]  # [H_kv, n, D]
+        dots = torch.einsum("hd,hnd->hn", q[0], k.repeat_interleave(2, 0))  # [H_q, n]
+        for p in range(ub.shape[-1]):
+            page = dots[:, 4 * p : min(4 * p + 4, 61)]  # the cache holds 61 entries
+            if page.numel():
+                assert (ub[0, :, p : p + 1] >= page - 1e-5).all()
+
+
+def test_quest_selection_equals_brute_force_top_pages_per_kv_head():
+    region, queries, keys = random_region(QUEST, n=61)
+    sel = QUEST.select(region)  # [L, H_kv, K]
+    n_pages = math.ceil(61 / 4)
+    for layer in range(2):
+        q = queries[layer][0, :, -1]  # [H_q, D]
+        for h in range(2):
+            scores = []
+            for p in range(n_pages - 1):  # every page but the current (last) one
+                k = keys[layer][0, h, 4 * p : 4 * p + 4]  # [4, D]
+                bound = [sum(max(qi * hi, qi * lo) for qi, hi, lo in zip(q[hq], k.amax(0), k.amin(0)))
+                         for hq in (2 * h, 2 * h + 1)]
+                scores.append(max(bound))
+            top = sorted(range(n_pages - 1), key=lambda p: -scores[p])[: 16 // 4 - 1]
+            want = {4 * p + i for p in top for i in range(4)} | set(range(4 * (n_pages - 1), 61))
+            assert set(sel[layer, h].tolist()) == want
+    assert not torch.equal(sel[:, 0], sel[:, 1])  # KV heads choose their own pages
+    for layer in range(2):  # and the region holds each head's own pages
+        for h in range(2):
+            assert set(region.region_positions()[layer, h].tolist()) == set(sel[layer, h].tolist())
+
+
+@pytest.mark.parametrize("pooling", ["max", "avg"])
+def test_snapkv_kept_indices_equal_direct_recomputation(pooling):
+    snap = SnapKV(capacity=12, window=3, kernel=5, pooling=pooling, local=4)
+    region, queries, keys = random_region(snap, n=40)
+    kept = region.state["kept"]  # [L, H_kv, capacity]
+    T, w = 40, 3
+    for layer in range(2):
+        for h in range(2):
+            votes = []
+            for hq in (2 * h, 2 * h + 1):
+                q, k = queries[layer][0, hq], keys[layer][0, h]  # [w, D], [T, D]
+                rows = []
+                for i in range(w):  # window query i sees keys up to T - w + i
+                    logits = (q[i] @ k[: T - w + i + 1].T) / math.sqrt(q.shape[-1])
+                    rows.append(torch.softmax(logits, -1)[: T - w])
+                v = torch.stack(rows).sum(0)[None, None]
+                pool = F.max_pool1d if pooling == "max" else F.avg_pool1d
+                votes.append(pool(v, 5, stride=1, padding=2)[0, 0])
+            score = torch.stack(votes).mean(0)
+            top = set(torch.topk(score, 12 - w).indices.tolist()) | set(range(T - w, T))
+            assert set(kept[layer, h].tolist()) == top
+    assert not torch.equal(kept[:, 0], kept[:, 1])
+
+
+@pytest.mark.parametrize("compress", [StreamingLLM(sink=2, local=6), QUEST, SNAP], ids=["stream", "quest", "snapkv"])
+def test_lossy_mode_diverges_where_fafo_does_not(compress, engine):
+    eng = engine("llama_gqa")
+    diverged = []
+    for text in PROMPTS:
+        ids = eng.tokenizer(text * 2).input_ids
+        ref = VanillaDecoder().generate(eng, ids, 30).tokens
+        assert FAFODecoder(compress=compress, n=8, k=3).generate(eng, ids, 30).tokens == ref
+        diverged.append(LossyDecoder(compress=compress).generate(eng, ids, 30).tokens != ref)
+    assert any(diverged)
+    big = LossyDecoder(compress=StreamingLLM(sink=4, local=4096))  # C(kv) = everything: lossless again
+    ids = eng.tokenizer(PROMPTS[0]).input_ids
+    assert big.generate(eng, ids, 30).tokens == VanillaDecoder().generate(eng, ids, 30).tokens
+
+
+def test_bad_compression_settings_are_refused():
+    for make in (lambda: Quest(token_budget=8, page_size=16), lambda: Quest(gqa_reduce="sum"),
+                 lambda: SnapKV(window=64, capacity=32), lambda: SnapKV(kernel=4), lambda: SnapKV(local=0)):
+        with pytest.raises(ConfigError, match="method.compress"):
+            make()

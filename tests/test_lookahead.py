@@ -1,0 +1,150 @@
+"""Lookahead Decoding (method configs lookahead*): lossless, one forward per step, and doing what the official code
+(hao-ai-lab/LookaheadDecoding, lade/decoding.py + lade/models/modeling_llama.py) does."""
+
+import pytest
+import torch
+
+from baselines.lookahead import LookaheadDecoder, LookaheadState, NgramPool, lookahead_step_mask
+from baselines.vanilla import VanillaDecoder
+from fafo.engine.cache import KVCache
+from fafo.errors import ConfigError
+from fafo.sampling import Sampling
+from tests.conftest import LOSSLESS_MODELS
+from tests.lossless import PROMPTS, assert_lossless
+
+# (model, N, W, G, bonus): every model with N=3 and N=5, the bonus flag on and off, several W/G
+CASES = [("llama_mha", 3, 2, 2, False), ("llama_mha", 5, 7, 7, True), ("llama_gqa", 3, 4, 3, True),
+         ("llama_gqa", 5, 3, 3, False), ("qwen2_gqa", 3, 2, 2, True), ("qwen2_gqa", 5, 7, 7, False),
+         ("llama_mha_rep", 3, 4, 3, False), ("llama_mha_rep", 5, 7, 7, True), ("qwen2_gqa_rep", 3, 2, 2, False),
+         ("qwen2_gqa_rep", 5, 3, 3, True)]
+assert {c[0] for c in CASES} == set(LOSSLESS_MODELS)
+
+
+@pytest.mark.parametrize("name,n,w,g,bonus", CASES, ids=[f"{m}-N{n}-W{w}-G{g}-bonus{int(b)}" for m, n, w, g, b in CASES])
+def test_lookahead_is_token_identical_to_vanilla_greedy(name, n, w, g, bonus, engine):
+    assert_lossless(LookaheadDecoder(level=n, window=w, guess_set=g, bonus_token=bonus), engine(name))
+
+
+@pytest.mark.parametrize("kw", [dict(pool_from_prompt=True), dict(guess_set=0), dict(level=4, window=1)])
+def test_other_knobs_are_token_identical(kw, engine):
+    assert_lossless(LookaheadDecoder(**{"level": 3, "window": 3, "guess_set": 3, **kw}), engine("qwen2_gqa_rep"))
+
+
+def test_flex_backend_is_token_identical(engine):
+    assert_lossless(LookaheadDecoder(level=4, window=3, guess_set=2), engine("qwen2_gqa_rep", "flex"), max_new=16,
+                    prompts=PROMPTS[2:])
+
+
+@pytest.mark.parametrize("name", ["llama_mha_rep", "qwen2_gqa_rep"])
+def test_tau_above_1_5_on_repetitive_text_with_the_n_minus_1_cap(name, engine):
+    eng = engine(name)
+    ids = eng.tokenizer(PROMPTS[2]).input_ids
+    ref = VanillaDecoder().generate(eng, ids, 120).tokens
+    gen = LookaheadDecoder(level=5, window=7, guess_set=7).generate(eng, ids, 120)
+    assert gen.tokens == ref and gen.tau > 1.5
+    assert max(gen.accept_lengths) == 4  # N-1: no bonus token after a full match (official max_hit)
+    bonus = LookaheadDecoder(level=5, window=7, guess_set=7, bonus_token=True).generate(eng, ids, 120)
+    assert bonus.tokens == ref and max(bonus.accept_lengths) == 5 and bonus.tau >= gen.tau
+
+
+def test_one_forward_per_step(engine, monkeypatch):
+    eng = engine("llama_mha_rep")
+    calls = []
+    original = eng.model.forward
+    monkeypatch.setattr(eng.model, "forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    gen = LookaheadDecoder(level=5, window=4, guess_set=4).generate(eng, eng.tokenizer(PROMPTS[2]).input_ids, 40)
+    assert gen.n_forwards > 0 and len(calls) == 1 + gen.n_forwards  # + the prefill (which also runs level 0)
+    assert gen.accept_lengths[:2] == [1, 1]  # N-3 = 2 warm-up forwards after the prefill commit one token each
+
+
+def test_step_mask_equals_the_official_mask():
+    # N=3, W=2, G=2: [current, level-0 token | level 1 col 0, col 1 | guess 0 (2 tokens) | guess 1 (2 tokens)]
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0, 0, 0],
+        [1, 0, 0, 0, 1, 0, 0, 0],
+        [1, 0, 0, 0, 1, 1, 0, 0],
+        [1, 0, 0, 0, 0, 0, 1, 0],
+        [1, 0, 0, 0, 0, 0, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(lookahead_step_mask(columns=2, levels=2, n_guesses=2, guess_len=2), expected)
+    # N=4, W=2: level 2 column 1 (row 5) sees level 0 columns 0-1 and column 1 of levels 1-2
+    assert lookahead_step_mask(2, 3, 0, 3)[5].nonzero().flatten().tolist() == [0, 1, 3, 5]
+
+
+def test_pool_update_rule_matches_the_official_update_token_map():
+    """N=4, W=3, G=2, worked by hand from update_token_map / fill_pool_with_prompt."""
+    pool = NgramPool(cap=2)
+    pool.add_text([1, 2, 3, 4, 1, 2, 3], n=4)  # 1->(2,3,4), 2->(3,4,1), 3->(4,1,2), 4->(1,2,3)
+    # columns: (cur=1 | 5, 6) over levels [7, 8, 9], [10, 11, 12], predictions [13, 14, 15]
+    pool.add_window(1, [[5, 6], [7, 8, 9], [10, 11, 12]], [13, 14, 15])
+    pool.add_window(1, [[5, 2], [7, 8, 4], [10, 11, 1]], [13, 14, 2])  # 1: refresh; 5: refresh; 2: 2nd entry
+    pool.add_window(1, [[9, 2], [2, 3, 5], [3, 4, 5]], [4, 5, 5])  # 1: evict LRU (2,3,4); 2: evict (3,4,1)
+    assert pool.as_dict() == {
+        1: [(7, 10, 13), (2, 3, 4)],
+        2: [(4, 1, 2), (5, 5, 5)],
+        3: [(4, 1, 2)],
+        4: [(1, 2, 3)],
+        5: [(8, 11, 14)],
+        6: [(9, 12, 15)],
+        9: [(3, 4, 5)],
+    }
+    assert pool.get(2) == [(4, 1, 2), (5, 5, 5)] and pool.get(7) == []
+
+
+class PositionModel:
+    """A stand-in engine whose greedy prediction at position p is token 100 + p + 1, whatever the context."""
+
+    backend, device = "sdpa", torch.device("cpu")
+
+    def __init__(self):
+        self.calls = []
+
+    def cache(self, min_len):
+        return KVCache(1, 1, 1, min_len, 1, torch.float32, "cpu")
+
+    def forward(self, cache, tokens, positions, slots, plan, logits="all"):
+        pos = torch.as_tensor(positions)[torch.as_tensor(logits)]
+        self.calls.append((list(tokens), torch.as_tensor(positions).tolist()))
+        return torch.nn.functional.one_hot(100 + pos + 1, 200).float()[None]
+
+
+def test_window_warm_up_advance_and_acceptance_follow_the_official_loop():
+    """N=4, W=2, G=2 from window [7, 8, 9] after prompt [1, 2, 3], worked by hand from jacobi_greedy_search_multilevel
+    (prefill with level 0, one warm-up forward, then one column per step even after a 2-token accept)."""
+    eng = PositionModel()
+    state = LookaheadState(LookaheadDecoder(level=4, window=2, guess_set=2), eng, [1, 2, 3], 20)
+    state.levels = [[7, 8, 9]]
+    assert state.prefill() == 103 and state.levels == [[8, 9], [104, 105, 106]]
+    assert eng.calls[0] == ([1, 2, 3, 7, 8, 9], [0, 1, 2, 3, 4, 5])
+    steps = []
+    for _ in range(5):
+        new, rows = state.step()
+        steps.append((eng.calls[-1], new, [lv[:] for lv in state.levels]))
+        state.commit(new, rows)
+    assert steps[0] == (([103, 8, 9, 104, 105, 106], [3, 4, 5, 4, 5, 6]), [104], [[9], [105, 106], [106, 107]])
+    assert steps[1] == (([104, 9, 105, 106, 106, 107], [4, 5, 5, 6, 6, 7]), [105], [[106], [106, 107], [107, 108]])
+    assert steps[2][1:] == ([106], [[107], [107, 108], [108, 109]])
+    # key 106 -> (107, 108, 109) fully matches, but only N-1 = 3 tokens are committed (not the 4th, 110)
+    assert steps[3] == (([106, 107, 107, 108, 108, 109, 107, 108, 109], [6, 7, 7, 8, 8, 9, 7, 8, 9]),
+                        [107, 108, 109], [[108], [108, 109], [109, 110]])
+    # the window moved one column although three tokens were accepted: it is re-based at position 9
+    assert steps[4] == (([109, 108, 108, 109, 109, 110], [9, 10, 10, 11, 11, 12]), [110],
+                        [[109], [109, 110], [112, 113]])
+    assert state.pool.as_dict() == {
+        104: [(105, 106, 107)], 9: [(106, 107, 108)], 105: [(106, 107, 108)], 106: [(107, 108, 109)],
+        107: [(108, 109, 110)], 109: [(108, 109, 112)], 108: [(109, 110, 113)],
+    }
+
+
+def test_bad_hyperparameters_and_sampling_are_refused():
+    for kw in (dict(level=1), dict(level=2), dict(window=0), dict(guess_set=-1), dict(level=2.5),
+               dict(bonus_token="yes"), dict(seed=None)):
+        field = next(iter(kw))
+        with pytest.raises(ConfigError, match=f"method.{field}="):
+            LookaheadDecoder(**kw)
+    with pytest.raises(ConfigError, match="sampling"):
+        LookaheadDecoder().check_sampling(Sampling(temperature=0.7))
+    assert LookaheadDecoder(level=5, window=15, guess_set=15).extra_slots(100) == 4 * 15 + 15 * 4
