@@ -7,39 +7,40 @@ Faithful to the official code, hao-ai-lab/LookaheadDecoding @ eed010d: ``lade/de
 ``[current | lookahead window | guesses]``:
 
 * **Window** (the lookahead branch): N-1 levels x W columns. Level 0 is the current token followed by W-1
-  window tokens (the official ``past_tokens[0]``); levels 1..N-2 hold W tokens each. Token (level l, column i)
-  sits at position ``P + l + i`` (P: the current token's position) and sees level 0 columns 0..i and column i of
-  levels 1..l, i.e. one contiguous trajectory of positions ``P .. P+i+l``. Only the top level's predictions are
-  used: column i yields the N-gram ``(level 0..N-2 of column i, prediction)``, stored in the pool under its first
+  window tokens (the official ``past_tokens[0]``); levels 1..N-2 hold W tokens each. Token (level l, column
+  i) sits at position ``P + l + i`` (P: the current token's) and sees level 0 columns 0..i and column i of
+  levels 1..l, i.e. one contiguous trajectory of positions ``P .. P+i+l``. Only the top level's predictions
+  are used: column i yields the N-gram (its level 0..N-2 tokens, the prediction), pooled under its level-0
   token (``add_window``); then the window moves one column: level 0 <- level 1 minus its column 0, level l <-
-  level l+1, top <- the predictions. It moves one column whatever was accepted (the official greedy code asserts
-  ``ALWAYS_FWD_ONE``), so after a multi-token step the window is simply re-based at the new current token.
-* **Warm-up** (the official "filling multi-level window"): level 0 starts with W+N-3 tokens; the first forward
-  processes the prompt AND level 0, causally (the official prefill), and level 1 <- the predictions of every
-  level-0 token. Each of the next N-3 forwards fills one more level: every level drops its column 0 and the new
-  level is the top level's predictions minus column 0. After these N-2 forwards (prefill included) the window has
-  its steady shape; only then are guesses verified and the pool updated. Warm-up forwards commit one token.
+  level l+1, top <- the predictions. It moves one column whatever was accepted (the official greedy code
+  asserts ``ALWAYS_FWD_ONE``), so after a multi-token step the window is simply re-based at the new token.
+* **Warm-up** (the official "filling multi-level window"): level 0 starts with W+N-3 tokens; the first
+  forward processes the prompt AND level 0, causally (the official prefill), and level 1 <- the predictions
+  of every level-0 token. Each of the next N-3 forwards fills one more level: every level drops its column 0
+  and the new level is the top level's predictions minus column 0. After these N-2 forwards (prefill
+  included) the window has its steady shape; only then are guesses verified and the pool updated. Warm-up
+  forwards commit one token each.
 * **Pool**: dict keyed by ONE token -> at most G (N-1)-grams, LRU (re-inserting moves to the end; a new one
-  evicts the oldest). ``pool_from_prompt`` (official ``POOL_FROM_PROMPT``) also stores every N-gram of the prompt
-  and of the committed text as it grows.
-* **Verification**: every n-gram under the current token (up to G, oldest first) at positions P+1..P+N-1, each
-  causal within itself and seeing the current token; guesses and window never see each other; all see the cache.
-  Acceptance is the official ``max_hit``: the longest argmax-matching prefix, but at most N-2 guess tokens, so a
-  step commits at most N-1 tokens (after a full match the model's next prediction is NOT taken); ties go to the
-  first guess. ``bonus_token=True`` takes it (up to N tokens per step). The KV computed for the current token and
-  the accepted guess tokens is kept (the official code copies it into place and trims the rest).
+  evicts the oldest). ``pool_from_prompt`` (official ``POOL_FROM_PROMPT``) also stores every N-gram of the
+  prompt and of the committed text as it grows.
+* **Verification**: every n-gram under the current token (up to G, oldest first) at positions P+1..P+N-1,
+  each causal within itself and seeing the current token; guesses and window never see each other; all see
+  the cache. Acceptance is the official ``max_hit``: the longest argmax-matching prefix, but at most N-2
+  guess tokens, so a step commits at most N-1 tokens (after a full match the model's next prediction is NOT
+  taken); ties go to the first guess. ``bonus_token=True`` takes it (up to N tokens per step). The KV of the
+  current token and of the accepted guess tokens is kept (the official code copies it into place).
 
 Where we differ or the official code is open (each documented in place):
 
 * The window starts as W+N-3 tokens drawn uniformly (with replacement) from the prompt by a generator seeded
   with ``seed`` (official: ``random.choice`` with the seed commented out, so its tau is not reproducible).
 * Stop ids: every id in ``eos_ids`` ends a generation (official: only ``eos_token_id[0]``).
-* ``pool_from_prompt`` stores the true committed N-grams (the official loop appends ``hits[max_hit]`` once per
-  accepted token to its history, a bug that corrupts those N-grams after multi-token steps).
+* ``pool_from_prompt`` stores the true committed N-grams (the official loop appends ``hits[max_hit]`` once
+  per accepted token to its history, a bug that corrupts those N-grams after multi-token steps).
 * Unlimited guess sets (official ``GUESS_SET_SIZE=-1``, an unordered set) are not offered; ``guess_set=0``
-  disables verification (one token per step, the window still runs).
-* The number of guesses, hence the step's shape, varies per step as in the official code (no padding); masks,
-  positions and flex BlockMasks are built once per shape per generation.
+  disables verification (one token per step, the window still runs; the official code fails an assert).
+* The number of guesses, hence the step's shape, varies per step as in the official code (no padding);
+  masks, positions and flex BlockMasks are built once per shape per generation.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def lookahead_step_mask(columns: int, levels: int, n_guesses: int, guess_len: in
     """``[Q, Q]`` bool mask over ``[level 0 | level 1 | ... | guess 0 | guess 1 | ...]``, Q = levels*columns +
     n_guesses*guess_len, the official ``j_make_causal_mask_multilevel`` (without its distributed offsets).
 
-    Level 0 (row 0 = the current token) is causal; token (l >= 1, column i) sees level-0 columns 0..i and column
-    i of levels 1..l; guess tokens see the current token and their own guess causally; nothing else.
+    Level 0 (row 0 = the current token) is causal; token (l >= 1, column i) sees level-0 columns 0..i and
+    column i of levels 1..l; guess tokens see the current token and their own guess causally; nothing else.
     """
     w = levels * columns
     q = w + n_guesses * guess_len
@@ -113,8 +114,8 @@ class NgramPool:
             self.add(tokens[s], tuple(tokens[s + 1 : s + n]))
 
     def add_window(self, current: int, levels: list[list[int]], top: list[int]) -> None:
-        """``update_token_map``: column i of the window (level 0 = current + levels[0], levels 1..N-2, then the top
-        level's prediction ``top[i]``) is stored under its level-0 token, column 0 first."""
+        """``update_token_map``: column i of the window (levels 1..N-2, then the top level's prediction
+        ``top[i]``) is stored under its level-0 token (the current token, then ``levels[0]``), i = 0, 1..."""
         for i, key in enumerate([current, *levels[0]]):
             self.add(key, tuple(lv[i] for lv in levels[1:]) + (top[i],))
 
@@ -129,7 +130,7 @@ class LookaheadDecoder(Decoder):
         window: W, window columns (>= 1).
         guess_set: G, n-grams kept per pool key and hence guesses verified per step at most (0: none).
         bonus_token: after a fully matched guess also commit the model's next prediction (official: no).
-        pool_from_prompt: also store the prompt's and the committed text's N-grams (official POOL_FROM_PROMPT).
+        pool_from_prompt: also store the prompt's and the committed text's N-grams (POOL_FROM_PROMPT).
         seed: seeds the window's initial tokens (drawn from the prompt).
     """
 
@@ -154,7 +155,7 @@ class LookaheadDecoder(Decoder):
             raise ConfigError(f"method.seed={self.seed!r} must be an integer")
 
     def step_tokens(self) -> int:
-        """The most tokens one forward processes after the prefill (warm-up windows are wider but shallower)."""
+        """The most tokens one forward processes after the prefill (warm-up windows: wider, shallower)."""
         n, w = self.level, self.window
         steady = (n - 1) * w + self.guess_set * (n - 1)
         return max([steady] + [(f + 1) * (w + n - 2 - f) for f in range(1, n - 2)])
@@ -209,7 +210,7 @@ class LookaheadState:
         self.cache = engine.cache(len(self.prompt) + max_new_tokens + cfg.extra_slots(max_new_tokens))
         g = torch.Generator().manual_seed(cfg.seed)
         init = torch.randint(len(self.prompt), (cfg.window + self.n - 3,), generator=g).tolist()
-        # levels[0] is level 0 without the current token; levels 1.. appear during warm-up (official past_tokens)
+        # levels[0]: level 0 minus the current token; levels 1.. appear during warm-up (official past_tokens)
         self.levels: list[list[int]] = [[self.prompt[i] for i in init]]
         self.pool = NgramPool(cfg.guess_set)
         if cfg.pool_from_prompt:
@@ -237,11 +238,13 @@ class LookaheadState:
             dev, k = self.engine.device, self.n - 1
             mask = lookahead_step_mask(columns, levels, n_guesses, k).to(dev)
             col = torch.arange(columns)
-            rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + [torch.arange(1, k + 1)] * n_guesses)
+            guess_rel = [torch.arange(1, k + 1)] * n_guesses  # every guess at P+1..P+N-1
+            rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
             w = levels * columns
             rows = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(w - columns, w + n_guesses * k)])
             bm = step_block_mask(mask) if self.engine.backend == "flex" else None
-            self.shapes[key] = _Shape(mask, bm, rel.to(dev), torch.arange(rel.numel(), device=dev), rows.to(dev), w)
+            offsets = torch.arange(rel.numel(), device=dev)
+            self.shapes[key] = _Shape(mask, bm, rel.to(dev), offsets, rows.to(dev), w)
         return self.shapes[key]
 
     def step(self) -> tuple[list[int], list[int]]:
@@ -268,7 +271,7 @@ class LookaheadState:
             while m < k and guess[m] == want[m]:
                 m += 1
             if not self.cfg.bonus_token:
-                m = min(m, k - 1)  # official: `gg` stops at N-2 even after a full match (at most N-1 tokens/step)
+                m = min(m, k - 1)  # official: `gg` stops at N-2 even after a full match (<= N-1 tokens/step)
             if m > hit:  # strict: ties keep the first (oldest) guess
                 hit, best = m, g
         new = [first] + checked[best * k : best * k + hit]

@@ -5,9 +5,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: thread hand-offs cost more than they save
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 from fafo.engine.engine import Engine  # noqa: E402
 from fafo.engine.tiny import tiny_checkpoint  # noqa: E402

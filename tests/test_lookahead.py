@@ -1,5 +1,5 @@
-"""Lookahead Decoding (method configs lookahead*): lossless, one forward per step, and doing what the official code
-(hao-ai-lab/LookaheadDecoding, lade/decoding.py + lade/models/modeling_llama.py) does."""
+"""Lookahead Decoding (method configs lookahead*): lossless, one forward per step, and doing what the official
+code (hao-ai-lab/LookaheadDecoding, lade/decoding.py + lade/models/modeling_llama.py) does."""
 
 import pytest
 import torch
@@ -12,27 +12,24 @@ from fafo.sampling import Sampling
 from tests.conftest import LOSSLESS_MODELS
 from tests.lossless import PROMPTS, assert_lossless
 
-# (model, N, W, G, bonus): every model with N=3 and N=5, the bonus flag on and off, several W/G
-CASES = [("llama_mha", 3, 2, 2, False), ("llama_mha", 5, 7, 7, True), ("llama_gqa", 3, 4, 3, True),
-         ("llama_gqa", 5, 3, 3, False), ("qwen2_gqa", 3, 2, 2, True), ("qwen2_gqa", 5, 7, 7, False),
-         ("llama_mha_rep", 3, 4, 3, False), ("llama_mha_rep", 5, 7, 7, True), ("qwen2_gqa_rep", 3, 2, 2, False),
-         ("qwen2_gqa_rep", 5, 3, 3, True)]
-assert {c[0] for c in CASES} == set(LOSSLESS_MODELS)
+SETTINGS = [(3, 2, 2, False), (3, 4, 3, True), (5, 3, 3, False), (5, 7, 7, True)]  # (N, W, G, bonus)
 
 
-@pytest.mark.parametrize("name,n,w,g,bonus", CASES, ids=[f"{m}-N{n}-W{w}-G{g}-bonus{int(b)}" for m, n, w, g, b in CASES])
+@pytest.mark.parametrize("n,w,g,bonus", SETTINGS, ids=[f"N{n}W{w}G{g}b{int(b)}" for n, w, g, b in SETTINGS])
+@pytest.mark.parametrize("name", LOSSLESS_MODELS)
 def test_lookahead_is_token_identical_to_vanilla_greedy(name, n, w, g, bonus, engine):
     assert_lossless(LookaheadDecoder(level=n, window=w, guess_set=g, bonus_token=bonus), engine(name))
 
 
-@pytest.mark.parametrize("kw", [dict(pool_from_prompt=True), dict(guess_set=0), dict(level=4, window=1)])
+@pytest.mark.parametrize("kw", [{"pool_from_prompt": True}, {"guess_set": 0}, {"level": 4, "window": 1}])
 def test_other_knobs_are_token_identical(kw, engine):
-    assert_lossless(LookaheadDecoder(**{"level": 3, "window": 3, "guess_set": 3, **kw}), engine("qwen2_gqa_rep"))
+    method = LookaheadDecoder(**{"level": 3, "window": 3, "guess_set": 3, **kw})
+    assert_lossless(method, engine("qwen2_gqa_rep"))
 
 
 def test_flex_backend_is_token_identical(engine):
-    assert_lossless(LookaheadDecoder(level=4, window=3, guess_set=2), engine("qwen2_gqa_rep", "flex"), max_new=16,
-                    prompts=PROMPTS[2:])
+    eng = engine("qwen2_gqa_rep", "flex")
+    assert_lossless(LookaheadDecoder(level=4, window=3, guess_set=2), eng, max_new=16, prompts=PROMPTS[2:])
 
 
 @pytest.mark.parametrize("name", ["llama_mha_rep", "qwen2_gqa_rep"])
@@ -51,10 +48,29 @@ def test_one_forward_per_step(engine, monkeypatch):
     eng = engine("llama_mha_rep")
     calls = []
     original = eng.model.forward
-    monkeypatch.setattr(eng.model, "forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
-    gen = LookaheadDecoder(level=5, window=4, guess_set=4).generate(eng, eng.tokenizer(PROMPTS[2]).input_ids, 40)
+    monkeypatch.setattr(eng.model, "forward",
+                        lambda tok, *a, **kw: calls.append(tok.shape[1]) or original(tok, *a, **kw))
+    method = LookaheadDecoder(level=5, window=4, guess_set=4)
+    ids = eng.tokenizer(PROMPTS[2]).input_ids
+    gen = method.generate(eng, ids, 40)
     assert gen.n_forwards > 0 and len(calls) == 1 + gen.n_forwards  # + the prefill (which also runs level 0)
-    assert gen.accept_lengths[:2] == [1, 1]  # N-3 = 2 warm-up forwards after the prefill commit one token each
+    assert calls[0] == len(ids) + 4 + 5 - 3  # prompt + level 0 (W+N-3 tokens)
+    assert calls[1:3] == [2 * 6, 3 * 5] and gen.accept_lengths[:2] == [1, 1]  # 2 warm-up forwards: 1 token
+    assert all((q - 16) % 4 == 0 and 16 <= q <= 32 for q in calls[3:])  # (N-1)*W window + 0..G guesses of N-1
+    assert max(calls[1:]) <= method.step_tokens()
+
+
+def test_flex_block_masks_are_built_once_per_step_shape(engine, monkeypatch):
+    import torch.nn.attention.flex_attention as fa
+
+    eng = engine("qwen2_gqa_rep", "flex")
+    calls = []
+    original = fa.create_block_mask
+    monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    ids = eng.tokenizer(PROMPTS[2]).input_ids
+    gen = LookaheadDecoder(level=4, window=3, guess_set=2).generate(eng, ids, 40)
+    # the prefill's causal mask, one warm-up shape, then at most one per guess count (0, 1, 2)
+    assert gen.n_forwards > 10 and len(calls) <= 1 + 1 + 3
 
 
 def test_step_mask_equals_the_official_mask():
@@ -112,8 +128,9 @@ class PositionModel:
 
 
 def test_window_warm_up_advance_and_acceptance_follow_the_official_loop():
-    """N=4, W=2, G=2 from window [7, 8, 9] after prompt [1, 2, 3], worked by hand from jacobi_greedy_search_multilevel
-    (prefill with level 0, one warm-up forward, then one column per step even after a 2-token accept)."""
+    """N=4, W=2, G=2 from window [7, 8, 9] after prompt [1, 2, 3], worked by hand from the official
+    jacobi_greedy_search_multilevel: prefill with level 0, one warm-up forward, then one column per step even
+    after a multi-token accept. Each step: ((tokens, positions) of its forward, committed, levels after)."""
     eng = PositionModel()
     state = LookaheadState(LookaheadDecoder(level=4, window=2, guess_set=2), eng, [1, 2, 3], 20)
     state.levels = [[7, 8, 9]]
@@ -124,8 +141,10 @@ def test_window_warm_up_advance_and_acceptance_follow_the_official_loop():
         new, rows = state.step()
         steps.append((eng.calls[-1], new, [lv[:] for lv in state.levels]))
         state.commit(new, rows)
-    assert steps[0] == (([103, 8, 9, 104, 105, 106], [3, 4, 5, 4, 5, 6]), [104], [[9], [105, 106], [106, 107]])
-    assert steps[1] == (([104, 9, 105, 106, 106, 107], [4, 5, 5, 6, 6, 7]), [105], [[106], [106, 107], [107, 108]])
+    assert steps[0] == (([103, 8, 9, 104, 105, 106], [3, 4, 5, 4, 5, 6]), [104],
+                        [[9], [105, 106], [106, 107]])
+    assert steps[1] == (([104, 9, 105, 106, 106, 107], [4, 5, 5, 6, 6, 7]), [105],
+                        [[106], [106, 107], [107, 108]])
     assert steps[2][1:] == ([106], [[107], [107, 108], [108, 109]])
     # key 106 -> (107, 108, 109) fully matches, but only N-1 = 3 tokens are committed (not the 4th, 110)
     assert steps[3] == (([106, 107, 107, 108, 108, 109, 107, 108, 109], [6, 7, 7, 8, 8, 9, 7, 8, 9]),
@@ -140,8 +159,8 @@ def test_window_warm_up_advance_and_acceptance_follow_the_official_loop():
 
 
 def test_bad_hyperparameters_and_sampling_are_refused():
-    for kw in (dict(level=1), dict(level=2), dict(window=0), dict(guess_set=-1), dict(level=2.5),
-               dict(bonus_token="yes"), dict(seed=None)):
+    for kw in ({"level": 1}, {"level": 2}, {"window": 0}, {"guess_set": -1}, {"level": 2.5},
+               {"bonus_token": "yes"}, {"seed": None}):
         field = next(iter(kw))
         with pytest.raises(ConfigError, match=f"method.{field}="):
             LookaheadDecoder(**kw)

@@ -233,12 +233,12 @@ def test_sigkilled_run_resumes_each_sample_exactly_once(tmp_path):
     assert json.loads((csv_path.parent / "summary.json").read_text())["n_samples"] == 12
 
 
-@pytest.mark.parametrize("method", ["fafo_stream", "fafo_2forward"])
-def test_fafo_through_the_runner_is_lossless(tmp_path, method):
+@pytest.mark.parametrize("method,label", [("fafo_stream", "fafo-stream"), ("fafo_2forward", "fafo-2forward-stream")])
+def test_fafo_through_the_runner_is_lossless(tmp_path, method, label):
     cfg = make_cfg(tmp_path, f"method={method}", "method.n=6", "method.k=3", "bench.max_new_tokens=12",
                    "bench.max_samples=4", "method.compress.local=16")
     summary = Runner(cfg, tmp_path / "run").run()
     rows = read_rows(tmp_path / "run")
-    assert summary["exact_match_rate"] == 1.0 and summary["method"] == method.replace("_", "-")
+    assert summary["exact_match_rate"] == 1.0 and summary["method"] == label
     assert all(int(r["forwards"]) <= int(r["new_tokens"]) - 1 for r in rows)
     assert summary["tau"] == pytest.approx(summary["new_tokens"] / sum(int(r["forwards"]) + 1 for r in rows))

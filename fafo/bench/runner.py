@@ -51,8 +51,10 @@ class Runner:
         self.reference.check_sampling(self.sampling)
         self.task = build(cfg.task, "task")
         self.samples = self.task.samples()[: self.bench.max_samples or None]
-        self.names = {"model": cfg.model.name, "method": cfg.method.get("name") or type(self.method).__name__,
-                      "task": cfg.task.name}
+        label = cfg.method.get("name") or type(self.method).__name__
+        compress = getattr(self.method, "compress", None)  # e.g. "fafo-{compress}" -> "fafo-quest"
+        self.names = {"model": cfg.model.name, "task": cfg.task.name,
+                      "method": label.format(compress=compress.label) if compress is not None else label}
         self.ckpt = resolve_model(cfg.model)
         self.context = min(self.ckpt.context, cfg.model.get("max_len") or self.ckpt.context)
         self._check_prompts_fit()

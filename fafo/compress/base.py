@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -25,9 +26,13 @@ from fafo.engine.cache import KVCache
 class Compression(ABC):
     """Base class of KV compression functions (StreamingLLM, Quest, SnapKV...).
 
+    ``label`` is the short name method labels use (``name: fafo-{compress}`` in a method config).
+
     Hooks receive the :class:`FixedRegion` (keys by position: :meth:`FixedRegion.keys_at`) and the post-RoPE
     queries the engine captured (``{layer: [B, H_q, R, D]}``) for the rows named by :attr:`query_rows`.
     """
+
+    label: ClassVar[str] = "custom"
 
     def dense(self) -> frozenset[int]:
         """Layers in which C(kv) is the whole cache (fumble queries read everything there)."""

@@ -13,6 +13,7 @@ into the fixed region (the paper's "dynamic" case), so the static block mask sti
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -28,6 +29,8 @@ class Quest(Compression):
     dense_layers: the first layers stay dense (Quest skips 2).
     gqa_reduce: how a KV head combines its query heads' page scores: max or mean.
     """
+
+    label: ClassVar[str] = "quest"
 
     token_budget: int = 1024
     page_size: int = 16

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,8 @@ class SnapKV(Compression):
     local: most recent generated tokens kept.
     gqa_reduce: how a KV head combines its query heads' scores: mean or max.
     """
+
+    label: ClassVar[str] = "snapkv"
 
     capacity: int = 1024
     window: int = 32

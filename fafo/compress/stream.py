@@ -9,6 +9,7 @@ Init+Local budget is about 760 tokens (seed 000_, Table 13).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -24,6 +25,8 @@ class StreamingLLM(Compression):
         sink: initial tokens always kept (StreamingLLM's start_size; 4 in its examples).
         local: most recent tokens kept.
     """
+
+    label: ClassVar[str] = "stream"
 
     sink: int = 4
     local: int = 756
