@@ -58,6 +58,10 @@ class Decoder(ABC):
     def check_sampling(self, sampling: Sampling) -> None:
         """Raise ConfigError if this method cannot decode with ``sampling`` (checked before loading a model)."""
 
+    def check_target(self, hf_config, tokenizer) -> None:
+        """Raise ConfigError if this method cannot run on the target model (e.g. a draft model with another
+        vocabulary). Called with the target's transformers config and tokenizer before any weights are loaded."""
+
     def extra_slots(self, max_new_tokens: int) -> int:
         """Cache slots this method needs beyond ``prompt + max_new_tokens`` (scratch for drafts, windows...)."""
         return 0
