@@ -271,7 +271,7 @@ class FAFOState:
     def commit(self, new: list[int], kv_rows: torch.Tensor) -> None:
         """Keep the KV of the current token and the accepted candidate tokens; the bonus becomes current."""
         last = int(kv_rows[-1])  # query-aware C re-selects with the newest committed token's query
-        query = {l: q[:, :, last : last + 1] for l, q in self.captured.items()} or None
+        query = {layer: q[:, :, last : last + 1] for layer, q in self.captured.items()} or None
         self.layout.commit(self.scratch_slots_cpu[kv_rows], query)
         self.history.extend(new)
         self.cur = new[-1]

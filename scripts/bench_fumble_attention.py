@@ -348,7 +348,6 @@ def run(args: argparse.Namespace) -> list[Row]:
             diff = check_equivalence(flex, q, k, v, idx, bm_fixed, bm_scat, F)
             rows.append(Row(ctx, "scattered", scatter, first, med, mn, active, tiles, bm_scat.BLOCK_SIZE[1],
                             b_eager, b_comp, diff, flex.compiled))
-            del bm_scat
         print(f"  context {ctx}: done", file=sys.stderr, flush=True)
     return rows
 
@@ -388,8 +387,10 @@ def print_table(rows: list[Row], args) -> None:
         if r.layout != "scattered":
             continue
         f = fixed[r.context]
-        print(f"{r.context:>8} {r.scatter:>9} {f.median_ms:>9.2f} {r.median_ms:>9.2f} {r.median_ms / f.median_ms:>6.2f} "
-              f"{f'{f.active}/{r.active}/{r.tiles}':>20} {f'{f.build_eager_ms:.2f}/{r.build_eager_ms:.2f}':>26} "
+        print(f"{r.context:>8} {r.scatter:>9} {f.median_ms:>9.2f} {r.median_ms:>9.2f} "
+              f"{r.median_ms / f.median_ms:>6.2f} "
+              f"{f'{f.active}/{r.active}/{r.tiles}':>20} "
+              f"{f'{f.build_eager_ms:.2f}/{r.build_eager_ms:.2f}':>26} "
               f"{f'{c(f.build_compiled_ms)}/{c(r.build_compiled_ms)}':>14} "
               f"{f'{f.first_call_ms / 1e3:.1f}/{r.first_call_ms / 1e3:.1f}':>14}")
     if not all(r.compiled for r in rows):

@@ -17,7 +17,7 @@ from fafo.errors import ConfigError
 from fafo.fafo import FAFODecoder, FAFOState
 from tests.conftest import LOSSLESS_MODELS
 from tests.lossless import PROMPTS, assert_lossless
-from tests.test_fafo import assert_cache_is_permuted_prefill, region_holds_selection
+from tests.test_fafo import assert_cache_is_permuted_prefill, region_holds_selection, track_region_after_commits
 
 QUEST = Quest(token_budget=16, page_size=4, dense_layers=1)
 SNAP = SnapKV(capacity=8, window=2, kernel=3, local=4)
@@ -31,7 +31,7 @@ def random_region(compression, n=61, layers=2, heads=2, q_heads=4, dim=8, seed=0
     for buf in cache.keys + cache.values:
         buf.copy_(torch.randn(buf.shape, generator=g))
     rows = compression.prefill_query_rows(n)
-    queries = {l: torch.randn(1, q_heads, len(rows), dim, generator=g) for l in range(layers)}
+    queries = {i: torch.randn(1, q_heads, len(rows), dim, generator=g) for i in range(layers)}
     region = FixedRegion(cache, compression, capacity=n + 4)
     keys_before = [k.clone() for k in cache.keys]
     region.prefill(n, queries)
@@ -50,14 +50,7 @@ def test_fafo_quest_and_snapkv_are_token_identical(name, compress, engine):
                          ids=["quest", "snapkv", "quest>prompt", "snapkv>prompt"])
 def test_fixed_region_holds_the_selection_after_every_step(compress, engine, monkeypatch):
     eng = engine("qwen2_gqa_rep")
-    checks = []
-    original = FAFOState.commit
-
-    def commit_and_check(self, new, kv_rows):
-        original(self, new, kv_rows)
-        checks.append(region_holds_selection(self.layout))
-
-    monkeypatch.setattr(FAFOState, "commit", commit_and_check)
+    checks = track_region_after_commits(monkeypatch)
     ids = eng.tokenizer(PROMPTS[2] * 2).input_ids
     state = FAFOState(FAFODecoder(compress=compress, n=8, k=3), eng, ids, 30)
     state.prefill()

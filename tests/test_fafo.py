@@ -112,8 +112,8 @@ def test_fumble_reads_only_the_fixed_region(backend, engine):
     assert not torch.allclose(after[:v], before[:v])  # verification rows read the full cache
 
 
-def test_fixed_region_holds_the_selection_and_committed_kv_is_exact(engine, monkeypatch):
-    eng = engine("qwen2_gqa_rep")
+def track_region_after_commits(monkeypatch) -> list[bool]:
+    """Patch FAFOState.commit to record, after every step, whether the region holds exactly C's selection."""
     checks = []
     original = FAFOState.commit
 
@@ -122,6 +122,12 @@ def test_fixed_region_holds_the_selection_and_committed_kv_is_exact(engine, monk
         checks.append(region_holds_selection(self.layout))
 
     monkeypatch.setattr(FAFOState, "commit", commit_and_check)
+    return checks
+
+
+def test_fixed_region_holds_the_selection_and_committed_kv_is_exact(engine, monkeypatch):
+    eng = engine("qwen2_gqa_rep")
+    checks = track_region_after_commits(monkeypatch)
     ids = eng.tokenizer(PROMPTS[2]).input_ids
     state = FAFOState(FAFODecoder(compress=SMALL, n=8, k=3), eng, ids, 40)
     state.prefill()

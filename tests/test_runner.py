@@ -67,6 +67,7 @@ def test_end_to_end_records_and_metrics(tmp_path):
     saved = json.loads((run_dir / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(saved) and saved == json.loads(json.dumps(summary))
     assert saved["exact_match_rate"] == 1.0 and saved["tau"] == 1.0 and saved["n_samples"] == 6
+    assert saved["accept_hist"] == {"1": sum(int(r["forwards"]) for r in rows)}  # vanilla: one token per forward
     assert saved["speedup"] == pytest.approx(
         sum(float(r["ref_total_s"]) for r in rows) / sum(float(r["total_s"]) for r in rows))
     outputs = [json.loads(line) for line in (run_dir / "outputs.jsonl").read_text().splitlines()]

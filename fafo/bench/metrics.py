@@ -73,8 +73,8 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def accept_histogram(accept_lengths: list[list[int]]) -> dict[int, int]:
-    """How many decode forwards committed 1, 2, 3... tokens, over all generations."""
+def accept_histogram(accept_lengths) -> dict[int, int]:
+    """How many decode forwards committed 1, 2, 3... tokens, over all generations (an iterable of lists)."""
     hist: dict[int, int] = {}
     for lengths in accept_lengths:
         for n in lengths:

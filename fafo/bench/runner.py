@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from fafo.bench.metrics import summarize
+from fafo.bench.metrics import accept_histogram, summarize
 from fafo.bench.records import RecordWriter, first_mismatch, write_json_atomic
 from fafo.bench.reference import ReferenceStore, reference_key
 from fafo.bench.setup import (build, check_bench, environment, method_node, resolve_device, resolve_dtype,
@@ -101,6 +101,7 @@ class Runner:
             bar.set_postfix(tau=f"{s.get('tau', 0):.2f}", speedup=f"{s.get('speedup', math.nan):.2f}")
         records.close()
         summary = self._summary(records.rows, warmup_s, load_s)
+        summary["accept_hist"] = accept_histogram(o["accept_lengths"] for o in records.outputs.values())
         write_json_atomic(self.run_dir / "summary.json", summary)
         logger.finish(records.rows, summary)
         print_summary(summary, self.cfg.model.get("tiny") is not None)

@@ -28,8 +28,8 @@ class Compression(ABC):
 
     ``label`` is the short name method labels use (``name: fafo-{compress}`` in a method config).
 
-    Hooks receive the :class:`FixedRegion` (keys by position: :meth:`FixedRegion.keys_at`) and the post-RoPE
-    queries the engine captured (``{layer: [B, H_q, R, D]}``) for the rows named by :attr:`query_rows`.
+    Hooks receive the :class:`FixedRegion` (its cache, ``n``, and a ``state`` dict for per-generation data) and
+    the post-RoPE queries the engine captured (``{layer: [B, H_q, R, D]}``) for the rows named by :attr:`query_rows`.
     """
 
     label: ClassVar[str] = "custom"
@@ -107,12 +107,6 @@ class FixedRegion:
         self.n = 0
         self.region_len = 0
         self.state: dict = {}  # the compression function's per-generation state (Quest metadata, SnapKV picks)
-
-    def keys_at(self, layer: int, positions: torch.Tensor) -> torch.Tensor:
-        """Keys of logical ``positions`` ([N] or [H, N]) in ``layer`` -> [B, H, N, D]."""
-        slots = self.slot_of[layer].gather(1, positions.to(self.device).expand(self.slot_of.shape[1], -1))
-        keys = self.cache.keys[layer]
-        return keys.gather(2, slots[None, :, :, None].expand(keys.shape[0], -1, -1, keys.shape[-1]))
 
     def prefill(self, n_prompt: int, queries: dict | None = None) -> None:
         """The prompt's KV sits at slots ``[0, T)`` in position order; select C and swap it into place."""
