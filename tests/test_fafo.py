@@ -35,6 +35,13 @@ def test_fafo_2forward_is_token_identical_and_matches_fused(name, engine):
         assert one.accept_lengths == two.accept_lengths and one.extras["pool_entries"] == two.extras["pool_entries"]
 
 
+@pytest.mark.parametrize("option", [dict(pool_from_prompt=True), dict(stagger=0), dict(see_current=False)],
+                         ids=["pool_from_prompt", "stagger0", "no_current"])
+def test_fafo_options_stay_token_identical(option, engine):
+    taus = assert_lossless(FAFODecoder(compress=SMALL, n=8, k=3, **option), engine("qwen2_gqa_rep"))
+    assert max(taus) > 1.0
+
+
 def test_flex_backend_is_token_identical(engine):
     assert_lossless(FAFODecoder(compress=SMALL, n=3, k=2), engine("qwen2_gqa_rep", "flex"), max_new=16,
                     prompts=PROMPTS[2:])
