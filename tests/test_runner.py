@@ -243,3 +243,13 @@ def test_fafo_through_the_runner_is_lossless(tmp_path, method, label):
     assert summary["exact_match_rate"] == 1.0 and summary["method"] == label
     assert all(int(r["forwards"]) <= int(r["new_tokens"]) - 1 for r in rows)
     assert summary["tau"] == pytest.approx(summary["new_tokens"] / sum(int(r["forwards"]) + 1 for r in rows))
+
+
+def test_a_second_writer_of_the_same_run_directory_is_refused(tmp_path):
+    from fafo.bench.records import RecordWriter
+
+    first = RecordWriter(tmp_path / "run")
+    with pytest.raises(ConfigError, match="another job"):
+        RecordWriter(tmp_path / "run")
+    first.close()
+    RecordWriter(tmp_path / "run").close()  # free again once the first job is done

@@ -7,9 +7,12 @@ what is there and skips it. A half-written last line (killed mid-write) is dropp
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
 from pathlib import Path
+
+from fafo.errors import ConfigError
 
 SAMPLE_COLUMNS = [
     "sample_id", "turn", "repeat", "category", "model", "method", "task",
@@ -30,6 +33,13 @@ class RecordWriter:
     def __init__(self, run_dir: str | Path):
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.dir / ".lock", "w")
+        try:  # one writer per run directory; sweep jobs write to their own directories
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise ConfigError(f"run directory {self.dir} is being written by another job; wait for it to finish "
+                              "(re-running resumes it) or set bench.output_dir elsewhere") from None
         self.samples_path = self.dir / "samples.csv"
         self.outputs_path = self.dir / "outputs.jsonl"
         self.rows: list[dict] = self._read_rows()
@@ -64,6 +74,7 @@ class RecordWriter:
     def close(self) -> None:
         self._csv.close()
         self._jsonl.close()
+        self._lock.close()  # releases the flock
 
     @staticmethod
     def _flush(f) -> None:
