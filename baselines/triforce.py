@@ -1,0 +1,308 @@
+"""TriForce: hierarchical speculative decoding (Sun et al., COLM 2024, https://arxiv.org/abs/2404.11912), greedy.
+
+Three levels (paper Alg. 1; official code Infini-AI-Lab/TriForce @ 164c8c0, ``utils/decoding.py::TriForce`` and
+``Middle_Spec``, ``models/cache.py``, ``utils/graph_infer.py``):
+
+* **Draft**: a tiny model sharing the target's vocabulary (llama-68m) on a StreamingLLM cache (16 sinks + a recent
+  window, :class:`~baselines.triforce_cache.StreamingDraft`) drafts ``gamma1`` tokens greedily.
+* **Middle**: the target model on a *retrieval cache* (:class:`~baselines.triforce_cache.RetrievalCache`: ``budget``
+  slots of whole ``chunk_size`` chunks of the prompt, chosen per KV head by the last prompt token's query against
+  each chunk's mean key, chunk 0 always kept) scores the drafts in one forward; it accepts the longest
+  argmax-matching prefix and appends its own next token (the correction, or the bonus after a full match). This
+  repeats until ``gamma2`` tokens are proposed (up to ``gamma2 + gamma1``).
+* **Target**: one forward over the full cache verifies them; the longest matching prefix plus the target's next
+  token is committed, so the output is exactly the target's greedy output. Committed tokens' full-cache KV then
+  overwrites the retrieval cache's lowest-ranked chunks (official ``update_graph_cache``); the draft's window
+  slides. ``rebuild_every=R`` re-selects the chunks every R verifications with the newest committed token's query
+  (official ``update_graph_cache_retrieval``, never called by the official loop: off by default).
+
+``gamma1=1`` is what the official code does (one draft token per retrieval forward: ``Middle_Spec``); the paper's
+best is gamma1=2, gamma2=6 (Table 8). ``draft: null`` is "retrieval without hierarchy" (Table 2 ablation): the
+middle level drafts ``gamma2`` tokens by itself, one per forward.
+
+tau counts committed tokens per full-cache target forward; ``extras`` has ``middle_forwards``, ``draft_forwards``,
+acceptance rates and ``buffer_bytes`` (retrieval cache + draft weights + draft cache: TriForce keeps the full cache
+and adds these, the paper's Table 1 point).
+
+Choices where the paper and the code are silent or do not fit (each documented in place):
+
+* Prompts need not be a multiple of ``chunk_size`` (the official code asserts it): chunks cover the prompt's first
+  ``floor(T / chunk) * chunk`` tokens and the tail is the first "recent" token run, placed like generated tokens.
+* Budget vs prompt: the budget used is ``min(budget, that aligned prompt length)`` (all chunks, ranked, when the
+  prompt is shorter than the budget); when the prompt has fewer than 2 whole chunks the middle level runs on the
+  full cache (exact, pointless, never an error). ``extras["budget_used"]`` is the budget used (0: full cache).
+* Chunk scores are computed in float32; GQA targets combine a KV head's query heads with ``gqa_reduce``.
+* The recent region never overwrites chunk 0: once it fills ``budget - chunk`` slots it wraps (oldest dropped).
+* Drafting stops early when the proposal already reaches ``max_new_tokens`` or an EOS (the rest would be cut).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from omegaconf import OmegaConf
+
+from baselines.triforce_cache import RetrievalCache, StreamingDraft
+from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.engine.attention import AttentionPlan, causal_plan
+from fafo.engine.engine import Engine
+from fafo.engine.rope import rope_parameters
+from fafo.errors import ConfigError
+from fafo.sampling import Sampling
+
+
+def _default_draft() -> dict:
+    return {"path": "JackFram/llama-68m", "revision": None, "tiny": None}
+
+
+@dataclass
+class TriForceDecoder(Decoder):
+    """TriForce, greedy (paper defaults; ``gamma1=1`` = the official code; ``draft=None`` = no hierarchy).
+
+    Attributes:
+        gamma1: draft tokens per middle-level (retrieval) forward.
+        gamma2: tokens the middle level proposes before a full-cache verification (it may reach gamma2 + gamma1).
+        budget: retrieval cache slots (a multiple of chunk_size, at least 2 chunks).
+        chunk_size: tokens per retrieval chunk.
+        draft: ``{path, revision}`` (hub id or local dir) or ``{tiny: build_tiny_checkpoint kwargs}``; None: no
+            draft model (retrieval without hierarchy).
+        draft_budget: draft cache budget as the official ``draft_cache_budget``: the window holds
+            ``draft_budget - draft_start - gamma2`` recent tokens.
+        draft_start: draft sink tokens (official 16).
+        rebuild_every: re-select the retrieval chunks every this many verifications (None: never, as official).
+        gqa_reduce: how a KV head combines its query heads' chunk scores: mean (their sum) or max.
+    """
+
+    gamma1: int = 2
+    gamma2: int = 6
+    budget: int = 4096
+    chunk_size: int = 8
+    draft: dict | None = field(default_factory=_default_draft)
+    draft_budget: int = 256
+    draft_start: int = 16
+    rebuild_every: int | None = None
+    gqa_reduce: str = "mean"
+    _loaded: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _ckpt: object = field(default=None, init=False, repr=False, compare=False)
+    _rkv: object = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        for name, low in {"gamma1": 1, "gamma2": 1, "chunk_size": 1, "budget": 2, "draft_start": 0}.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"method.{name}={value!r} must be an integer >= {low}")
+        if self.budget % self.chunk_size or self.budget < 2 * self.chunk_size:
+            raise ConfigError(f"method.budget={self.budget} must be a multiple of method.chunk_size="
+                              f"{self.chunk_size} and at least 2 chunks (chunk 0 is always kept)")
+        r = self.rebuild_every
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
+            raise ConfigError(f"method.rebuild_every={r!r} must be null (never) or an integer >= 1")
+        if self.gqa_reduce not in ("mean", "max"):
+            raise ConfigError(f"method.gqa_reduce={self.gqa_reduce!r} must be mean or max")
+        if self.draft is not None:
+            if not isinstance(self.draft, Mapping):
+                raise ConfigError(f"method.draft={self.draft!r} must be null or a mapping with path or tiny")
+            self.draft = OmegaConf.to_container(OmegaConf.create(dict(self.draft)), resolve=True)
+            unknown = set(self.draft) - {"path", "revision", "tiny"}
+            if unknown or bool(self.draft.get("path")) == bool(self.draft.get("tiny")):
+                raise ConfigError(f"method.draft={self.draft} needs exactly one of path (hub id or directory) or "
+                                  "tiny (a tiny model spec), and no other keys than revision; null = no draft")
+            low = self.draft_start + self.gamma2 + 1
+            if isinstance(self.draft_budget, bool) or not isinstance(self.draft_budget, int) or self.draft_budget < low:
+                raise ConfigError(f"method.draft_budget={self.draft_budget!r} must be an integer >= draft_start + "
+                                  f"gamma2 + 1 = {low} (the window holds draft_budget - draft_start - gamma2 tokens)")
+
+    @property
+    def max_proposal(self) -> int:
+        return self.gamma2 + (self.gamma1 if self.draft is not None else 0)
+
+    def extra_slots(self, max_new_tokens: int) -> int:
+        return self.max_proposal + 1  # the verification writes [current | proposal] past the committed tokens
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        if not sampling.greedy:
+            raise ConfigError("method triforce verifies greedily; use sampling=greedy until sampling lands")
+
+    # ---------------------------------------------------------------- the draft model
+    def _draft_checkpoint(self):
+        if self._ckpt is None:
+            from fafo.bench.setup import resolve_model
+
+            try:
+                self._ckpt = resolve_model(OmegaConf.create(self.draft))
+            except ConfigError as exc:
+                raise ConfigError(str(exc).replace("model.path", "method.draft.path")) from None
+            rope = rope_parameters(self._ckpt.config)["rope_type"]
+            if rope in ("dynamic", "longrope"):
+                raise ConfigError(f"method.draft: a {rope}-rope draft cannot slide its window at original positions "
+                                  "(its frequencies change with the position); use a fixed-rope draft model")
+        return self._ckpt
+
+    def check_target(self, hf_config, tokenizer) -> None:
+        if self.draft is None:
+            return
+        ckpt = self._draft_checkpoint()
+        if ckpt.config.vocab_size != hf_config.vocab_size:
+            raise ConfigError(f"method.draft={self.draft} has vocabulary size {ckpt.config.vocab_size}, the target "
+                              f"{hf_config.vocab_size}; the draft must share the target's vocabulary (or use "
+                              "method=triforce_nodraft)")
+
+    def setup(self, engine: Engine) -> None:
+        """Load the draft on the target's device, dtype and attention backend (once per target engine)."""
+        if self.draft is None or (self._loaded is not None and self._loaded[0] is engine):
+            return
+        self.check_target(engine.model.hf_config, engine.tokenizer)
+        ckpt = self._draft_checkpoint()
+        draft = Engine.load(ckpt.path, ckpt.config, ckpt.tokenizer, device=engine.device, dtype=engine.dtype,
+                            backend=engine.backend, name="triforce-draft")
+        window = self.draft_budget - self.draft_start - self.gamma2  # official recent_size
+        scratch = 3 * (self.max_proposal + 1) + self.gamma1  # lagging committed + proposal + drafts
+        self._loaded = (engine, StreamingDraft(draft, self.draft_start, window, scratch))
+
+    def _retrieval_kv(self, engine: Engine, n: int):
+        """The retrieval cache's buffers, reused across generations on the same target (like ``engine.cache``)."""
+        if self._rkv is None or self._rkv[0] is not engine or self._rkv[1].max_len < n:
+            self._rkv = None  # free the old one first
+            self._rkv = (engine, engine.model.new_cache(n))
+        return self._rkv[1]
+
+    # ---------------------------------------------------------------- decoding
+    def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
+                 sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
+        clock = clock or NullClock()
+        if sampling is not None:
+            self.check_sampling(sampling)
+        self.setup(engine)
+        state = TriForceState(self, engine, prompt_ids, max_new_tokens)
+        cur = state.prefill()
+        clock.mark("prefill")
+        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
+        accept_lengths: list[int] = []
+        while not finished:
+            new, accepted = state.step(max_new_tokens - len(tokens), eos_ids)
+            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
+            accept_lengths.append(len(tokens) - sum(accept_lengths) - 1)
+            if not finished:
+                state.commit(new, accepted)
+        return Generation(tokens, accept_lengths, len(accept_lengths), state.extras())
+
+
+class TriForceState:
+    """One generation: the full cache (the engine's), the retrieval cache, the draft, the committed text."""
+
+    def __init__(self, cfg: TriForceDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int):
+        self.cfg, self.engine = cfg, engine
+        self.prompt = list(prompt_ids)
+        self.hist = list(prompt_ids)  # committed tokens; hist[N] is the current token (no KV yet)
+        self.N = len(self.prompt)  # committed tokens with KV in the full cache (slot = position)
+        self.cache = engine.cache(self.N + max_new_tokens + cfg.extra_slots(max_new_tokens))
+        self.aligned = self.N // cfg.chunk_size * cfg.chunk_size
+        budget = min(cfg.budget, self.aligned)
+        self.retrieval = None
+        if budget >= 2 * cfg.chunk_size:  # else: the middle level reads the full cache
+            kv = cfg._retrieval_kv(engine, budget + cfg.max_proposal + 1)
+            self.retrieval = RetrievalCache(kv, budget, cfg.chunk_size, cfg.gqa_reduce)
+        self.draft = cfg._loaded[1] if cfg.draft is not None else None
+        self.stats = dict.fromkeys(("middle_forwards", "rounds", "proposed", "accepted", "drafted", "draft_accepted",
+                                    "rebuilds"), 0)
+        self.draft_forwards0 = self.draft.forwards if self.draft else 0
+        self.captured: dict = {}
+
+    def prefill(self) -> int:
+        """Prefill the full cache capturing the last prompt token's query, build C_r, prefill the draft."""
+        T, dev = self.N, self.engine.device
+        plan = causal_plan(0)
+        plan.capture_rows = torch.tensor([T - 1], device=dev)
+        idx = torch.arange(T, device=dev)
+        logits = self.engine.forward(self.cache, self.prompt, idx, idx, plan, logits="last")
+        if self.retrieval is not None:
+            self.retrieval.build(self.cache, self.aligned, plan.captured, T)
+        if self.draft is not None:
+            self.draft.prefill(self.prompt)
+        self.cur = int(logits[0, -1].argmax())
+        self.hist.append(self.cur)
+        return self.cur
+
+    def _middle(self, v: list[int], valid: int, drafts: list[int]) -> list[int]:
+        """One middle-level forward over v's tokens without middle KV yet plus the drafts; returns the argmax
+        after v's last token and after each draft (the KV of all fed tokens goes to the middle scratch)."""
+        if self.retrieval is not None:
+            kv, base = self.retrieval.kv, self.retrieval.budget
+        else:
+            kv, base = self.cache, self.N  # full-cache fallback: scratch = the slots the verification rewrites
+        feed = v[valid:] + drafts
+        dev = self.engine.device
+        idx = torch.arange(len(feed), device=dev)
+        rows = torch.arange(len(v) - 1 - valid, len(feed), device=dev)
+        out = self.engine.forward(kv, feed, self.N + valid + idx, base + valid + idx,
+                                  AttentionPlan(prefix=base + valid), logits=rows)
+        self.stats["middle_forwards"] += 1
+        return out[0].argmax(-1).tolist()
+
+    def step(self, remaining: int, eos_ids) -> tuple[list[int], int]:
+        """One round: the middle level proposes, the full cache verifies. Returns (committed tokens, accepted)."""
+        cfg, N = self.cfg, self.N
+        v, valid = [self.cur], 0  # v[i] at position N + i; middle KV exists for v[:valid]
+        want = min(cfg.gamma2, remaining - 1)
+        while len(v) - 1 < want and not any(t in eos_ids for t in v[1:]):
+            drafts = []
+            if self.draft is not None:
+                d = self.draft.D
+                drafts = self.draft.propose(self.hist[d:N] + v, d, cfg.gamma1)
+            y = self._middle(v, valid, drafts)
+            j = 0
+            while j < len(drafts) and drafts[j] == y[j]:
+                j += 1
+            self.stats["drafted"] += len(drafts)
+            self.stats["draft_accepted"] += j
+            valid = len(v) + j
+            v += drafts[:j] + [y[j]]
+        dev = self.engine.device
+        idx = torch.arange(len(v), device=dev)
+        plan = causal_plan(N)
+        self.stats["rounds"] += 1
+        if self.retrieval is not None and cfg.rebuild_every and self.stats["rounds"] % cfg.rebuild_every == 0:
+            plan.capture_rows = idx
+        out = self.engine.forward(self.cache, v, N + idx, N + idx, plan, logits="all")
+        self.captured = plan.captured
+        y = out[0].argmax(-1).tolist()
+        a = 0
+        while a < len(v) - 1 and v[a + 1] == y[a]:
+            a += 1
+        self.stats["proposed"] += len(v) - 1
+        self.stats["accepted"] += a
+        return v[1 : 1 + a] + [y[a]], a
+
+    def commit(self, new: list[int], accepted: int) -> None:
+        """The KV of [current | accepted] is at slots N..N+accepted; update C_r (and maybe rebuild) and the draft."""
+        end = self.N + accepted + 1
+        if self.retrieval is not None:
+            if self.captured:  # rebuild with the newest committed token's query (its row: accepted)
+                queries = {layer: q[:, :, accepted : accepted + 1] for layer, q in self.captured.items()}
+                self.retrieval.build(self.cache, self.aligned, queries, end)
+                self.stats["rebuilds"] += 1
+            else:
+                self.retrieval.add_recent(self.cache, self.N, end)
+        self.hist.extend(new)
+        self.N, self.cur = end, new[-1]
+        if self.draft is not None:
+            d = self.draft.D
+            self.draft.commit(self.hist[d:end], d, end)
+
+    def extras(self) -> dict:
+        s = self.stats
+        retrieval_bytes = self.retrieval.kv.nbytes if self.retrieval is not None else 0
+        draft_bytes = self.draft.nbytes if self.draft is not None else 0
+        return {
+            "middle_forwards": s["middle_forwards"],
+            "draft_forwards": (self.draft.forwards - self.draft_forwards0) if self.draft else 0,
+            "budget_used": self.retrieval.budget if self.retrieval is not None else 0,
+            "rebuilds": s["rebuilds"],
+            "accept_rate": s["accepted"] / max(s["proposed"], 1),  # official acceptance_rate (final level)
+            "middle_accept_rate": s["draft_accepted"] / max(s["drafted"], 1),  # official acc_rate_middle
+            "retrieval_bytes": retrieval_bytes,
+            "draft_bytes": draft_bytes,
+            "buffer_bytes": retrieval_bytes + draft_bytes,
+        }

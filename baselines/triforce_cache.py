@@ -1,0 +1,210 @@
+"""TriForce's two extra caches on our engine (https://arxiv.org/abs/2404.11912, official code
+Infini-AI-Lab/TriForce @ 164c8c0, ``models/cache.py``).
+
+* :class:`RetrievalCache` (the official ``RetrievalCache``): the target model's KV restricted to ``budget`` slots of
+  whole prompt chunks chosen by the last prompt token's query, with the newest committed tokens overwriting the
+  lowest-ranked chunks, plus scratch slots for the middle level's speculated tokens.
+* :class:`StreamingDraft` (the official ``StreamingLLMEvictionCache``): the tiny draft model with ``start`` sink
+  tokens and a window of the ``window`` most recent committed tokens, plus scratch slots for its speculation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fafo.compress.base import group_scores
+from fafo.engine.attention import causal_plan
+from fafo.engine.cache import KVCache
+from fafo.engine.engine import Engine
+from fafo.engine.rope import apply_rotary
+
+
+def select_chunks(keys: torch.Tensor, query: torch.Tensor, chunk: int, n_select: int, reduce: str) -> torch.Tensor:
+    """The official ``init_graph_cache`` scoring: per KV head, chunk 0 then the best ``n_select - 1`` other chunks.
+
+    keys: [H_kv, T', D] post-RoPE (T' a multiple of ``chunk``); query: [H_q, D] post-RoPE -> [H_kv, n_select] chunk
+    indices, chunk 0 first, the rest in descending score order. Scores are q . mean(chunk keys), no 1/sqrt(d), no
+    softmax (as the official code), computed in float32; under GQA the query heads of a group are combined with
+    ``reduce`` (``mean``: the sum of their scores; ``max``) -- the official code is MHA only.
+    """
+    h_kv, t, d = keys.shape
+    means = keys.float().view(h_kv, t // chunk, chunk, d).mean(dim=2)  # [H_kv, C, D]
+    q = query.float().view(h_kv, -1, d)  # [H_kv, G, D]
+    scores = group_scores(torch.matmul(q, means.transpose(1, 2)).flatten(0, 1), h_kv, reduce)  # [H_kv, C]
+    rest = torch.topk(scores[:, 1:], n_select - 1, dim=-1).indices + 1  # sorted: best first
+    return torch.cat([torch.zeros_like(rest[:, :1]), rest], dim=1)
+
+
+class RetrievalCache:
+    """C_r: slots ``[0, budget)`` hold retrieved chunks (ranked, chunk 0 first) and recent tokens; ``[budget,
+    budget + scratch)`` hold the middle level's uncommitted tokens.
+
+    Recent tokens (the prompt's tail after its last whole chunk, then every committed generated token) fill the
+    region ``[budget - r, budget)``, i.e. they overwrite the lowest-ranked chunks first, as the official
+    ``update_graph_cache``; we store them newest-last from the end backwards (slot ``budget - 1 - i`` for the i-th
+    recent token) so no entry ever moves (attention is order-free). The official code would eventually overwrite
+    chunk 0 and then fail; here the recent region is capped at ``budget - chunk`` slots and wraps around (the
+    oldest recent token is dropped), so chunk 0 stays.
+
+    Args:
+        kv: a cache of the target model with at least ``budget + scratch`` slots.
+        budget: retrieved slots (a multiple of ``chunk``, >= 2 chunks).
+        chunk: chunk size.
+        reduce: GQA group combination of chunk scores (``mean`` or ``max``).
+    """
+
+    def __init__(self, kv: KVCache, budget: int, chunk: int, reduce: str = "mean"):
+        self.kv, self.budget, self.chunk, self.reduce = kv, budget, chunk, reduce
+        self.aligned = 0  # prompt tokens in whole chunks: positions >= aligned are "recent"
+        self.chunks: list[torch.Tensor] = []  # per layer [H_kv, budget / chunk] ranked chunk indices
+
+    @property
+    def recent_capacity(self) -> int:
+        return self.budget - self.chunk
+
+    def build(self, full: KVCache, aligned: int, queries: dict, n_committed: int) -> None:
+        """Select and gather chunks of ``full``'s first ``aligned`` slots with ``queries`` ({layer: [1, H_q, 1, D]},
+        post-RoPE), then place the recent tokens ``[aligned, n_committed)`` (official ``init_graph_cache``, and
+        ``update_graph_cache_retrieval`` for a rebuild)."""
+        self.aligned = aligned
+        n_sel, c = self.budget // self.chunk, self.chunk
+        self.chunks = []
+        for layer, (k_full, v_full) in enumerate(zip(full.keys, full.values)):
+            k = k_full[0, :, :aligned]  # [H_kv, T', D]
+            idx = select_chunks(k, queries[layer][0, :, 0], c, n_sel, self.reduce)  # [H_kv, n_sel]
+            heads = torch.arange(k.shape[0], device=k.device)[:, None]
+            for src, dst in ((k_full, self.kv.keys[layer]), (v_full, self.kv.values[layer])):
+                blocks = src[0, :, :aligned].unflatten(1, (aligned // c, c))[heads, idx]  # [H_kv, n_sel, c, D]
+                dst[0, :, : self.budget] = blocks.flatten(1, 2)
+            self.chunks.append(idx)
+        self.add_recent(full, aligned, n_committed)
+
+    def recent_slots(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.budget - 1 - (positions - self.aligned) % self.recent_capacity
+
+    def add_recent(self, full: KVCache, lo: int, hi: int) -> None:
+        """Copy the full cache's committed entries at positions ``[lo, hi)`` (their slots) into the recent region."""
+        lo = max(lo, hi - self.recent_capacity)  # older ones would be overwritten within this very copy
+        if lo >= hi:
+            return
+        src = torch.arange(lo, hi, device=self.kv.keys[0].device)
+        dst = self.recent_slots(src)
+        for layer in range(len(full.keys)):
+            self.kv.keys[layer].index_copy_(2, dst, full.keys[layer].index_select(2, src))
+            self.kv.values[layer].index_copy_(2, dst, full.values[layer].index_select(2, src))
+
+
+class StreamingDraft:
+    """The draft model on a StreamingLLM cache: ``start`` sink tokens + the ``window`` most recent committed tokens.
+
+    Positions: the official cache keeps pre-RoPE keys and re-rotates them every step at their *cache index*
+    (sinks 0..start-1, window start..start+window-1, speculated tokens after), because llama-68m only knows 2048
+    positions. Our engine keeps post-RoPE keys, so we get the same relative distances another way: window tokens
+    keep their original positions (the window is contiguous, so query-key distances equal the official ones), and
+    the sinks are re-rotated from a pristine copy so that they sit right before the window's oldest token (one
+    rotation from the pristine keys: no error accumulates in half precision). RoPE scores depend only on
+    distances, which stay below ``start + window + scratch``. Rope types whose frequencies change with the largest
+    position (``dynamic``, ``longrope``) are therefore refused for the draft.
+
+    Slots: position p < start lives at slot p; p >= start at ``start + (p - start) % window`` (a ring); uncommitted
+    tokens at positions D.. (D: committed positions) live in scratch right after the committed slots.
+
+    Differences from the official code (documented choices): the prompt is prefilled in one causal forward up to
+    ``start + window`` tokens, then in chunks of ``min(64, window)`` that see the whole window (official: 64-token
+    chunks seeing ``window - 64`` old tokens); speculated tokens keep their KV across middle-level steps (official:
+    all uncommitted tokens are re-run every call, same tokens); the token before each correction is kept
+    (the official ``evict_for_spec(start + recent + count)`` drops it after a rejection, an off-by-one).
+    """
+
+    PREFILL_CHUNK = 64  # official draft prefill chunk (utils/graph_infer.py::draft_run)
+
+    def __init__(self, engine: Engine, start: int, window: int, scratch: int):
+        self.engine, self.start, self.window = engine, start, window
+        self.scratch = max(scratch, min(self.PREFILL_CHUNK, window))
+        self.kv = engine.model.new_cache(start + window + self.scratch)
+        self.forwards = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.D = 0  # committed positions [0, D) are in the sink/window slots
+        self.spec: list[int] = []  # tokens at positions D, D+1, ... with KV in scratch
+        self.delta = 0  # the sinks' current rotation
+        self.pristine: list[torch.Tensor] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes + self.engine.weights_nbytes + sum(t.numel() * t.element_size()
+                                                                 for t in self.pristine or [])
+
+    def _base(self) -> int:
+        return min(self.D, self.start + self.window)
+
+    def _slot(self, p: int) -> int:
+        return p if p < self.start else self.start + (p - self.start) % self.window
+
+    def _forward(self, tokens: list[int], p0: int, logits):
+        """Run ``tokens`` at positions p0.. (p0 >= D), KV into scratch; they see committed slots and scratch < p0."""
+        off = self._base() + p0 - self.D
+        if off + len(tokens) > self.kv.max_len:
+            raise RuntimeError(f"triforce draft scratch overflow ({off + len(tokens)} > {self.kv.max_len} slots)")
+        dev = self.engine.device
+        idx = torch.arange(len(tokens), device=dev)
+        return self.engine.forward(self.kv, tokens, p0 + idx, off + idx, causal_plan(off), logits=logits)
+
+    def prefill(self, prompt: list[int]) -> None:
+        self.reset()
+        full = self.start + self.window
+        while self.D < len(prompt):
+            n = full - self.D if self.D < full else min(self.PREFILL_CHUNK, self.window)
+            chunk = prompt[self.D : self.D + n]
+            self._forward(chunk, self.D, logits="none")
+            self.spec = chunk
+            self.commit(prompt, 0, self.D + len(chunk))
+
+    def _common(self, tokens: list[int], start: int, limit: int) -> int:
+        k, limit = 0, min(len(self.spec), limit)
+        while k < limit and self.spec[k] == tokens[self.D + k - start]:
+            k += 1
+        return k
+
+    def propose(self, tokens: list[int], start: int, n: int) -> list[int]:
+        """Greedily draft ``n`` tokens after the sequence whose token at position ``start + i`` is ``tokens[i]``
+        (``start <= D``); KV already in scratch for a matching prefix is reused."""
+        end = start + len(tokens)
+        del self.spec[self._common(tokens, start, end - 1 - self.D) :]  # keep >= 1 token to feed
+        feed, out = tokens[self.D + len(self.spec) - start :], []
+        for _ in range(n):
+            logits = self._forward(feed, self.D + len(self.spec), logits="last")
+            self.forwards += 1
+            self.spec += feed
+            feed = [int(logits[0, -1].argmax())]
+            out.append(feed[0])
+        return out
+
+    def commit(self, tokens: list[int], start: int, end: int) -> None:
+        """Positions ``[D, end)`` are committed (``tokens[i]`` at ``start + i``): move the matching speculated KV
+        from scratch into the sink/window slots, drop the rest of scratch, re-rotate the sinks."""
+        k = self._common(tokens, start, end - self.D)
+        if k:
+            moves = {self._slot(self.D + i): self._base() + i for i in range(k)}  # later positions win a slot
+            if any(d != s for d, s in moves.items()):
+                dev = self.engine.device
+                self.kv.move(torch.tensor(list(moves.values()), device=dev),
+                             torch.tensor(list(moves), device=dev))
+        self.D += k
+        self.spec = []
+        self._rotate_sinks(max(0, self.D - self.start - self.window))
+
+    def _rotate_sinks(self, delta: int) -> None:
+        """Sinks at virtual positions ``delta + j``: just before the window's oldest token, as the official cache
+        indices place them."""
+        if delta == self.delta or self.start == 0:
+            return
+        if self.pristine is None:  # delta was 0 so far: the sinks are still as written at positions 0..start-1
+            self.pristine = [k[:, :, : self.start].clone() for k in self.kv.keys]
+        rotary = self.engine.model.rotary
+        freqs = delta * rotary.inv_freq  # float32 [D/2]
+        emb = torch.cat((freqs, freqs))
+        for k, k0 in zip(self.kv.keys, self.pristine):
+            k[:, :, : self.start] = apply_rotary(k0.float(), emb.cos(), emb.sin()).to(k.dtype)
+        self.delta = delta

@@ -1,0 +1,199 @@
+"""TriForce (method configs triforce*): lossless, the retrieval cache equals a brute-force recomputation of the
+official selection, the draft's StreamingLLM cache holds what it should, extras and memory are reported."""
+
+import pytest
+import torch
+
+from baselines.triforce import TriForceDecoder, TriForceState
+from baselines.vanilla import VanillaDecoder
+from fafo.bench.runner import Runner
+from fafo.engine.attention import causal_plan
+from fafo.engine.tiny import tiny_checkpoint
+from fafo.errors import ConfigError
+from fafo.sampling import Sampling
+from tests.lossless import PROMPTS, assert_lossless
+from tests.test_runner import make_cfg
+
+LONG = [p * 4 for p in PROMPTS]  # 86-141 tokens: much longer than the small budgets below
+DRAFT_SPEC = {"family": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 2, "intermediate_size": 64, "seed": 11}
+SMALL = {"budget": 16, "chunk_size": 4, "draft_budget": 24, "draft_start": 4}  # draft window: 24 - 4 - gamma2 tokens
+
+
+@pytest.fixture(scope="session")
+def draft_path(ckpt_root):
+    return str(tiny_checkpoint(DRAFT_SPEC, cache_dir=ckpt_root))
+
+
+CASES = {  # name: (target, prompts, decoder kwargs without the draft, with a draft)
+    "mha-g1": ("llama_mha", LONG, dict(SMALL, gamma1=1), True),
+    "gqa-g2": ("llama_gqa", LONG, dict(SMALL, gamma1=2), True),
+    "qwen2-g2-max": ("qwen2_gqa", LONG, dict(SMALL, gamma1=2, gqa_reduce="max"), True),
+    "short-prompts-g1": ("llama_gqa", PROMPTS, dict(SMALL, budget=64, gamma1=1), True),  # budget > prompt: clamped
+    "fewer-than-2-chunks": ("llama_mha", PROMPTS, dict(SMALL, budget=32, chunk_size=16), True),  # 2nd: full cache
+    "nodraft": ("llama_mha_rep", LONG, dict(SMALL, gamma2=4), False),
+    "rebuild": ("qwen2_gqa_rep", LONG, dict(SMALL, gamma1=2, rebuild_every=2), True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_token_identical_to_vanilla_greedy(case, engine, draft_path):
+    name, prompts, kw, with_draft = CASES[case]
+    method = TriForceDecoder(**kw, draft={"path": draft_path} if with_draft else None)
+    assert_lossless(method, engine(name), prompts=prompts)
+
+
+def test_flex_backend_is_token_identical(engine, draft_path):
+    eng = engine("llama_gqa", "flex")
+    ids = eng.tokenizer(LONG[0]).input_ids
+    gen = TriForceDecoder(**SMALL, gamma2=3, draft={"path": draft_path}).generate(eng, ids, 12)
+    assert gen.tokens == VanillaDecoder().generate(eng, ids, 12).tokens and gen.extras["draft_forwards"] > 0
+
+
+def fresh_queries(eng, tokens):
+    """Post-RoPE query of the last token per layer, from an independent forward on a fresh cache."""
+    plan = causal_plan(0)
+    plan.capture_rows = torch.tensor([len(tokens) - 1])
+    idx = torch.arange(len(tokens))
+    eng.model(torch.tensor([tokens]), idx, eng.model.new_cache(len(tokens)), idx, plan, "sdpa", "last")
+    return plan.captured
+
+
+def brute_force_check(state, queries, reduce):
+    """C_r[:budget] = the ranked chunks (chunk 0, then by q . mean key, GQA group combined) with the lowest-ranked
+    slots overwritten by the newest committed tokens' full-cache KV (official update_graph_cache)."""
+    r_cache, full, budget, cs = state.retrieval.kv, state.cache, state.retrieval.budget, state.cfg.chunk_size
+    aligned, n = state.aligned, state.N
+    recent = min(n - aligned, budget - cs)
+    for layer in range(len(full.keys)):
+        keys, q = full.keys[layer][0].double(), queries[layer][0, :, 0].double()  # [H_kv, S, D], [H_q, D]
+        group = q.shape[0] // keys.shape[0]
+        for h in range(keys.shape[0]):
+            means = [keys[h, c * cs : (c + 1) * cs].mean(0) for c in range(aligned // cs)]
+            per_q = [[float(q[h * group + g] @ m) for m in means] for g in range(group)]
+            score = [max(col) if reduce == "max" else sum(col) for col in zip(*per_q)]
+            ranked = [0] + sorted(range(1, len(means)), key=lambda c: -score[c])[: budget // cs - 1]
+            for buf_r, buf_f in ((r_cache.keys, full.keys), (r_cache.values, full.values)):
+                rows = torch.cat([buf_f[layer][0, h, c * cs : (c + 1) * cs] for c in ranked])
+                got = buf_r[layer][0, h, :budget]
+                assert torch.equal(got[: budget - recent], rows[: budget - recent])
+                want = buf_f[layer][0, h, n - recent : n]  # the recent region, in any slot order
+                match = (got[budget - recent :, None] == want[None]).all(-1)
+                assert match.any(1).all() and match.any(0).all()
+
+
+@pytest.mark.parametrize("name,reduce,rebuild", [("llama_mha", "mean", None), ("llama_gqa", "mean", None),
+                                                 ("qwen2_gqa", "max", 1)])
+def test_retrieval_cache_equals_brute_force(name, reduce, rebuild, engine):
+    eng = engine(name)
+    method = TriForceDecoder(**dict(SMALL, budget=24), draft=None, gamma2=3, gqa_reduce=reduce,
+                             rebuild_every=rebuild)
+    ids = eng.tokenizer(LONG[2]).input_ids
+    state = TriForceState(method, eng, ids, 60)
+    state.prefill()
+    assert state.aligned == len(ids) // 4 * 4 and state.retrieval.budget == 24
+    query = fresh_queries(eng, ids)
+    brute_force_check(state, query, reduce)  # the prompt tail (T mod chunk tokens) is already recent
+    rounds = 0
+    while state.N - state.aligned <= 24 + 4:  # until the recent region outgrew budget - chunk and wrapped
+        rounds += 1
+        new, accepted = state.step(60, ())
+        state.commit(new, accepted)
+        if rebuild:  # re-selected with the newest committed token's query
+            query = fresh_queries(eng, state.hist[: state.N])
+        brute_force_check(state, query, reduce)
+    assert state.stats["rebuilds"] == (rounds if rebuild else 0)
+
+
+def layer0_keys(eng, tokens, positions):
+    """Layer-0 keys depend only on token and position: [H_kv, len, D]."""
+    cache = eng.model.new_cache(len(tokens))
+    idx = torch.arange(len(tokens))
+    eng.model(torch.tensor([tokens]), torch.as_tensor(positions), cache, idx, causal_plan(0), "sdpa", "none")
+    return cache.keys[0][0]
+
+
+def test_draft_streaming_cache_slots_and_sink_positions(engine, draft_path):
+    eng = engine("llama_gqa")
+    method = TriForceDecoder(**SMALL, draft={"path": draft_path}, gamma1=2)
+    ids = eng.tokenizer(LONG[0]).input_ids
+    method.setup(eng)
+    state = TriForceState(method, eng, ids, 40)
+    state.prefill()
+    draft, start, window = state.draft, 4, 24 - 4 - 6
+    for _ in range(6):
+        for step in range(2):
+            d = draft.D
+            assert d > start + window and draft.delta == d - start - window
+            keys = draft.kv.keys[0][0]
+            want = layer0_keys(draft.engine, state.hist[:d], torch.arange(d))
+            for p in range(d - window, d):  # the window: the last `window` committed tokens at their positions
+                assert torch.allclose(keys[:, draft._slot(p)], want[:, p], atol=1e-5)
+            sinks = layer0_keys(draft.engine, state.hist[:start], draft.delta + torch.arange(start))
+            assert torch.allclose(keys[:, :start], sinks, atol=1e-5)  # re-rotated right before the window
+            if step == 0:
+                new, accepted = state.step(40, ())
+                state.commit(new, accepted)
+
+
+def test_draft_without_eviction_is_the_draft_models_greedy_chain(engine):
+    eng = engine("llama_mha")  # the target as its own draft, window larger than the text: exact
+    from baselines.triforce_cache import StreamingDraft
+
+    ids = eng.tokenizer(PROMPTS[0]).input_ids
+    ref = VanillaDecoder().generate(eng, ids, 12).tokens
+    draft = StreamingDraft(eng, start=4, window=64, scratch=16)
+    draft.prefill(ids)
+    assert draft.propose(ids + ref[:1], 0, 5) == ref[1:6]  # feeds the current token, then 4 of its own
+    draft.commit(ids + ref[:4], 0, len(ids) + 3)  # 3 of the fed tokens are committed: their KV is kept
+    assert draft.D == len(ids) + 3 and draft.propose(ids + ref[:6], 0, 4) == ref[6:10]
+
+
+def test_extras_and_tau_on_repetitive_text(engine, checkpoint):
+    eng = engine("llama_mha_rep")  # the target as its own draft: the middle level accepts drafts
+    method = TriForceDecoder(**dict(SMALL, budget=32), draft={"path": str(checkpoint("llama_mha_rep"))})
+    ids = eng.tokenizer(LONG[2]).input_ids
+    gen = method.generate(eng, ids, 120)
+    assert gen.tokens == VanillaDecoder().generate(eng, ids, 120).tokens
+    assert gen.tau > 1.5 and max(gen.accept_lengths) > 2
+    x = gen.extras
+    assert x["middle_forwards"] >= gen.n_forwards and x["draft_forwards"] == 2 * x["middle_forwards"]
+    assert x["middle_accept_rate"] > 0.3 and x["budget_used"] == 32
+    assert x["buffer_bytes"] == x["retrieval_bytes"] + x["draft_bytes"] > eng.weights_nbytes
+
+
+def test_runner_exact_and_peak_memory_above_vanilla(tmp_path):
+    common = ["bench.max_new_tokens=12", "bench.max_samples=2"]
+    tf = ["method=triforce", "method.budget=16", "method.chunk_size=4", "method.draft_budget=32",
+          "method.draft.path=null", "method.draft.tiny={family: llama, hidden_size: 32, num_hidden_layers: 1}"]
+    vanilla = Runner(make_cfg(tmp_path, *common), tmp_path / "vanilla").run()
+    triforce = Runner(make_cfg(tmp_path, *common, *tf), tmp_path / "triforce").run()
+    assert triforce["exact_match_rate"] == 1.0 and triforce["method"] == "triforce"
+    assert triforce["peak_mem_mb"] > vanilla["peak_mem_mb"]
+
+
+BAD = [("gamma1", {"gamma1": 0}), ("gamma2", {"gamma2": -1}), ("chunk_size", {"chunk_size": 0}),
+       ("budget", {"budget": 20, "chunk_size": 8}), ("budget", {"budget": 8, "chunk_size": 8}),
+       ("rebuild_every", {"rebuild_every": 0}), ("gqa_reduce", {"gqa_reduce": "sum"}),
+       ("draft", {"draft": {"path": None, "tiny": None}}), ("draft", {"draft": {"path": "a/b", "size": 1}}),
+       ("draft_budget", {"draft_budget": 20})]
+
+
+@pytest.mark.parametrize("setting,kw", BAD, ids=[f"{s}-{i}" for i, (s, _) in enumerate(BAD)])
+def test_bad_hyperparameters_name_the_setting(setting, kw):
+    with pytest.raises(ConfigError, match=rf"method\.{setting}"):
+        TriForceDecoder(**kw)
+
+
+def test_vocab_mismatch_and_sampling_are_refused(engine, checkpoint, ckpt_root):
+    eng = engine("llama_mha")
+    other = tiny_checkpoint(dict(DRAFT_SPEC, vocab_size=512), cache_dir=ckpt_root)
+    method = TriForceDecoder(draft={"path": str(other)})
+    with pytest.raises(ConfigError, match=r"method\.draft.*vocabulary size 512"):
+        method.check_target(eng.model.hf_config, eng.tokenizer)
+    with pytest.raises(ConfigError, match=r"method\.draft"):
+        method.setup(eng)
+    with pytest.raises(ConfigError, match=r"method\.draft\.path"):
+        TriForceDecoder(draft={"path": str(ckpt_root / "missing")}).check_target(eng.model.hf_config, None)
+    with pytest.raises(ConfigError, match="greedy"):
+        TriForceDecoder().check_sampling(Sampling(temperature=0.7))
