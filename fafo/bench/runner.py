@@ -56,6 +56,8 @@ class Runner:
         self.names = {"model": cfg.model.name, "task": cfg.task.name,
                       "method": label.format(compress=compress.label) if compress is not None else label}
         self.ckpt = resolve_model(cfg.model)
+        # again with the tokenizer: drops samples too short for the task (e.g. PG-19 books under the prefix length)
+        self.samples = self.task.samples(self.ckpt.tokenizer)[: self.bench.max_samples or None]
         self.method.check_target(self.ckpt.config, self.ckpt.tokenizer)
         self.context = min(self.ckpt.context, cfg.model.get("max_len") or self.ckpt.context)
         self._check_prompts_fit()

@@ -1,0 +1,282 @@
+"""Reading a task's records from the Hugging Face hub or from local release files.
+
+:class:`DataTask` is the base of every task that reads a public data set. It reads from ``hub_id`` (with
+``hub_config``, ``split``, ``revision``) through ``datasets.load_dataset`` by default, and from a local
+release when ``task.data_path`` is set:
+
+* a **file**: ``.jsonl``, ``.json`` (a JSON array, one object, or JSON lines, as ``load_dataset("json")``
+  accepts), ``.parquet``, ``.csv`` (pandas, ``keep_default_na=False`` so empty cells stay ``""``), each
+  optionally gzipped (``.gz``, e.g. ``HumanEval.jsonl.gz``);
+* a **directory** (e.g. a hub snapshot, LongBench's unzipped ``data/``, TriForce's ``data/pg19/``): the files
+  matching the task's first matching glob in :attr:`DataTask.PATTERNS`, in **sorted** order (never
+  ``os.listdir`` order) and read one after the other;
+* a **.zip** (LongBench's ``data.zip``): the members matching the same globs, sorted.
+
+Records are plain dicts in file order. Any failure is one :class:`~fafo.errors.ConfigError` naming
+``task.data_path``: a missing file, a directory without a matching file, an unreadable file, or a hub data
+set that cannot be loaded (offline, unknown id, a script-based repo that ``datasets >= 4`` no longer runs);
+the message says which release file to download and to point ``task.data_path`` at it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import io
+import json
+import os
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from fafo.errors import ConfigError
+from tasks.base import Task
+
+FORMATS = (".jsonl", ".json", ".parquet", ".csv")
+
+
+def resolve_path(path: str) -> str:
+    """Resolve a relative path against the original working directory when running under Hydra."""
+    path = os.path.expanduser(str(path))
+    try:
+        from hydra.utils import to_absolute_path
+
+        return to_absolute_path(path)
+    except (ImportError, ValueError):
+        return os.path.abspath(path)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _format_of(name: str) -> tuple[str, bool]:
+    """(format extension, gzipped) of a file name; format '' when unsupported."""
+    lower = name.lower()
+    gz = lower.endswith(".gz")
+    if gz:
+        lower = lower[:-3]
+    for ext in FORMATS:
+        if lower.endswith(ext):
+            return ext, gz
+    return "", gz
+
+
+def _parse_json(text: str, where: str) -> list[dict]:
+    stripped = text.strip()
+    if not stripped:
+        return []
+    try:
+        doc = json.loads(stripped)
+    except json.JSONDecodeError:
+        doc = None
+    else:
+        if isinstance(doc, list):
+            return doc
+        if isinstance(doc, dict):
+            return [doc]
+    return _parse_jsonl(text, where)
+
+
+def _parse_jsonl(text: str, where: str) -> list[dict]:
+    records = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{where}:{lineno}: invalid JSON ({e.msg}); task.data_path must be a valid "
+                              "release file") from None
+    return records
+
+
+def _read_bytes(data: bytes, name: str, where: str) -> list[dict]:
+    """Records of one file's content; ``name`` decides the format."""
+    ext, gz = _format_of(name)
+    if gz:
+        data = gzip.decompress(data)
+    if ext == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(io.BytesIO(data)).to_pylist()
+    if ext == ".csv":
+        import pandas as pd
+
+        frame = pd.read_csv(io.BytesIO(data), keep_default_na=False)
+        return frame.to_dict(orient="records")
+    text = data.decode("utf-8")
+    return _parse_jsonl(text, where) if ext == ".jsonl" else _parse_json(text, where)
+
+
+def read_file(path: str) -> list[dict]:
+    """Records of one local file (format from its name). Raises ConfigError when it cannot be read."""
+    ext, _ = _format_of(path)
+    if not ext:
+        raise ConfigError(f"task.data_path={path!r} is not a .jsonl, .json, .parquet or .csv file (optionally "
+                          ".gz); point task.data_path at the release file")
+    try:
+        data = Path(path).read_bytes()
+        records = _read_bytes(data, path, path)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - corrupt gzip/parquet/csv: one clear line
+        raise ConfigError(f"task.data_path={path!r} could not be read ({_one_line(exc)}); point "
+                          "task.data_path at an intact release file") from None
+    bad = next((r for r in records if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise ConfigError(f"task.data_path={path!r} holds a {type(bad).__name__}, not JSON objects; point "
+                          "task.data_path at the release file with one record per object")
+    return records
+
+
+def match_files(names: Iterable[str], patterns: Iterable[str]) -> list[str]:
+    """The names (posix relative paths) matching the first pattern that matches any, sorted."""
+    names = sorted(n for n in names if _format_of(n)[0])
+    for pattern in patterns:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if hits:
+            return hits
+    return []
+
+
+def read_local(data_path: str, patterns: tuple[str, ...], release: str) -> list[dict]:
+    """Records from a local file, directory or zip (see the module docstring)."""
+    path = resolve_path(data_path)
+    shown = f"task.data_path={data_path!r}"
+    if not os.path.exists(path):
+        raise ConfigError(f"{shown} does not exist; download {release} and point task.data_path at it")
+    if os.path.isdir(path):
+        root = Path(path)
+        names = [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()]
+        files = match_files(names, patterns)
+        if not files:
+            raise ConfigError(f"{shown} is a directory without a file matching {', '.join(patterns)}; "
+                              f"download {release} and point task.data_path at it")
+        return [r for name in files for r in read_file(str(root / name))]
+    if path.lower().endswith(".zip"):
+        try:
+            with zipfile.ZipFile(path) as zf:
+                members = match_files([i.filename for i in zf.infolist() if not i.is_dir()], patterns)
+                if not members:
+                    raise ConfigError(f"{shown} is a zip without a member matching {', '.join(patterns)}; "
+                                      f"download {release} and point task.data_path at it")
+                return [r for m in members for r in _read_bytes(zf.read(m), m, f"{path}:{m}")]
+        except zipfile.BadZipFile as exc:
+            raise ConfigError(f"{shown} could not be read ({_one_line(exc)}); point task.data_path at an "
+                              "intact release file") from None
+    return read_file(path)
+
+
+def read_hub(hub_id: str, config: str | None, split: str, revision: str | None, release: str,
+             note: str = "", rows: list[int] | None = None) -> tuple[list[dict], int]:
+    """(records, split size) of a hub data set via ``datasets.load_dataset``; only ``rows``, if given, in order.
+
+    Any failure is one ConfigError; rows past the end are dropped (the caller reports them).
+    """
+    where = f"{hub_id!r} ({f'config {config!r}, ' if config else ''}split {split!r})"
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(hub_id, config, split=split, revision=revision)
+    except Exception as exc:  # noqa: BLE001 - offline, unknown id, script-based repo, ...: one clear line
+        extra = f" ({note})" if note else ""
+        raise ConfigError(
+            f"task.data_path is not set and the hub dataset {where} could not be loaded ({_one_line(exc)}){extra}; "
+            f"download {release} and point task.data_path at it (or set task.hub_id to a copy you can reach)"
+        ) from None
+    total = len(ds)
+    if rows is not None:
+        ds = ds.select([r for r in rows if r < total])
+    return ds.to_list(), total
+
+
+@dataclass
+class DataTask(Task):
+    """A task over a public data set: the hub by default, ``data_path`` (file, directory, zip) when given.
+
+    Args:
+        hub_id: Hugging Face dataset id read when ``data_path`` is null.
+        hub_config: its configuration (subset) name, or null.
+        split: the split to read (also picks files like ``{split}-*.parquet`` in a snapshot directory).
+        revision: hub revision (branch, tag or commit), or null for the default branch.
+    """
+
+    hub_id: str = ""
+    hub_config: str | None = None
+    split: str = "test"
+    revision: str | None = None
+
+    # What to download, named in errors (file and where it comes from).
+    RELEASE: ClassVar[str] = "the task's release file"
+    # Globs (relative posix paths; ``{split}``/``{subset}`` filled in) picking files in a data_path directory or
+    # zip: the first glob with a match wins.
+    PATTERNS: ClassVar[tuple[str, ...]] = ("*{split}-*.parquet", "*{split}/*.parquet", "*.jsonl", "*.json", "*.csv")
+    # Extra words for hub errors (e.g. that the canonical repo is script-based and which mirror is used).
+    HUB_NOTE: ClassVar[str] = ""
+
+    def patterns(self) -> tuple[str, ...]:
+        fields = {"split": self.split, "subset": getattr(self, "subset", "")}
+        return tuple(p.format(**fields) for p in self.PATTERNS)
+
+    def release(self) -> str:
+        return self.RELEASE.format(split=self.split, subset=getattr(self, "subset", ""))
+
+    def records(self, rows: list[int] | None = None, setting: str = "task.indices") -> list[dict]:
+        """Every record of the source in order, or only the record at each of ``rows`` (see the module docstring).
+
+        Raises:
+            ConfigError: the source cannot be read, is empty, or lacks one of ``rows`` (named as ``setting``).
+        """
+        if self.data_path:
+            records = read_local(str(self.data_path), self.patterns(), self.release())
+            total = len(records)
+            if rows is not None:
+                records = [records[r] for r in rows if r < total]
+        else:
+            if not self.hub_id:
+                raise ConfigError(f"task {self.name!r} has neither task.data_path nor task.hub_id; download "
+                                  f"{self.release()} and point task.data_path at it")
+            records, total = read_hub(self.hub_id, self.hub_config, self.split, self.revision, self.release(),
+                                      self.HUB_NOTE.format(subset=getattr(self, "subset", "")), rows)
+        if rows is not None and len(records) < len(rows):
+            missing = [r for r in rows if r >= total]
+            raise ConfigError(f"{setting} has rows {missing[:5]} past the end of {self.source()}; use the full "
+                              f"{self.split} split or set {setting} to rows it has")
+        if not records:
+            raise ConfigError(f"task {self.name!r}: {self.source()} has no records; point task.data_path at "
+                              f"{self.release()}")
+        return records
+
+    def source(self) -> str:
+        """Where the records come from, for messages."""
+        return f"task.data_path={self.data_path!r}" if self.data_path else f"hub dataset {self.hub_id!r}"
+
+    def value(self, record: dict, index: int, *names: str, default: Any = ConfigError) -> Any:
+        """The first of ``names`` present in ``record`` (the ``index``-th); ConfigError naming the source if none."""
+        for name in names:
+            if name in record and record[name] is not None:
+                return record[name]
+        if default is not ConfigError:
+            return default
+        raise ConfigError(
+            f"task {self.name!r}: record {index} of {self.source()} has no field {' or '.join(map(repr, names))} "
+            f"(fields: {', '.join(sorted(map(str, record))[:12])}); point task.data_path at {self.release()}"
+        )
+
+    def bad_record(self, index: int, problem: str) -> ConfigError:
+        """A ConfigError for a malformed record (``problem`` says what is wrong with it)."""
+        return ConfigError(f"task {self.name!r}: record {index} of {self.source()} {problem}; point "
+                           f"task.data_path at {self.release()}")
+
+
+def str_list(value: Any) -> list[str] | None:
+    """``value`` as a list of str if it is a non-empty list of str (or a numpy array of them), else None."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None
