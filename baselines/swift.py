@@ -1,0 +1,297 @@
+"""SWIFT: on-the-fly self-speculative decoding by layer skipping (Xia et al., ICLR 2025,
+https://arxiv.org/abs/2410.06916), greedy.
+
+Mirrors hemingkx/SWIFT @88caed7 (``evaluation_llama/inference_swift.py`` ``swift_forward``;
+``model/swift/utils.py`` ``swift_draft``, ``get_choices_list``, ``generate_swift_buffers``, ``tree_decoding``,
+``evaluate_posterior``, ``update_inference_inputs``, ``swift_optimization``), re-implemented on our engine.
+Per step, with N committed KV entries and the current token ``t0`` (the last verified token, its KV not yet
+cached) at position N:
+
+* **Draft** (``swift_draft``): the same model with the skipped attention / MLP sub-layers (``skip``) runs
+  autoregressively from ``t0`` for up to ``max_step_draft`` tokens, keeping the ``topk`` ids per step and
+  feeding the top-1. It stops after a step whose top-1 softmax probability (its confidence) is below
+  ``stop_threshold``, or when ``(N - prompt) + step + 2 >= max_new_tokens``. Draft token s goes to the scratch
+  slot N + s (only the non-skipped attention layers write it, and only they read it: a skipped layer attends
+  nothing), so the official full-cache clone per draft is never made; the verification overwrites these slots.
+* **Tree** (``get_choices_list``): depth i+1 holds the top ``w_i`` draft ids of step i, all children of the
+  top-1 node of depth i (the chain the draft fed), with ``w_i`` = ``tree_widths`` (3/5/8/10) for confidence
+  above 0.95 / 0.8 / 0.5 / else. The root is ``t0``. A node's ancestors are exactly the chain nodes above it.
+* **Verify** (``tree_decoding``): ONE full-model forward over the tree (ancestor mask), node at position
+  N + depth, KV to slots N, N+1, ...
+* **Accept** (greedy ``evaluate_posterior``): the longest root-to-leaf path whose tokens equal the target
+  argmax of their parent, plus the target argmax after it (the bonus, the next ``t0``). Sibling ids are
+  distinct, so the accepted path is unique and the official tie-break never matters.
+* **Compact** (``update_inference_inputs``): the accepted nodes' KV is moved to slots N+1, N+2, ... (the
+  root's is already at N).
+* **Optimise** (``swift_optimization``; ``swift_optimizer.py``): after a step, if ``optimization`` is on and
+  the search still active, ``N - prompt > context_window + 1`` and ``step % opt_interval == 0``: one candidate
+  skip set is scored by teacher-forced matchness, i.e. the draft model runs over the first
+  ``context_window + 1`` generated tokens after the prompt's KV (one forward, nothing written) and the score
+  is the fraction of them whose argmax equals the next generated token. The search persists across the
+  samples of a run.
+
+Where the official code is silent or broken (our choice):
+
+* Stop ids: every id in ``eos_ids`` ends a generation (official: ``tokenizer.eos_token_id`` only); a run is
+  cut at EOS / ``max_new_tokens`` inside an accepted path.
+* Paths are verified exactly as they are. The official ``retrieve_indices`` pad short paths with token 0 and
+  the last tree node's logits, so a target argmax of 0 can extend a path with a token that was never verified.
+* After the last step we do not draft again (the official loop drafts once more before breaking). The
+  optimisation still runs after the last step when its condition holds, as in the official loop.
+* Rope is the engine's native one (every transformers rope type, Llama-3.1's ``llama3`` included); the cache
+  is sized from the run (prompt + max_new_tokens + the largest tree), never from ``max_position_embeddings``.
+* ``attn_skip``/``mlp_skip`` start the search from a given set (official ``--cache-hit`` reads one from
+  ``skip_layers.json`` and turns optimisation off); ``reset_per_sample`` restarts the search every sample.
+* The runner's warm-up generations (``bench.warmup``) advance the persistent search like any sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from baselines.swift_optimizer import LayerSetOptimizer
+from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.engine.attention import AttentionPlan, causal_plan
+from fafo.engine.engine import Engine
+from fafo.errors import ConfigError
+from fafo.sampling import Sampling
+
+CONFIDENCE_BINS = (0.95, 0.8, 0.5)  # official get_choices_list thresholds (strictly greater)
+
+
+def tree_widths_for(confidences: list[float], widths: tuple[int, ...], topk: int) -> list[int]:
+    """Children of the chain node at each depth (official ``get_choices_list``, greedy candidate set)."""
+    out = []
+    for c in confidences:
+        bin_ = next((b for b, t in enumerate(CONFIDENCE_BINS) if c > t), len(CONFIDENCE_BINS))
+        out.append(min(widths[bin_], topk))
+    return out
+
+
+@dataclass
+class SwiftTree:
+    """Node i is ``tokens[i]`` at depth ``depth[i]``; depth d >= 1 is nodes ``starts[d-1] .. + widths[d-1]``:
+    the first the chain node (the drafted top-1, fed to the next draft step), the rest siblings (leaves)."""
+
+    tokens: list[int]
+    depth: list[int]
+    starts: list[int]  # first node index of each depth 1..D
+    widths: list[int]
+
+    @classmethod
+    def build(cls, root: int, draft_ids: list[list[int]], widths: list[int]) -> SwiftTree:
+        tokens, depth, starts = [root], [0], []
+        for d, (ids, w) in enumerate(zip(draft_ids, widths)):
+            starts.append(len(tokens))
+            tokens += ids[:w]
+            depth += [d + 1] * w
+        return cls(tokens, depth, starts, widths)
+
+    def mask(self, device) -> torch.Tensor:
+        """``[T, T]`` bool: each node sees itself and the chain nodes (root included) of smaller depth."""
+        depth = torch.tensor(self.depth, device=device)
+        chain = torch.zeros(len(self.tokens), dtype=torch.bool, device=device)
+        chain[[0] + self.starts] = True
+        return torch.eye(len(self.tokens), dtype=torch.bool, device=device) | (
+            chain[None, :] & (depth[None, :] < depth[:, None]))
+
+    def accept(self, preds: list[int]) -> list[int]:
+        """Indices of the accepted nodes below the root, given the target argmax ``preds`` of every node."""
+        path, node = [], 0
+        for start, w in zip(self.starts, self.widths):
+            hit = next((start + c for c in range(w) if self.tokens[start + c] == preds[node]), None)
+            if hit is None:
+                break
+            path.append(hit)
+            node = hit
+            if hit != start:  # a sibling is a leaf
+                break
+        return path
+
+
+@dataclass
+class SwiftDecoder(Decoder):
+    """SWIFT, greedy: layer-skipping self-draft, confidence tree, one verification forward per step,
+    on-the-fly skip-set search. Defaults: the official argparse values (``conf/method/swift.yaml``);
+    ``swift_script`` has the ``eval_llama.sh`` values (max_score 0.93, context_window 50).
+
+    Attributes:
+        skip_ratio: r, fraction of the 2(L-2) attention/MLP sub-layers a searched set skips.
+        opt_interval: optimise after steps whose index is a multiple of this.
+        bayes_interval: every this-many-th search iteration is a Bayesian-optimisation suggestion.
+        max_opt_iter, max_tolerance_iter, max_score: the search's stopping rules (see ``swift_optimizer``).
+        context_window: the first ``context_window + 1`` generated tokens score a candidate set.
+        max_step_draft: most draft tokens per step.
+        stop_threshold: the draft stops after a token whose confidence is below this.
+        topk: draft ids kept per step (official TOPK); caps the tree widths.
+        tree_widths: children at a depth for confidence > 0.95 / > 0.8 / > 0.5 / otherwise.
+        optimization: search the skip set on the fly (official ``--optimization``).
+        bayes: use Bayesian-optimisation suggestions (official ``--bayes``); false = random search only.
+        reset_per_sample: restart the search (set, scores, optimiser) at every sample (official: never).
+        attn_skip, mlp_skip: the starting skip set (null: attention and MLP of the odd layers).
+        seed: seeds the random search and the optimiser.
+    """
+
+    skip_ratio: float = 0.45
+    opt_interval: int = 1
+    bayes_interval: int = 25
+    max_opt_iter: int = 1000
+    max_tolerance_iter: int = 300
+    max_score: float = 0.95
+    context_window: int = 32
+    max_step_draft: int = 25
+    stop_threshold: float = 0.8
+    topk: int = 10
+    tree_widths: tuple = (3, 5, 8, 10)
+    optimization: bool = True
+    bayes: bool = True
+    reset_per_sample: bool = False
+    attn_skip: list | None = None
+    mlp_skip: list | None = None
+    seed: int = 2024
+
+    def __post_init__(self):
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        lows = {"opt_interval": 1, "bayes_interval": 1, "max_opt_iter": 0, "max_tolerance_iter": 0,
+                "context_window": 1, "max_step_draft": 1, "topk": 1}
+        for name, low in lows.items():
+            if not is_int(getattr(self, name)) or getattr(self, name) < low:
+                raise ConfigError(f"method.{name}={getattr(self, name)!r} must be an integer >= {low}")
+        for name, hi_open in (("skip_ratio", True), ("max_score", False), ("stop_threshold", False)):
+            v = getattr(self, name)
+            if is_int(v):
+                v = float(v)
+            if not isinstance(v, float) or not (0.0 <= v < 1.0 if hi_open else 0.0 <= v <= 1.0):
+                bound = "[0, 1)" if hi_open else "[0, 1]"
+                raise ConfigError(f"method.{name}={getattr(self, name)!r} must be a number in {bound}")
+            setattr(self, name, v)
+        widths = list(self.tree_widths) if not isinstance(self.tree_widths, (str, int)) else []
+        if len(widths) != 4 or not all(is_int(w) and w >= 1 for w in widths):
+            raise ConfigError(f"method.tree_widths={self.tree_widths!r} must be 4 integers >= 1 (official: "
+                              "[3, 5, 8, 10] for confidence > 0.95 / > 0.8 / > 0.5 / else)")
+        self.tree_widths = tuple(widths)
+        for name in ("optimization", "bayes", "reset_per_sample"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"method.{name}={getattr(self, name)!r} must be true or false")
+        for name in ("attn_skip", "mlp_skip"):
+            v = getattr(self, name)
+            if v is not None:
+                if isinstance(v, (str, int)) or not all(is_int(x) and x >= 1 for x in v):
+                    raise ConfigError(f"method.{name}={v!r} must be null or a list of layer ids >= 1 "
+                                      "(the first and last layer are never skipped)")
+                setattr(self, name, sorted(set(v)))
+        if not is_int(self.seed):
+            raise ConfigError(f"method.seed={self.seed!r} must be an integer")
+        self.optimizer: LayerSetOptimizer | None = None  # the run's search state, built by setup
+        self._model = None
+
+    # ------------------------------------------------------------------ contract
+    def max_tree(self) -> int:
+        return 1 + self.max_step_draft * min(self.topk, max(self.tree_widths))
+
+    def extra_slots(self, max_new_tokens: int) -> int:
+        return self.max_tree()  # the tree (>= the draft) is written past the committed entries
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        if not sampling.greedy:
+            raise ConfigError("method swift verifies greedily; use sampling=greedy until sampling lands")
+
+    def check_target(self, hf_config, tokenizer) -> None:
+        self._check_layers(hf_config.num_hidden_layers)
+
+    def _check_layers(self, n_layers: int) -> None:
+        for name in ("attn_skip", "mlp_skip"):
+            bad = [x for x in getattr(self, name) or () if x > n_layers - 2]
+            if bad:
+                raise ConfigError(f"method.{name} has layers {bad}: this model has {n_layers} layers and "
+                                  f"only 1..{n_layers - 2} may be skipped (the first and last never are)")
+
+    def setup(self, engine: Engine) -> None:
+        """A fresh search for the run (state then persists across its samples)."""
+        n_layers = engine.model.args.n_layers
+        self._check_layers(n_layers)
+        self.optimizer = LayerSetOptimizer(
+            n_layers, self.skip_ratio, self.bayes_interval, self.max_opt_iter, self.max_tolerance_iter,
+            self.max_score, self.bayes, self.seed)
+        self.optimizer.reset(self.attn_skip, self.mlp_skip)
+        self._model = engine.model
+
+    # ------------------------------------------------------------------ decoding
+    def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
+                 sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
+        clock = clock or NullClock()
+        if sampling is not None:
+            self.check_sampling(sampling)
+        if self.optimizer is None or self._model is not engine.model:  # generate without setup, or a new model
+            self.setup(engine)
+        elif self.reset_per_sample:
+            self.optimizer.reset(self.attn_skip, self.mlp_skip)
+        opt, dev = self.optimizer, engine.device
+        P = len(prompt_ids)
+        cache = engine.cache(P + max_new_tokens + self.extra_slots(max_new_tokens))
+        cur = int(engine.prefill(cache, prompt_ids)[0, -1].argmax())
+        clock.mark("prefill")
+        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
+        history = [cur]  # every generated token, uncut (the optimisation window reads its head)
+        N, step = P, 0  # committed KV entries; cur sits at position N
+        accept_lengths: list[int] = []
+        draft_forwards = opt_forwards = 0
+        while not finished:
+            draft_ids, conf = self._draft(engine, cache, cur, N, N - P, max_new_tokens, opt.skip)
+            draft_forwards += len(conf)
+            tree = SwiftTree.build(cur, draft_ids, tree_widths_for(conf, self.tree_widths, self.topk))
+            T = len(tree.tokens)
+            plan = AttentionPlan(prefix=N, step_mask=tree.mask(dev))
+            logits = engine.forward(cache, tree.tokens, torch.tensor(tree.depth, device=dev) + N,
+                                    torch.arange(N, N + T, device=dev), plan, logits="all")
+            preds = logits[0].argmax(-1).tolist()  # the step's host sync
+            path = tree.accept(preds)
+            new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
+            if path and path != list(range(1, len(path) + 1)):
+                dst = torch.arange(N + 1, N + 1 + len(path), device=dev)
+                cache.move(torch.tensor(path, device=dev) + N, dst)
+            N += len(new)  # the root's KV and the accepted nodes'; the bonus token is the next root
+            cur = new[-1]
+            history += new
+            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
+            accept_lengths.append(len(tokens) - 1 - sum(accept_lengths))
+            if (self.optimization and opt.active and N - P > self.context_window + 1
+                    and step % self.opt_interval == 0):
+                cand = opt.propose()
+                opt.update(cand, self._score(engine, cache, history, P, cand))
+                opt_forwards += 1
+            step += 1
+        extras = {"draft_forwards": draft_forwards, "optimisation_forwards": opt_forwards, **opt.state(),
+                  "buffer_bytes": 0}  # scratch lives in the cache
+        return Generation(tokens, accept_lengths, len(accept_lengths), extras)
+
+    def _draft(self, engine: Engine, cache, cur: int, N: int, done: int, max_new: int, skip):
+        """Official ``swift_draft``: the top-k ids of each step ([D][topk]) and the top-1 confidences [D]."""
+        ids, conf = [], []
+        tok = torch.tensor([cur], device=engine.device)
+        for s in range(self.max_step_draft):
+            pos = N + s  # scratch slot = position; the verification overwrites it
+            logits = engine.forward(cache, tok, [pos], [pos], causal_plan(pos), logits="last", skip=skip)
+            logits = logits[0, -1].float()  # [V]
+            top = logits.topk(self.topk)
+            ids.append(top.indices)
+            tok = top.indices[:1]
+            c = float(torch.exp(top.values[0] - torch.logsumexp(logits, -1)))  # the draft step's one sync
+            conf.append(c)
+            if c < self.stop_threshold or done + s + 2 >= max_new:
+                break
+        return torch.stack(ids).tolist(), conf
+
+    def _score(self, engine: Engine, cache, history: list[int], P: int, cand: dict) -> float:
+        """Teacher-forced matchness of a candidate set on the first ``context_window + 1`` generated tokens,
+        over the prompt's KV (slots [0, P)); nothing is written to the cache."""
+        window = history[: self.context_window + 1]
+        pos = torch.arange(P, P + len(window), device=engine.device)
+        logits = engine.forward(cache, window, pos, None, causal_plan(P), logits="all",
+                                skip=(cand["attn"], cand["mlp"]))
+        pred = logits[0, :-1].argmax(-1)
+        return float((pred == torch.tensor(window[1:], device=engine.device)).float().mean())
