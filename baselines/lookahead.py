@@ -30,6 +30,10 @@ Faithful to the official code, hao-ai-lab/LookaheadDecoding @ eed010d: ``lade/de
   taken); ties go to the first guess. ``bonus_token=True`` takes it (up to N tokens per step). The KV of the
   current token and of the accepted guess tokens is kept (the official code copies it into place).
 
+Sampling (temperature > 0, ``LookaheadState._sampled_step``): the committed tokens are sampled and the guesses
+verified with the deterministic-guess rule of ``Sampling.verify_guesses`` (exact in distribution, argument in
+``fafo/sampling.py``); the window keeps taking the argmax (lossless either way: window n-grams are only guesses).
+
 Where we differ or the official code is open (each documented in place):
 
 * The window starts as W+N-3 tokens drawn uniformly (with replacement) from the prompt by a generator seeded
@@ -163,16 +167,10 @@ class LookaheadDecoder(Decoder):
     def extra_slots(self, max_new_tokens: int) -> int:
         return self.step_tokens()  # a step writes its KV to slots [P, P + Q) and keeps what it accepts
 
-    def check_sampling(self, sampling: Sampling) -> None:
-        if not sampling.greedy:
-            raise ConfigError("method lookahead verifies greedily; use sampling=greedy until sampling lands")
-
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         clock = clock or NullClock()
-        if sampling is not None:
-            self.check_sampling(sampling)
-        state = LookaheadState(self, engine, prompt_ids, max_new_tokens)
+        state = LookaheadState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
         cur = state.prefill()
         clock.mark("prefill")
         tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
@@ -203,8 +201,11 @@ class _Shape:
 class LookaheadState:
     """One generation: the window levels, the pool, the current token and its position."""
 
-    def __init__(self, cfg: LookaheadDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int):
+    def __init__(self, cfg: LookaheadDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
+                 sampling: Sampling | None = None, generator: torch.Generator | None = None):
         self.cfg, self.engine, self.n = cfg, engine, cfg.level
+        self.sampling = sampling if sampling is not None and not sampling.greedy else None  # None: greedy
+        self.generator = generator
         self.prompt = list(prompt_ids)
         self.history = list(prompt_ids)
         self.cache = engine.cache(len(self.prompt) + max_new_tokens + cfg.extra_slots(max_new_tokens))
@@ -228,6 +229,8 @@ class LookaheadState:
                                   torch.arange(T, device=dev), causal_plan(0),
                                   logits=torch.arange(T - 1, T + len(level0), device=dev))
         preds = out[0].argmax(-1).tolist()
+        if self.sampling is not None:  # the committed token is sampled; the window's predictions stay argmax
+            preds[0] = int(self.sampling.select(out[0, 0], self.generator, self.history))
         self.levels = [level0[1:], preds[1:]]  # level 1 <- the prediction of every level-0 token
         self._extend([preds[0]])
         return self.cur
@@ -260,6 +263,8 @@ class LookaheadState:
         out = self.engine.forward(self.cache, tokens, s.rel + self.P, s.offsets + self.P, plan, logits=s.rows)
         preds = out[0].argmax(-1).tolist()  # the step's one host sync
         first, top, checked = preds[0], preds[1 : 1 + columns], preds[1 + columns :]
+        if self.sampling is not None:
+            return self._sampled_step(out[0], guesses, s, levels, top, warm)
         if warm:  # every level drops column 0; the top level's predictions, minus column 0, are the new level
             self.levels = [lv[1:] for lv in levels] + [top[1:]]
             return [first], []
@@ -279,6 +284,29 @@ class LookaheadState:
             self.pool.add_window(self.cur, levels, top)
         self.levels = [levels[1][1:], *levels[2:], top]  # one column forward, whatever was accepted
         return new, [s.guess_base + best * k + t for t in range(hit)]
+
+    def _sampled_step(self, logits: torch.Tensor, guesses, s: _Shape, levels, top: list[int], warm: bool):
+        """Sampling (temperature > 0): the guesses are verified with the deterministic-guess rule
+        (``Sampling.verify_guesses``, the official ``jacobi_sample_multilevel`` idea), at most N-1 tokens (N with
+        ``bonus_token``). The window keeps taking the argmax (our choice): its n-grams are only guesses, fixed
+        before the step's random draws, so the output is exact in distribution either way (argument in
+        ``fafo/sampling.py``); argmax n-grams are the likeliest continuations, so they are accepted more often."""
+        k = self.n - 1
+        if warm:
+            self.levels = [lv[1:] for lv in levels] + [top[1:]]
+            return [int(self.sampling.select(logits[0], self.generator, self.history))], []
+        self.guesses_verified += len(guesses)
+        columns = len(top)
+
+        def logits_at(g, d):
+            return logits[0] if d == 0 else logits[1 + columns + g * k + d - 1]
+
+        limit = k + 1 if self.cfg.bonus_token else k
+        new, best = self.sampling.verify_guesses(guesses, logits_at, limit, self.generator, self.history)
+        if self.cfg.guess_set:
+            self.pool.add_window(self.cur, levels, top)
+        self.levels = [levels[1][1:], *levels[2:], top]
+        return new, [s.guess_base + best * k + t for t in range(len(new) - 1)]
 
     def commit(self, new: list[int], kv_rows: list[int]) -> None:
         """The current token's KV is already at slot P; move the accepted guess tokens' KV next to it."""

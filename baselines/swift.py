@@ -59,6 +59,7 @@ from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
 CONFIDENCE_BINS = (0.95, 0.8, 0.5)  # official get_choices_list thresholds (strictly greater)
+SAMPLING_TREE_WIDTHS = (1, 3, 5, 10)  # official get_choices_list candidate_set when sampling
 
 
 def tree_widths_for(confidences: list[float], widths: tuple[int, ...], topk: int) -> list[int]:
@@ -109,6 +110,29 @@ class SwiftTree:
             if hit != start:  # a sibling is a leaf
                 break
         return path
+
+    def accept_sampled(self, logits: torch.Tensor, qs: list[torch.Tensor], sampling: Sampling, generator,
+                       hist: list[int] | None) -> tuple[list[int], list[int]]:
+        """Sampling ``evaluate_posterior``: at each depth the siblings (drawn without replacement from the
+        draft's q) are tried in turn with ``Sampling.accept_siblings`` against the target p at their parent;
+        an accepted chain node continues to the next depth, an accepted leaf (or the last depth) ends with a
+        bonus token drawn from p at it, and a full rejection ends with the residual's token. Exact (see
+        ``accept_siblings``): the siblings are drawn before the target's uniforms, and a chain node's children
+        were drawn from q given that node. Returns (accepted node indices, committed tokens)."""
+        path, new, node = [], [], 0
+        for d, (start, w) in enumerate(zip(self.starts, self.widths)):
+            p = sampling.probs(logits[node], None if hist is None else hist + new)
+            tok, i = sampling.accept_siblings(p, qs[d], self.tokens[start : start + w], generator)
+            new.append(tok)
+            if i < 0:
+                return path, new
+            node = start + i
+            path.append(node)
+            if i != 0:  # a sibling is a leaf
+                break
+        p = sampling.probs(logits[node], None if hist is None else hist + new)
+        new.append(int(torch.multinomial(p, 1, generator=generator)))
+        return path, new
 
 
 @dataclass
@@ -196,10 +220,6 @@ class SwiftDecoder(Decoder):
     def extra_slots(self, max_new_tokens: int) -> int:
         return self.max_tree()  # the tree (>= the draft) is written past the committed entries
 
-    def check_sampling(self, sampling: Sampling) -> None:
-        if not sampling.greedy:
-            raise ConfigError("method swift verifies greedily; use sampling=greedy until sampling lands")
-
     def check_target(self, hf_config, tokenizer) -> None:
         self._check_layers(hf_config.num_hidden_layers)
 
@@ -224,8 +244,7 @@ class SwiftDecoder(Decoder):
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         clock = clock or NullClock()
-        if sampling is not None:
-            self.check_sampling(sampling)
+        samp = sampling if sampling is not None and not sampling.greedy else None  # None: greedy
         if self.optimizer is None or self._model is not engine.model:  # generate without setup, or a new model
             self.setup(engine)
         elif self.reset_per_sample:
@@ -233,7 +252,8 @@ class SwiftDecoder(Decoder):
         opt, dev = self.optimizer, engine.device
         P = len(prompt_ids)
         cache = engine.cache(P + max_new_tokens + self.extra_slots(max_new_tokens))
-        cur = int(engine.prefill(cache, prompt_ids)[0, -1].argmax())
+        last = engine.prefill(cache, prompt_ids)[0, -1]
+        cur = int(last.argmax()) if samp is None else int(samp.select(last, generator, prompt_ids))
         clock.mark("prefill")
         tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
         history = [cur]  # every generated token, uncut (the optimisation window reads its head)
@@ -241,16 +261,27 @@ class SwiftDecoder(Decoder):
         accept_lengths: list[int] = []
         draft_forwards = opt_forwards = 0
         while not finished:
-            draft_ids, conf = self._draft(engine, cache, cur, N, N - P, max_new_tokens, opt.skip)
+            hist = list(prompt_ids) + history if samp is not None and samp.uses_history else None
+            if samp is None:
+                draft_ids, conf = self._draft(engine, cache, cur, N, N - P, max_new_tokens, opt.skip)
+                widths = tree_widths_for(conf, self.tree_widths, self.topk)
+            else:
+                draft_ids, conf, qs = self._draft(engine, cache, cur, N, N - P, max_new_tokens, opt.skip,
+                                                  samp, generator, hist)
+                widths = [min(w, len(ids)) for w, ids in
+                          zip(tree_widths_for(conf, SAMPLING_TREE_WIDTHS, self.topk), draft_ids)]
             draft_forwards += len(conf)
-            tree = SwiftTree.build(cur, draft_ids, tree_widths_for(conf, self.tree_widths, self.topk))
+            tree = SwiftTree.build(cur, draft_ids, widths)
             T = len(tree.tokens)
             plan = AttentionPlan(prefix=N, step_mask=tree.mask(dev))
             logits = engine.forward(cache, tree.tokens, torch.tensor(tree.depth, device=dev) + N,
                                     torch.arange(N, N + T, device=dev), plan, logits="all")
-            preds = logits[0].argmax(-1).tolist()  # the step's host sync
-            path = tree.accept(preds)
-            new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
+            if samp is None:
+                preds = logits[0].argmax(-1).tolist()  # the step's host sync
+                path = tree.accept(preds)
+                new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
+            else:
+                path, new = tree.accept_sampled(logits[0], qs, samp, generator, hist)
             if path and path != list(range(1, len(path) + 1)):
                 dst = torch.arange(N + 1, N + 1 + len(path), device=dev)
                 cache.move(torch.tensor(path, device=dev) + N, dst)
@@ -269,21 +300,38 @@ class SwiftDecoder(Decoder):
                   "buffer_bytes": 0}  # scratch lives in the cache
         return Generation(tokens, accept_lengths, len(accept_lengths), extras)
 
-    def _draft(self, engine: Engine, cache, cur: int, N: int, done: int, max_new: int, skip):
-        """Official ``swift_draft``: the top-k ids of each step ([D][topk]) and the top-1 confidences [D]."""
-        ids, conf = [], []
+    def _draft(self, engine: Engine, cache, cur: int, N: int, done: int, max_new: int, skip,
+               sampling: Sampling | None = None, generator=None, hist=None):
+        """Official ``swift_draft``: the top-k ids of each step ([D][topk]) and the top-1 confidences [D].
+
+        Sampling (official ``sample``): each step draws up to ``topk`` ids WITHOUT replacement from the draft's
+        processed distribution q (fewer when q's support is smaller), feeds the first, and also returns the q rows
+        [D][V]; the confidence is the raw draft probability of the fed id (official ``argmax_prob``)."""
+        ids, conf, qs, fed = [], [], [], []
         tok = torch.tensor([cur], device=engine.device)
         for s in range(self.max_step_draft):
             pos = N + s  # scratch slot = position; the verification overwrites it
             logits = engine.forward(cache, tok, [pos], [pos], causal_plan(pos), logits="last", skip=skip)
             logits = logits[0, -1].float()  # [V]
-            top = logits.topk(self.topk)
-            ids.append(top.indices)
-            tok = top.indices[:1]
-            c = float(torch.exp(top.values[0] - torch.logsumexp(logits, -1)))  # the draft step's one sync
+            if sampling is None:
+                top = logits.topk(self.topk)
+                ids.append(top.indices)
+                tok = top.indices[:1]
+                c = float(torch.exp(top.values[0] - torch.logsumexp(logits, -1)))  # the draft step's one sync
+            else:
+                q = sampling.probs(logits, None if hist is None else hist + fed)
+                k = min(self.topk, int((q > 0).sum()))
+                drawn = torch.multinomial(q, k, replacement=False, generator=generator)
+                ids.append(drawn.tolist())
+                qs.append(q)
+                tok = drawn[:1]
+                fed.append(int(tok))
+                c = float(torch.exp(logits[tok[0]] - torch.logsumexp(logits, -1)))
             conf.append(c)
             if c < self.stop_threshold or done + s + 2 >= max_new:
                 break
+        if sampling is not None:
+            return ids, conf, qs
         return torch.stack(ids).tolist(), conf
 
     def _score(self, engine: Engine, cache, history: list[int], P: int, cand: dict) -> float:

@@ -121,10 +121,6 @@ class TriForceDecoder(Decoder):
     def extra_slots(self, max_new_tokens: int) -> int:
         return self.max_proposal + 1  # the verification writes [current | proposal] past the committed tokens
 
-    def check_sampling(self, sampling: Sampling) -> None:
-        if not sampling.greedy:
-            raise ConfigError("method triforce verifies greedily; use sampling=greedy until sampling lands")
-
     # ---------------------------------------------------------------- the draft model
     def _draft_checkpoint(self):
         if self._ckpt is None:
@@ -172,10 +168,8 @@ class TriForceDecoder(Decoder):
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         clock = clock or NullClock()
-        if sampling is not None:
-            self.check_sampling(sampling)
         self.setup(engine)
-        state = TriForceState(self, engine, prompt_ids, max_new_tokens)
+        state = TriForceState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
         cur = state.prefill()
         clock.mark("prefill")
         tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
@@ -192,8 +186,11 @@ class TriForceDecoder(Decoder):
 class TriForceState:
     """One generation: the full cache (the engine's), the retrieval cache, the draft, the committed text."""
 
-    def __init__(self, cfg: TriForceDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int):
+    def __init__(self, cfg: TriForceDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
+                 sampling: Sampling | None = None, generator: torch.Generator | None = None):
         self.cfg, self.engine = cfg, engine
+        self.sampling = sampling if sampling is not None and not sampling.greedy else None  # None: greedy
+        self.generator = generator
         self.prompt = list(prompt_ids)
         self.hist = list(prompt_ids)  # committed tokens; hist[N] is the current token (no KV yet)
         self.N = len(self.prompt)  # committed tokens with KV in the full cache (slot = position)
@@ -221,13 +218,17 @@ class TriForceState:
             self.retrieval.build(self.cache, self.aligned, plan.captured, T)
         if self.draft is not None:
             self.draft.prefill(self.prompt)
-        self.cur = int(logits[0, -1].argmax())
+        if self.sampling is None:
+            self.cur = int(logits[0, -1].argmax())
+        else:
+            self.cur = int(self.sampling.select(logits[0, -1], self.generator, self.hist))
         self.hist.append(self.cur)
         return self.cur
 
     def _middle(self, v: list[int], valid: int, drafts: list[int]) -> list[int]:
         """One middle-level forward over v's tokens without middle KV yet plus the drafts; returns the argmax
-        after v's last token and after each draft (the KV of all fed tokens goes to the middle scratch)."""
+        after v's last token and after each draft (the KV of all fed tokens goes to the middle scratch); when
+        sampling, those logits rows ([len(drafts) + 1, V]) instead."""
         if self.retrieval is not None:
             kv, base = self.retrieval.kv, self.retrieval.budget
         else:
@@ -239,10 +240,12 @@ class TriForceState:
         out = self.engine.forward(kv, feed, self.N + valid + idx, base + valid + idx,
                                   AttentionPlan(prefix=base + valid), logits=rows)
         self.stats["middle_forwards"] += 1
-        return out[0].argmax(-1).tolist()
+        return out[0] if self.sampling is not None else out[0].argmax(-1).tolist()
 
     def step(self, remaining: int, eos_ids) -> tuple[list[int], int]:
         """One round: the middle level proposes, the full cache verifies. Returns (committed tokens, accepted)."""
+        if self.sampling is not None:
+            return self._sampled_step(remaining, eos_ids)
         cfg, N = self.cfg, self.N
         v, valid = [self.cur], 0  # v[i] at position N + i; middle KV exists for v[:valid]
         want = min(cfg.gamma2, remaining - 1)
@@ -274,6 +277,75 @@ class TriForceState:
         self.stats["proposed"] += len(v) - 1
         self.stats["accepted"] += a
         return v[1 : 1 + a] + [y[a]], a
+
+    def _hist(self, extra: list[int]) -> list[int] | None:
+        """The token history before a predicted token (only built when the repetition penalty reads it)."""
+        return self.hist[: self.N] + extra if self.sampling.uses_history else None
+
+    def _sampled_step(self, remaining: int, eos_ids) -> tuple[list[int], int]:
+        """One round with sampling (temperature > 0): standard speculative sampling at both levels.
+
+        * Middle level (the retrieval cache, distribution p_m after the sampling warpers): each draft token d_j,
+          drawn from the draft's q_j, is accepted with probability min(1, p_m/q_j); on rejection the token is drawn
+          from the residual norm(max(0, p_m - q_j)) and the round of drafts ends; after all drafts are accepted a
+          token is drawn from p_m. Hence every token the middle level emits is distributed as p_m(. | prefix)
+          (the standard argument), and its proposal distribution for the final level is that p_m row (the
+          residual-corrected law), NOT the draft's q (the issue reports the official code as not exact here;
+          we did not re-check it).
+        * Final level (the full cache, the target p): the same rule with q = the middle rows p_m; the first
+          rejection draws from norm(max(0, p - p_m)); a full accept draws the bonus token from p. Exact: the
+          proposal sequence is the autoregressive chain of p_m, drawn before the final level's uniforms.
+        Without a draft model the middle level samples autoregressively from p_m (q = p_m, as above)."""
+        cfg, N, s, g = self.cfg, self.N, self.sampling, self.generator
+        v, valid, qs = [self.cur], 0, []  # qs[i]: the proposal distribution v[i + 1] was drawn from
+        want = min(cfg.gamma2, remaining - 1)
+        while len(v) - 1 < want and not any(t in eos_ids for t in v[1:]):
+            drafts, dq = [], []
+            if self.draft is not None:
+                def pick(logits, out, v=v, dq=dq):  # called inside propose, this round
+                    q = s.probs(logits, self._hist(v + out))
+                    dq.append(q)
+                    return torch.multinomial(q, 1, generator=g)
+
+                d = self.draft.D
+                drafts = self.draft.propose(self.hist[d:N] + v, d, cfg.gamma1, pick)
+            rows = self._middle(v, valid, drafts)
+            j, tok = 0, None
+            while j < len(drafts):
+                pm = s.probs(rows[j], self._hist(v + drafts[:j]))
+                tok, ok = s.speculative_accept(pm, dq[j], drafts[j], g)
+                qs.append(pm)
+                if not ok:
+                    break
+                j, tok = j + 1, None
+            if tok is None:  # every draft accepted (or none): draw from p_m after them
+                pm = s.probs(rows[j], self._hist(v + drafts[:j]))
+                tok = int(torch.multinomial(pm, 1, generator=g))
+                qs.append(pm)
+            self.stats["drafted"] += len(drafts)
+            self.stats["draft_accepted"] += j
+            valid = len(v) + j
+            v += drafts[:j] + [tok]
+        dev = self.engine.device
+        idx = torch.arange(len(v), device=dev)
+        plan = causal_plan(N)
+        self.stats["rounds"] += 1
+        if self.retrieval is not None and cfg.rebuild_every and self.stats["rounds"] % cfg.rebuild_every == 0:
+            plan.capture_rows = idx
+        out = self.engine.forward(self.cache, v, N + idx, N + idx, plan, logits="all")[0]
+        self.captured = plan.captured
+        a, tok = 0, None
+        while a < len(v) - 1:
+            p = s.probs(out[a], self._hist(v[: a + 1]))
+            tok, ok = s.speculative_accept(p, qs[a], v[a + 1], g)
+            if not ok:
+                break
+            a, tok = a + 1, None
+        if tok is None:
+            tok = int(torch.multinomial(s.probs(out[a], self._hist(v[: a + 1])), 1, generator=g))
+        self.stats["proposed"] += len(v) - 1
+        self.stats["accepted"] += a
+        return v[1 : 1 + a] + [tok], a
 
     def commit(self, new: list[int], accepted: int) -> None:
         """The KV of [current | accepted] is at slots N..N+accepted; update C_r (and maybe rebuild) and the draft."""

@@ -167,9 +167,10 @@ class StreamingDraft:
             k += 1
         return k
 
-    def propose(self, tokens: list[int], start: int, n: int) -> list[int]:
-        """Greedily draft ``n`` tokens after the sequence whose token at position ``start + i`` is ``tokens[i]``
-        (``start <= D``); KV already in scratch for a matching prefix is reused."""
+    def propose(self, tokens: list[int], start: int, n: int, pick=None) -> list[int]:
+        """Draft ``n`` tokens after the sequence whose token at position ``start + i`` is ``tokens[i]``
+        (``start <= D``); KV already in scratch for a matching prefix is reused. Greedy unless ``pick``
+        (``pick(logits_row [V], drafted_so_far) -> token``: the sampled path, which records its q rows)."""
         end = start + len(tokens)
         del self.spec[self._common(tokens, start, end - 1 - self.D) :]  # keep >= 1 token to feed
         feed, out = tokens[self.D + len(self.spec) - start :], []
@@ -177,7 +178,7 @@ class StreamingDraft:
             logits = self._forward(feed, self.D + len(self.spec), logits="last")
             self.forwards += 1
             self.spec += feed
-            feed = [int(logits[0, -1].argmax())]
+            feed = [int(logits[0, -1].argmax()) if pick is None else int(pick(logits[0, -1], out))]
             out.append(feed[0])
         return out
 

@@ -21,13 +21,14 @@ class VanillaDecoder(Decoder):
         n = len(prompt_ids)
         cache = engine.cache(n + max_new_tokens)
         logits = engine.prefill(cache, prompt_ids)
-        token = int(sampling.select(logits[0, -1], generator))
+        token = int(sampling.select(logits[0, -1], generator, list(prompt_ids) if sampling.uses_history else None))
         clock.mark("prefill")
         tokens = [token]
         while len(tokens) < max_new_tokens and token not in eos_ids:
             pos = n + len(tokens) - 1  # the last token's KV goes to the slot equal to its position
             logits = engine.forward(cache, [token], [pos], [pos], causal_plan(pos), logits="last")
-            token = int(sampling.select(logits[0, -1], generator))
+            token = int(sampling.select(logits[0, -1], generator,
+                                          list(prompt_ids) + tokens if sampling.uses_history else None))
             tokens.append(token)
         n_forwards = len(tokens) - 1
         return Generation(tokens, [1] * n_forwards, n_forwards)

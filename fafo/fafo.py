@@ -10,6 +10,10 @@ Each step runs ONE forward over ``[current token | m candidates x k | n streams 
   verified against the full cache; the longest argmax-matching prefix plus the bonus token is committed (Alg. 4),
   and the KV already computed for those tokens is kept (no recompute).
 
+Sampling (temperature > 0): the streams stay greedy (they are only guesses) and the candidates are verified with
+the deterministic-guess rule of ``Sampling.verify_guesses`` (Lookahead's sampling verification), exact in
+distribution (the argument is in ``fafo/sampling.py``); see ``FAFOState._sampled_step``.
+
 ``fused=False`` is FAFO-2forward (the paper's Table 1 ablation): the same streams, pool and candidates, but the
 fumble part and the verification part run as two forwards. Its outputs, tau and pool are identical to FAFO's.
 
@@ -111,16 +115,10 @@ class FAFODecoder(Decoder):
     def extra_slots(self, max_new_tokens: int) -> int:
         return 1 + self.n_candidates * self.k
 
-    def check_sampling(self, sampling: Sampling) -> None:
-        if not sampling.greedy:
-            raise ConfigError("method fafo verifies greedily; use sampling=greedy until sampling verification lands")
-
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         clock = clock or NullClock()
-        if sampling is not None:
-            self.check_sampling(sampling)
-        state = FAFOState(self, engine, prompt_ids, max_new_tokens)
+        state = FAFOState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
         cur = state.prefill()
         clock.mark("prefill")
         tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
@@ -139,8 +137,11 @@ class FAFODecoder(Decoder):
 class FAFOState:
     """Everything one FAFO generation owns: the fixed-region layout, streams, discard buffers, pool, static masks."""
 
-    def __init__(self, cfg: FAFODecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int):
+    def __init__(self, cfg: FAFODecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
+                 sampling: Sampling | None = None, generator: torch.Generator | None = None):
         self.cfg, self.engine = cfg, engine
+        self.sampling = sampling if sampling is not None and not sampling.greedy else None  # None: greedy
+        self.generator = generator
         self.n, self.k, self.m = cfg.n, cfg.k, cfg.n_candidates
         self.prompt = list(prompt_ids)
         self.history = list(prompt_ids)
@@ -197,7 +198,10 @@ class FAFOState:
         plan.capture_rows = self.cfg.compress.prefill_query_rows(T)
         logits = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan, logits="last")
         self.layout.prefill(T, plan.captured or None)
-        self.cur = int(logits[0, -1].argmax())
+        if self.sampling is None:
+            self.cur = int(logits[0, -1].argmax())
+        else:
+            self.cur = int(self.sampling.select(logits[0, -1], self.generator, self.history))
         self.history.append(self.cur)
         return self.cur
 
@@ -245,6 +249,8 @@ class FAFOState:
         """One FAFO step: returns the committed tokens (accepted + bonus) and the scratch rows holding their KV
         (the current token's and the accepted candidate tokens')."""
         cands, n_real = self.candidates()
+        if self.sampling is not None:
+            return self._sampled_step(cands, n_real)
         preds = self.forward_logits(cands).argmax(-1).cpu()  # the one host sync of the step
         v, new_stream = preds[: self.v_len], preds[self.v_len :]
         best_len, best = 0, 0
@@ -257,6 +263,24 @@ class FAFOState:
         new = cands[best, :best_len].tolist() + [bonus]
         kv_rows = torch.cat([torch.zeros(1, dtype=torch.long), 1 + best * self.k + torch.arange(best_len)])
         self._advance_streams(new_stream)
+        return new, kv_rows
+
+    def _sampled_step(self, cands: torch.Tensor, n_real: int) -> tuple[list[int], torch.Tensor]:
+        """Sampling (temperature > 0): the streams stay greedy (argmax over C(kv): they are only guesses); the
+        candidates are verified with the deterministic-guess rule (``Sampling.verify_guesses``, Lookahead's
+        sampling verification): exact in distribution because the candidates are fixed before the step's
+        random draws (the argument is in ``fafo/sampling.py``). KV kept: the current token's and the accepted
+        candidate tokens' (every emitted token but the last)."""
+        logits = self.forward_logits(cands)
+        self._advance_streams(logits[self.v_len :].argmax(-1).cpu())
+        v, k = logits[: self.v_len], self.k
+
+        def logits_at(g, d):
+            return v[0] if d == 0 else v[1 + g * k + d - 1]
+
+        new, best = self.sampling.verify_guesses(cands[:n_real].tolist(), logits_at, k + 1, self.generator,
+                                                 self.history)
+        kv_rows = torch.cat([torch.zeros(1, dtype=torch.long), 1 + best * k + torch.arange(len(new) - 1)])
         return new, kv_rows
 
     def _advance_streams(self, new_tokens: torch.Tensor) -> None:

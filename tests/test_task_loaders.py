@@ -181,7 +181,8 @@ def test_humaneval_gz_raw_prefix_with_input_cap(tmp_path, tok):
     assert HumanEvalTask(data_path=str(tmp_path)).max_input_tokens == 1024  # the default cap; dir form
     eagle = HumanEvalTask(data_path=str(path), chat=True)
     s = eagle.samples()[0]
-    assert eagle.prompt_ids(tok, s, 0, []) == ids_of(tok, chat("Complete the code I provided.\n\n" + HE_ROWS[0]["prompt"]))
+    want = chat("Complete the code I provided.\n\n" + HE_ROWS[0]["prompt"])
+    assert eagle.prompt_ids(tok, s, 0, []) == ids_of(tok, want)
 
 
 # ---------------------------------------------------------------- LongBench
@@ -195,7 +196,8 @@ LB_CONTEXT = {
     "lcc": "import os\n\ndef list_files(path):\n    for name in sorted(os.listdir(path)):\n",
 }
 LB_INPUT = {"narrativeqa": "Who found the letter?", "qasper": "What is improved?",
-            "2wikimqa": "In which country was Alice born?", "multi_news": "", "trec": "Question: Where is Rome ?\nType:",
+            "2wikimqa": "In which country was Alice born?", "multi_news": "",
+            "trec": "Question: Where is Rome ?\nType:",
             "lcc": ""}
 # LongBench/config/dataset2prompt.json with the fixture values filled in (golden strings, written out in full).
 LB_GOLDEN = {
@@ -378,7 +380,8 @@ def test_scbench_templates(scbench_dir, tok, subset):
 
 
 LLAMA2_STYLE_TEMPLATE = (
-    "{% if messages[0]['role'] == 'system' %}{% set msgs = messages[1:] %}{% else %}{% set msgs = messages %}{% endif %}"
+    "{% if messages[0]['role'] == 'system' %}{% set msgs = messages[1:] %}"
+    "{% else %}{% set msgs = messages %}{% endif %}"
     "{% for m in msgs %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
     "{% if m['role'] == 'user' %}{{ bos_token + '[INST] ' + m['content'] + ' [/INST]' }}"

@@ -56,6 +56,10 @@ class Runner:
         self.names = {"model": cfg.model.name, "task": cfg.task.name,
                       "method": label.format(compress=compress.label) if compress is not None else label}
         self.ckpt = resolve_model(cfg.model)
+        if self.sampling.from_generation_config:  # sampling=model_default: only now is the checkpoint known
+            self.sampling = self.sampling.resolve(self.ckpt.path)
+            self.method.check_sampling(self.sampling)
+            self.reference.check_sampling(self.sampling)
         # again with the tokenizer: drops samples too short for the task (e.g. PG-19 books under the prefix length)
         self.samples = self.task.samples(self.ckpt.tokenizer)[: self.bench.max_samples or None]
         self.method.check_target(self.ckpt.config, self.ckpt.tokenizer)

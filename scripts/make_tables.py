@@ -1,0 +1,500 @@
+"""Paper tables from a results tree: our numbers beside the published ones, in the paper's layout.
+
+    python scripts/make_tables.py results/runs/table2 --table table2
+    python scripts/make_tables.py results/runs/table11                # --table read from the runs' config.yaml
+    python scripts/make_tables.py results/runs/table1 results/runs/table2 --table table1 --out tables/
+
+Reads every run directory under the given roots (``summary.json`` + ``config.yaml``; a run that has rows in
+``samples.csv`` but no ``summary.json`` yet, e.g. killed or still running, is summarised from its rows and marked
+partial) and the published numbers in ``results/paper/<table>.csv``. Rows are (model, method), columns are tasks
+or, for ablations, the values of the table's axis (``k``, ``n``, ``budget``, ``guesses``...). Each column shows
+ours, the paper's and ours minus the paper's, as ``speedup x (tau)``; each row ends with our peak memory
+(max over its runs, the paper's where it has one) and our exact-match rate (over all its (sample, turn)s).
+Cells without a run (a partial sweep) print as "—". Writes ``<table>.csv`` (long form: one line per cell, every
+number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and prints the Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER_DIR = REPO / "results" / "paper"
+SKIP_DIRS = {"_reference", ".submitit", "wandb", ".hydra", "tables", "plots"}
+DASH = "—"
+
+
+# ------------------------------------------------------------------ axes: where a run's ablation value lives
+def _get(cfg: dict, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _budget(cfg):
+    sink, local = _get(cfg, "method.compress.sink"), _get(cfg, "method.compress.local")
+    return None if sink is None or local is None else sink + local
+
+
+def _guesses(cfg):
+    if _get(cfg, "guesses") is not None:
+        return _get(cfg, "guesses")
+    return _get(cfg, "method.n") if _get(cfg, "method.n") is not None else _get(cfg, "method.guess_set")
+
+
+def _gen_len(cfg):
+    return _get(cfg, "bench.max_new_tokens") or _get(cfg, "task.max_new_tokens")
+
+
+AXES = {  # axis name (results/paper/*.csv `axis`) -> its value in a run's resolved config.yaml
+    "k": lambda c: _get(c, "method.k"),
+    "n": lambda c: _get(c, "method.n"),
+    "budget": _budget,  # Init+Local tokens
+    "guesses": _guesses,
+    "input_tokens": lambda c: _get(c, "task.input_tokens"),
+    "prefix_tokens": lambda c: _get(c, "task.prefix_tokens"),
+    "context": lambda c: _get(c, "task.prefix_tokens") or _get(c, "task.input_tokens"),
+    "temperature": lambda c: _get(c, "sampling.temperature"),
+    "gen_len": _gen_len,
+    "gamma1": lambda c: _get(c, "method.gamma1"),
+    "gamma2": lambda c: _get(c, "method.gamma2"),
+}
+AXIS_LABELS = {"k": "k (tokens per guess stream)", "n": "n (guess streams)", "budget": "Init+Local tokens",
+               "guesses": "number of n-gram guesses", "input_tokens": "input length (tokens)",
+               "prefix_tokens": "prefix length (tokens)", "context": "context length (tokens)",
+               "temperature": "temperature", "gen_len": "output length (tokens)", "gamma1": "gamma1",
+               "gamma2": "gamma2"}
+TABLE_AXES = {"figure1": ["guesses"]}  # tables without a CSV (no published numbers)
+TITLES = {
+    "table1": "Table 1: Llama-2-7b-chat on MT-Bench: peak memory, speedup and tau",
+    "table2": "Table 2: speedup and tau on MT-Bench, GSM8K and HumanEval-C",
+    "table3": "Table 3: speedup and tau on LongBench (Llama-3.1-8B-Instruct)",
+    "table4": "Table 4: speedup and tau with sampling (T > 0)",
+    "table5": "Table 5: speedup and tau on AIME24",
+    "table6": "Table 6: speedup and tau on Multi-IF",
+    "table7": "Table 7: speedup and tau on SCBench (Llama-3.1-8B-Instruct)",
+    "table8": "Table 8: FAFO-SnapKV on Llama-3-8B-Instruct",
+    "table9": "Table 9: TriForce's NarrativeQA with Yarn-Llama-2-7b-128k, by input length",
+    "table10": "Table 10: PG-19 with Yarn-Llama-2-7b-128k, by prefix length",
+    "table11": "Table 11: FAFO-Stream vs k (Llama-2-7b-chat, MT-Bench)",
+    "table12": "Table 12: FAFO vs n, the number of guess streams (Llama-2-7b-chat)",
+    "table13": "Table 13: FAFO-Stream vs the Init+Local budget (Llama-2-7b-chat, Multi-IF)",
+    "figure1": "Figure 1: FAFO vs Lookahead, speedup and tau vs number of guesses",
+    "triforce_table2": "TriForce Table 2: A100 on-chip, Llama2-7B-128K, PG-19 122K, by temperature",
+    "triforce_table7": "TriForce Table 7: speedup by output length",
+    "triforce_table8": "TriForce Table 8: gamma1 / gamma2 ablation",
+    "quantspec_table3": "QuantSpec Table 3: acceptance, peak memory and speedup",
+    "longspec_table1": "LongSpec Table 1: tau, tokens/s and speedup at T = 0",
+}
+
+
+def norm_value(v) -> str:
+    """One spelling per axis value, so 3072, 3072.0 and "3072" match (and 0.6 stays 0.6)."""
+    if v is None or v == "":
+        return ""
+    try:
+        return format(float(v), "g")
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _num(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+# ------------------------------------------------------------------ reading
+@dataclass
+class Run:
+    rel: str                  # run directory relative to its root
+    summary: dict
+    config: dict
+    complete: bool            # summary.json written (False: summarised from samples.csv)
+    order: tuple = ()
+
+    @property
+    def weight(self) -> int:
+        return int(self.summary.get("n_turns") or self.summary.get("n_samples") or 0)
+
+
+@dataclass
+class Collected:
+    runs: list[Run] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (run dir, first line of error.txt)
+
+
+def _load_yaml(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    except Exception:  # noqa: BLE001 - a damaged config.yaml only loses the axis value
+        return {}
+
+
+def _summary_from_samples(path: Path) -> dict | None:
+    sys.path.insert(0, str(REPO))
+    from fafo.bench.metrics import summarize
+
+    with open(path, newline="") as f:
+        text = f.read()
+    lines = text.splitlines(keepends=True)
+    if text and not text.endswith("\n"):
+        lines = lines[:-1]  # a half-written last line of a killed run
+    rows = [r for r in csv.DictReader(lines) if r.get("status")]
+    if not rows:
+        return None
+    return {**{k: rows[0].get(k) for k in ("model", "method", "task")}, **summarize(rows)}
+
+
+def collect(roots: list[str | Path]) -> Collected:
+    """Every run under ``roots``: finished ones (summary.json), partial ones (samples.csv only), failed ones."""
+    out = Collected()
+    for i, root in enumerate(map(Path, roots)):
+        if not root.exists():
+            raise SystemExit(f"error: results directory {root} does not exist")
+        dirs = set()
+        for name in ("summary.json", "samples.csv", "error.txt"):
+            dirs.update(p.parent for p in root.rglob(name) if not SKIP_DIRS & set(p.relative_to(root).parts))
+        for d in sorted(dirs):
+            rel = d.relative_to(root).as_posix()
+            rel = rel if len(roots) == 1 else f"{root.as_posix()}/{rel}"
+            config = _load_yaml(d / "config.yaml")
+            summary, complete = None, True
+            if (d / "summary.json").exists():
+                try:
+                    summary = json.loads((d / "summary.json").read_text())
+                except json.JSONDecodeError:
+                    summary = None
+            if summary is None and (d / "samples.csv").exists():
+                summary, complete = _summary_from_samples(d / "samples.csv"), False
+            if summary is None:
+                if (d / "error.txt").exists():
+                    out.failed.append((rel, (d / "error.txt").read_text().strip().splitlines()[0]))
+                continue
+            out.runs.append(Run(rel, summary, config, complete, (i, rel)))
+    return out
+
+
+def load_paper(table: str, paper_dir: str | Path = PAPER_DIR) -> list[dict]:
+    path = Path(paper_dir) / f"{table}.csv"
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def paper_tables(paper_dir: str | Path = PAPER_DIR) -> list[str]:
+    return sorted(p.stem for p in Path(paper_dir).glob("*.csv"))
+
+
+def infer_table(runs: list[Run]) -> str:
+    found = sorted({str(_get(r.config, "paper.table")) for r in runs if _get(r.config, "paper.table")})
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise SystemExit("error: the runs' config.yaml name no paper table (they were not run from an "
+                         "experiment=tableN preset); pass --table, e.g. --table table2")
+    raise SystemExit(f"error: these runs come from several tables ({', '.join(found)}); pass --table")
+
+
+# ------------------------------------------------------------------ the table model
+@dataclass
+class Cell:
+    ours: Run | None = None
+    paper: dict | None = None
+    duplicates: int = 0
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    axes: list[str]
+    rows: list[tuple[str, str]]                      # (model, method)
+    cols: list[tuple[str, str, str]]                 # (task, axis, value)
+    cells: dict[tuple, Cell]
+    row_names: dict[tuple, tuple[str, str]]          # (model, method) -> printed names
+    col_names: dict[tuple, str]
+    failed: list[tuple[str, str]]
+    has_paper_peak: bool
+
+    def cell(self, row, col) -> Cell:
+        return self.cells.get((row, col)) or Cell()
+
+
+def _run_cols(run: Run, axes: list[str]) -> list[tuple[str, str, str]]:
+    task = str(run.summary.get("task", ""))
+    if not axes:
+        return [(task, "", "")]
+    cols = []
+    for axis in axes:
+        value = norm_value(AXES[axis](run.config)) if axis in AXES else ""
+        if value:
+            cols.append((task, axis, value))
+    return cols
+
+
+def _sort_key(col):
+    task, axis, value = col
+    x = _num(value)
+    return (task, axis, x if x is not None else math.inf, value)
+
+
+def build_table(name: str, collected: Collected, paper: list[dict], only_paper_rows: bool = False) -> Table:
+    axes = list(dict.fromkeys(p["axis"] for p in paper if p.get("axis"))) or TABLE_AXES.get(name, [])
+    rows, cols, cells, row_names, col_names = [], [], {}, {}, {}
+    for p in paper:
+        row = (p["model"], p["method"])
+        col = (p["task"], p.get("axis", ""), norm_value(p.get("value")))
+        if row not in row_names:
+            rows.append(row)
+            row_names[row] = (p.get("paper_model") or p["model"], p.get("paper_method") or p["method"])
+        if col not in col_names:
+            cols.append(col)
+            col_names[col] = p.get("paper_task") or p["task"]
+        cells.setdefault((row, col), Cell()).paper = p
+    extra_rows, extra_cols = [], []
+    for run in sorted(collected.runs, key=lambda r: r.order):
+        row = (str(run.summary.get("model", "?")), str(run.summary.get("method", "?")))
+        if only_paper_rows and row not in row_names:
+            continue
+        if row not in row_names:
+            extra_rows.append(row)
+            row_names[row] = row
+        for col in _run_cols(run, axes):
+            if col not in col_names:
+                extra_cols.append(col)
+                col_names[col] = col[0]
+            cell = cells.setdefault((row, col), Cell())
+            if cell.ours is None:
+                cell.ours = run
+                continue
+            cell.duplicates += 1  # keep the most complete run: finished, most (sample, turn)s, then the path
+            if (run.complete, run.weight, run.rel) > (cell.ours.complete, cell.ours.weight, cell.ours.rel):
+                cell.ours = run
+    rows += sorted(extra_rows)
+    cols += sorted(extra_cols, key=_sort_key)
+    tasks = {c[0] for c in cols}
+    for col in cols:  # ablation columns are named by their axis value (and task, when several)
+        _, axis, value = col
+        if axis:
+            label = f"{axis}={value}"
+            col_names[col] = f"{col_names[col]} {label}" if len(tasks) > 1 else label
+    title = TITLES.get(name, name)
+    has_peak = any(_num(p.get("peak_mem_mb")) is not None for p in paper)
+    return Table(name, title, axes, rows, cols, cells, row_names, col_names, collected.failed, has_peak)
+
+
+# ------------------------------------------------------------------ formatting
+def fmt_pair(speedup, tau) -> str:
+    s, t = _num(speedup), _num(tau)
+    if s is None and t is None:
+        return DASH
+    return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{DASH} ({t:.2f})"
+
+
+def fmt_diff(ours: tuple, paper: tuple) -> str:
+    ds = [None if _num(a) is None or _num(b) is None else _num(a) - _num(b) for a, b in zip(ours, paper)]
+    if ds[0] is None and ds[1] is None:
+        return DASH
+    part = [DASH if d is None else f"{d:+.2f}" for d in ds]
+    return f"{part[0]} ({part[1]})"
+
+
+def _ours(run: Run | None) -> tuple:
+    return (None, None) if run is None else (run.summary.get("speedup"), run.summary.get("tau"))
+
+
+def _theirs(p: dict | None) -> tuple:
+    return (None, None) if p is None else (p.get("speedup"), p.get("tau"))
+
+
+def row_stats(table: Table, row) -> tuple[float | None, float | None, float | None]:
+    """(our peak MB = max over the row's runs, the paper's peak MB, our exact-match rate over the row's turns)."""
+    runs = [table.cell(row, c).ours for c in table.cols if table.cell(row, c).ours is not None]
+    peaks = [_num(r.summary.get("peak_mem_mb")) for r in runs]
+    peak = max((p for p in peaks if p is not None), default=None)
+    papers = [_num((table.cell(row, c).paper or {}).get("peak_mem_mb")) for c in table.cols]
+    paper_peak = max((p for p in papers if p is not None), default=None)
+    rated = [(r.weight, _num(r.summary.get("exact_match_rate"))) for r in runs]
+    rated = [(w, x) for w, x in rated if x is not None and w > 0]
+    exact = sum(w * x for w, x in rated) / sum(w for w, _ in rated) if rated else None
+    return peak, paper_peak, exact
+
+
+def _fmt_num(x, spec) -> str:
+    return DASH if x is None else format(x, spec)
+
+
+def header(table: Table) -> list[str]:
+    head = ["Model", "Method"]
+    for col in table.cols:
+        name = table.col_names[col]
+        head += [f"{name} ours", f"{name} paper", f"{name} Δ"]
+    head += ["Peak MB"] + (["Peak MB paper"] if table.has_paper_peak else []) + ["Exact"]
+    return head
+
+
+def body(table: Table) -> list[list[str]]:
+    lines, last_model = [], None
+    for row in table.rows:
+        model, method = table.row_names[row]
+        line = [model if model != last_model else "", method]
+        last_model = model
+        for col in table.cols:
+            cell = table.cell(row, col)
+            ours = fmt_pair(*_ours(cell.ours))
+            if cell.ours is not None and not cell.ours.complete and ours != DASH:
+                ours += "*"
+            line += [ours, fmt_pair(*_theirs(cell.paper)), fmt_diff(_ours(cell.ours), _theirs(cell.paper))]
+        peak, paper_peak, exact = row_stats(table, row)
+        line += [_fmt_num(peak, ".0f")] + ([_fmt_num(paper_peak, ".0f")] if table.has_paper_peak else [])
+        line += [_fmt_num(exact, ".3f")]
+        lines.append(line)
+    return lines
+
+
+def footnotes(table: Table) -> list[str]:
+    notes = []
+    published = [c for c in table.cells.values() if c.paper is not None]
+    n_numbers = sum(1 for c in published if any(_num(x) is not None for x in _theirs(c.paper)))
+    n_both = sum(1 for c in published if c.ours is not None)
+    notes.append(f"{n_both} of {len(published)} published cells have a run ({n_numbers} of them have published "
+                 "numbers); ours = this harness, paper = results/paper, Δ = ours - paper (speedup, tau).")
+    partial = sorted(c.ours.rel for c in table.cells.values() if c.ours is not None and not c.ours.complete)
+    if partial:
+        notes.append("* partial run (no summary.json yet; summarised from samples.csv): " + ", ".join(partial))
+    dup = sum(c.duplicates for c in table.cells.values())
+    if dup:
+        notes.append(f"{dup} cell(s) had more than one run; the most complete one is shown (see the CSV run_dir).")
+    for rel, msg in table.failed:
+        notes.append(f"failed: {rel}: {msg}")
+    return notes
+
+
+def to_markdown(table: Table) -> str:
+    head = header(table)
+    out = [f"### {table.title}", "", "| " + " | ".join(head) + " |",
+           "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
+    out += ["| " + " | ".join(line) + " |" for line in body(table)]
+    out += [""] + [f"- {n}" for n in footnotes(table)]
+    return "\n".join(out) + "\n"
+
+
+def _tex(s: str) -> str:
+    s = s.replace("\\", r"\textbackslash{}")
+    for a, b in (("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$")):
+        s = s.replace(a, b)
+    return s.replace("×", r"$\times$").replace("Δ", r"$\Delta$").replace(DASH, "--").replace("*", r"$^*$")
+
+
+def to_latex(table: Table) -> str:
+    n_tail = 2 + table.has_paper_peak
+    spec = "ll" + "rrr" * len(table.cols) + "r" * n_tail
+    top = ["", ""] + [rf"\multicolumn{{3}}{{c}}{{{_tex(table.col_names[c])}}}" for c in table.cols]
+    top += [""] * n_tail
+    rules = " ".join(rf"\cmidrule(lr){{{3 + 3 * i}-{5 + 3 * i}}}" for i in range(len(table.cols)))
+    sub = ["Model", "Method"] + ["ours", "paper", r"$\Delta$"] * len(table.cols)
+    sub += ["Peak MB"] + (["Peak MB (paper)"] if table.has_paper_peak else []) + ["Exact"]
+    out = [f"% {table.title} (scripts/make_tables.py)", r"\begin{tabular}{" + spec + "}", r"\toprule",
+           " & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\", r"\midrule"]
+    for i, line in enumerate(body(table)):
+        if i and line[0]:
+            out.append(r"\midrule")
+        out.append(" & ".join(_tex(x) for x in line) + r" \\")
+    out += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(out) + "\n"
+
+
+LONG_COLUMNS = ["table", "model", "method", "paper_model", "paper_method", "column", "task", "axis", "value",
+                "speedup", "tau", "paper_speedup", "paper_tau", "d_speedup", "d_tau", "peak_mem_mb",
+                "paper_peak_mem_mb", "exact_match_rate", "n_samples", "n_turns", "status", "run_dir", "paper_note"]
+
+
+def long_rows(table: Table) -> list[dict]:
+    out = []
+    for row in table.rows:
+        for col in table.cols:
+            cell = table.cell(row, col)
+            if cell.ours is None and cell.paper is None:
+                continue
+            s = cell.ours.summary if cell.ours is not None else {}
+            p = cell.paper or {}
+            ours, theirs = _ours(cell.ours), _theirs(cell.paper)
+            diff = [None if _num(a) is None or _num(b) is None else _num(a) - _num(b) for a, b in zip(ours, theirs)]
+            status = "missing" if cell.ours is None else "ok" if cell.ours.complete else "partial"
+            out.append({
+                "table": table.name, "model": row[0], "method": row[1], "paper_model": table.row_names[row][0],
+                "paper_method": table.row_names[row][1], "column": table.col_names[col], "task": col[0],
+                "axis": col[1], "value": col[2], "speedup": _r(s.get("speedup")), "tau": _r(s.get("tau")),
+                "paper_speedup": p.get("speedup", ""), "paper_tau": p.get("tau", ""), "d_speedup": _r(diff[0]),
+                "d_tau": _r(diff[1]), "peak_mem_mb": _r(s.get("peak_mem_mb"), 1),
+                "paper_peak_mem_mb": p.get("peak_mem_mb", ""), "exact_match_rate": _r(s.get("exact_match_rate")),
+                "n_samples": s.get("n_samples", ""), "n_turns": s.get("n_turns", ""), "status": status,
+                "run_dir": cell.ours.rel if cell.ours is not None else "", "paper_note": p.get("note", ""),
+            })
+    return out
+
+
+def _r(x, digits: int = 4):
+    x = _num(x)
+    return "" if x is None else round(x, digits)
+
+
+def write_outputs(table: Table, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out / f"{table.name}.{ext}" for ext in ("csv", "md", "tex")}
+    with open(paths["csv"], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=LONG_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(long_rows(table))
+    paths["md"].write_text(to_markdown(table))
+    paths["tex"].write_text(to_latex(table))
+    return paths
+
+
+def make_table(roots, table: str | None = None, paper_dir=PAPER_DIR, only_paper_rows: bool = False) -> Table:
+    collected = collect(roots)
+    table = table or infer_table(collected.runs)
+    paper = load_paper(table, paper_dir)
+    if not paper and table not in TABLE_AXES and table not in TITLES:
+        known = ", ".join(paper_tables(paper_dir))
+        raise SystemExit(f"error: no published numbers for --table {table} in {paper_dir}; one of: {known}")
+    return build_table(table, collected, paper, only_paper_rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("roots", nargs="+", help="results directories (e.g. results/runs/table2)")
+    ap.add_argument("--table", help="paper table: table1..table13, figure1, triforce_table2, ... "
+                                    "(default: from the runs' config.yaml)")
+    ap.add_argument("--paper", default=str(PAPER_DIR), help="directory of published numbers (results/paper)")
+    ap.add_argument("--out", help="output directory (default: <first root>/tables)")
+    ap.add_argument("--only-paper-rows", action="store_true", help="drop (model, method) rows the paper lacks")
+    args = ap.parse_args(argv)
+    table = make_table(args.roots, args.table, args.paper, args.only_paper_rows)
+    paths = write_outputs(table, args.out or Path(args.roots[0]) / "tables")
+    print(to_markdown(table))
+    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Ablation curves: speedup and tau against the table's axis, one line per (model,) method, paper values as markers.
+
+    python scripts/plot.py results/runs/table11 --table table11        # k
+    python scripts/plot.py results/runs/table12                        # n (--table from the runs' config.yaml)
+    python scripts/plot.py results/runs/figure1 --table figure1        # number of guesses, FAFO vs Lookahead
+
+Axes: k (Table 11), n (Table 12), Init+Local budget (Table 13), input / prefix length (Tables 9-10), number of
+guesses (Figure 1), and the TriForce tables' temperature / output length / gamma. Our runs are solid lines with
+filled markers; the published values (results/paper/<table>.csv) are hollow markers of the same colour, where the
+paper has them. Writes ``<table>.png`` and ``<table>.pdf`` to ``--out`` (default ``<first root>/plots``) and logs
+the figure and its points to Weights & Biases (``--wandb-mode``, default $WANDB_MODE or offline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_tables as mt
+
+METRICS = [("speedup", "speedup over vanilla (×)"), ("tau", "τ (tokens per target forward)")]
+
+
+def series(table: mt.Table, axis: str) -> list[dict]:
+    """One entry per (model, method) row: its label and the (x, y) points of ours and of the paper, per metric."""
+    models = {row[0] for row in table.rows}
+    out = []
+    for row in table.rows:
+        model, method = table.row_names[row]
+        label = method if len(models) == 1 else f"{model} / {method}"
+        entry = {"row": row, "label": label}
+        for metric, _ in METRICS:
+            ours, paper = [], []
+            for col in table.cols:
+                _, col_axis, value = col
+                x = mt._num(value)
+                if col_axis != axis or x is None:
+                    continue
+                cell = table.cell(row, col)
+                if cell.ours is not None and mt._num(cell.ours.summary.get(metric)) is not None:
+                    ours.append((x, mt._num(cell.ours.summary.get(metric))))
+                if cell.paper is not None and mt._num(cell.paper.get(metric)) is not None:
+                    paper.append((x, mt._num(cell.paper.get(metric))))
+            entry[metric] = sorted(ours)
+            entry[f"paper_{metric}"] = sorted(paper)
+        if any(entry[m] or entry[f"paper_{m}"] for m, _ in METRICS):
+            out.append(entry)
+    return out
+
+
+def plot_table(table: mt.Table, axis: str | None = None):
+    """The figure (two panels: speedup and tau vs the axis) and the series it shows."""
+    if not table.axes:
+        raise SystemExit(f"error: {table.name} has no ablation axis to plot; use scripts/make_tables.py for it")
+    axis = axis or table.axes[0]
+    data = series(table, axis)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, entry in enumerate(data):
+        color = colors[i % len(colors)]
+        for ax, (metric, _) in zip(axes, METRICS):
+            if entry[metric]:
+                xs, ys = zip(*entry[metric])
+                ax.plot(xs, ys, "o-", color=color, label=entry["label"])
+            if entry[f"paper_{metric}"]:
+                xs, ys = zip(*entry[f"paper_{metric}"])
+                ax.plot(xs, ys, linestyle="none", marker="s", markersize=8, markerfacecolor="none",
+                        markeredgecolor=color, color=color, label=f"{entry['label']} (paper)")
+    for ax, (metric, ylabel) in zip(axes, METRICS):
+        ax.set_xlabel(mt.AXIS_LABELS.get(axis, axis))
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if metric == "speedup":
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(table.title)
+    fig.tight_layout()
+    return fig, data
+
+
+def log_wandb(fig_path: Path, table: mt.Table, data: list[dict], axis: str, mode: str, project: str) -> None:
+    if mode == "disabled":
+        return
+    import wandb
+
+    run = wandb.init(project=project, name=f"plot-{table.name}", job_type="plots", mode=mode,
+                     dir=str(fig_path.parent), config={"table": table.name, "axis": axis}, reinit="finish_previous")
+    points = [[entry["label"], source, metric, x, y] for entry in data for metric, _ in METRICS
+              for source, key in (("ours", metric), ("paper", f"paper_{metric}")) for x, y in entry[key]]
+    run.log({f"{table.name}/figure": wandb.Image(str(fig_path)),
+             f"{table.name}/points": wandb.Table(columns=["series", "source", "metric", axis, "value"], data=points)})
+    run.finish()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("roots", nargs="+", help="results directories (e.g. results/runs/table11)")
+    ap.add_argument("--table", help="table11, table12, table13, table9, table10, figure1, triforce_table8, ...")
+    ap.add_argument("--axis", help="which axis when the table has several (triforce_table8: gamma1 or gamma2)")
+    ap.add_argument("--paper", default=str(mt.PAPER_DIR), help="directory of published numbers")
+    ap.add_argument("--out", help="output directory (default: <first root>/plots)")
+    ap.add_argument("--wandb-mode", default=os.environ.get("WANDB_MODE", "offline"),
+                    choices=["offline", "online", "disabled"], help="W&B logging (default $WANDB_MODE or offline)")
+    ap.add_argument("--wandb-project", default="fafo-bench")
+    args = ap.parse_args(argv)
+    table = mt.make_table(args.roots, args.table, args.paper)
+    axis = args.axis or (table.axes[0] if table.axes else None)
+    fig, data = plot_table(table, axis)
+    out = Path(args.out or Path(args.roots[0]) / "plots")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{table.name}.png", out / f"{table.name}.pdf"]
+    for path in paths:
+        fig.savefig(path, dpi=150)
+    plt.close(fig)
+    log_wandb(paths[0], table, data, axis, args.wandb_mode, args.wandb_project)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
