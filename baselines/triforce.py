@@ -262,14 +262,7 @@ class TriForceState:
             self.stats["draft_accepted"] += j
             valid = len(v) + j
             v += drafts[:j] + [y[j]]
-        dev = self.engine.device
-        idx = torch.arange(len(v), device=dev)
-        plan = causal_plan(N)
-        self.stats["rounds"] += 1
-        if self.retrieval is not None and cfg.rebuild_every and self.stats["rounds"] % cfg.rebuild_every == 0:
-            plan.capture_rows = idx
-        out = self.engine.forward(self.cache, v, N + idx, N + idx, plan, logits="all")
-        self.captured = plan.captured
+        out = self._verify(v)
         y = out[0].argmax(-1).tolist()
         a = 0
         while a < len(v) - 1 and v[a + 1] == y[a]:
@@ -277,6 +270,20 @@ class TriForceState:
         self.stats["proposed"] += len(v) - 1
         self.stats["accepted"] += a
         return v[1 : 1 + a] + [y[a]], a
+
+    def _verify(self, v: list[int]) -> torch.Tensor:
+        """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits.
+        Captures the rows' queries when the retrieval cache is due for a rebuild this round."""
+        N = self.N
+        idx = torch.arange(len(v), device=self.engine.device)
+        plan = causal_plan(N)
+        self.stats["rounds"] += 1
+        every = self.cfg.rebuild_every
+        if self.retrieval is not None and every and self.stats["rounds"] % every == 0:
+            plan.capture_rows = idx
+        out = self.engine.forward(self.cache, v, N + idx, N + idx, plan, logits="all")
+        self.captured = plan.captured
+        return out
 
     def _hist(self, extra: list[int]) -> list[int] | None:
         """The token history before a predicted token (only built when the repetition penalty reads it)."""
@@ -326,14 +333,7 @@ class TriForceState:
             self.stats["draft_accepted"] += j
             valid = len(v) + j
             v += drafts[:j] + [tok]
-        dev = self.engine.device
-        idx = torch.arange(len(v), device=dev)
-        plan = causal_plan(N)
-        self.stats["rounds"] += 1
-        if self.retrieval is not None and cfg.rebuild_every and self.stats["rounds"] % cfg.rebuild_every == 0:
-            plan.capture_rows = idx
-        out = self.engine.forward(self.cache, v, N + idx, N + idx, plan, logits="all")[0]
-        self.captured = plan.captured
+        out = self._verify(v)[0]
         a, tok = 0, None
         while a < len(v) - 1:
             p = s.probs(out[a], self._hist(v[: a + 1]))
