@@ -224,7 +224,6 @@ class Sampling:
             return int(token), True
         return _draw(residual(p, q), generator), False
 
-
     @staticmethod
     def accept_siblings(p: torch.Tensor, q: torch.Tensor, siblings, generator: torch.Generator | None
                         ) -> tuple[int, int]:
