@@ -38,12 +38,16 @@ def random_region(compression, n=61, layers=2, heads=2, q_heads=4, dim=8, seed=0
     return region, queries, keys_before
 
 
+LARGE = {"quest": Quest(token_budget=512, page_size=16), "snapkv": SnapKV(capacity=512)}  # > prompt + generation
+
+
 @pytest.mark.parametrize("name", LOSSLESS_MODELS)
 @pytest.mark.parametrize("compress", list(COMPRESSIONS))
 def test_fafo_quest_and_snapkv_are_token_identical(name, compress, engine):
-    for n, k in ((8, 2), (40, 6)):  # n = k = 1 is covered by the StreamingLLM matrix
-        assert_lossless(FAFODecoder(compress=COMPRESSIONS[compress], n=n, k=k), engine(name), max_new=24,
-                        prompts=[p * 2 for p in PROMPTS])
+    for n, k in ((1, 1), (8, 2), (40, 6)):  # the FAFO-Stream matrix
+        for budget in (COMPRESSIONS[compress], LARGE[compress]):  # smaller and larger than the prompt
+            assert_lossless(FAFODecoder(compress=budget, n=n, k=k), engine(name), max_new=24,
+                            prompts=[p * 2 for p in PROMPTS])
 
 
 @pytest.mark.parametrize("compress", [QUEST, SNAP, Quest(token_budget=512), SnapKV(capacity=512)],
