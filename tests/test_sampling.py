@@ -133,28 +133,35 @@ def test_limits_equal_greedy(name, sampling, law):
     assert method.generate(eng, ids, 30, (), sampling, sampling.generator(0)).tokens == ref
 
 
-def test_accept_deterministic_is_exact():
-    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
-    g = torch.Generator().manual_seed(0)
-    n = 20000
+P_TARGET = torch.tensor([0.5, 0.3, 0.15, 0.05])
+Q_PROPOSAL = torch.tensor([0.1, 0.6, 0.1, 0.2])
+
+
+def empirical_law(draw, seed: int, n: int = 20000) -> torch.Tensor:
+    """Frequencies of the tokens ``draw(generator)`` emits over n seeded draws, for a 4-token vocabulary."""
+    g = torch.Generator().manual_seed(seed)
     counts = torch.zeros(4)
     for _ in range(n):
-        t, ok = Sampling.accept_deterministic(p, [1, 1, 3, 0], g)
-        counts[t] += 1
+        counts[draw(g)] += 1
+    return counts / n
+
+
+def test_accept_deterministic_is_exact():
+    def draw(g):
+        t, ok = Sampling.accept_deterministic(P_TARGET, [1, 1, 3, 0], g)
         assert ok == (t in (1, 3, 0))
-    assert (counts / n - p).abs().max() < 0.015
+        return t
+
+    assert (empirical_law(draw, seed=0) - P_TARGET).abs().max() < 0.015
 
 
 def test_speculative_accept_is_exact():
-    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
-    q = torch.tensor([0.1, 0.6, 0.1, 0.2])
-    g = torch.Generator().manual_seed(0)
-    n = 20000
-    counts = torch.zeros(4)
-    for _ in range(n):
-        x = int(torch.multinomial(q, 1, generator=g))
-        counts[Sampling.speculative_accept(p, q, x, g)[0]] += 1
-    assert (counts / n - p).abs().max() < 0.015
+    p, q = P_TARGET, Q_PROPOSAL
+
+    def draw(g):
+        return Sampling.speculative_accept(p, q, int(torch.multinomial(q, 1, generator=g)), g)[0]
+
+    assert (empirical_law(draw, seed=0) - p).abs().max() < 0.015
     assert torch.allclose(residual(p, q), torch.tensor([0.4, 0.0, 0.05, 0.0]) / 0.45)
 
 
@@ -191,15 +198,13 @@ def test_model_default_reads_generation_config(checkpoint, tmp_path):
 
 
 def test_accept_siblings_is_exact():
-    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
-    q = torch.tensor([0.1, 0.6, 0.1, 0.2])
-    g = torch.Generator().manual_seed(1)
-    n = 20000
-    counts = torch.zeros(4)
-    for _ in range(n):
-        sib = torch.multinomial(q, 2, replacement=False, generator=g).tolist()
-        counts[Sampling.accept_siblings(p, q, sib, g)[0]] += 1
-    assert (counts / n - p).abs().max() < 0.015
+    p, q = P_TARGET, Q_PROPOSAL
+
+    def draw(g):
+        siblings = torch.multinomial(q, 2, replacement=False, generator=g).tolist()
+        return Sampling.accept_siblings(p, q, siblings, g)[0]
+
+    assert (empirical_law(draw, seed=1) - p).abs().max() < 0.015
 
 
 def test_runner_resolves_model_default(checkpoint, tmp_path):
