@@ -40,6 +40,9 @@ class Engine:
         backend: attention backend name (``sdpa`` or ``flex``).
         eos_ids: token ids that end a generation (tokenizer eos + generation_config eos).
         max_len: the model's usable context (``max_position_embeddings`` unless capped by config).
+        static_shapes: decoders must give every decode-step forward a shape that depends only on their
+            hyperparameters (pad trees, guess sets and verification windows to their maximum), so compiled
+            steps never recompile; set when steps are compiled (``bench.compile``).
     """
 
     model: Transformer
@@ -48,6 +51,7 @@ class Engine:
     eos_ids: tuple[int, ...] = ()
     max_len: int = 0
     name: str = ""
+    static_shapes: bool = False
     _cache: KVCache | None = field(default=None, repr=False)
 
     @classmethod
