@@ -44,7 +44,9 @@ Where we differ or the official code is open (each documented in place):
 * Unlimited guess sets (official ``GUESS_SET_SIZE=-1``, an unordered set) are not offered; ``guess_set=0``
   disables verification (one token per step, the window still runs; the official code fails an assert).
 * The number of guesses, hence the step's shape, varies per step as in the official code (no padding);
-  masks, positions and flex BlockMasks are built once per shape per generation.
+  masks, positions and flex BlockMasks are built once per shape per generation. Under ``engine.static_shapes``
+  (compiled steps) the guesses are padded to G after the warm-up (``LookaheadState.step``), so every steady
+  step has the same shape; the N-3 warm-up shapes are the same in every generation.
 """
 
 from __future__ import annotations
@@ -165,7 +167,9 @@ class LookaheadDecoder(Decoder):
         return max([steady] + [(f + 1) * (w + n - 2 - f) for f in range(1, n - 2)])
 
     def extra_slots(self, max_new_tokens: int) -> int:
-        return self.step_tokens()  # a step writes its KV to slots [P, P + Q) and keeps what it accepts
+        # a step writes its KV to slots [P, P + Q) and keeps what it accepts; Q <= step_tokens() also when
+        # the guesses are padded to G (engine.static_shapes)
+        return self.step_tokens()
 
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
@@ -252,13 +256,21 @@ class LookaheadState:
 
     def step(self) -> tuple[list[int], list[int]]:
         """One forward; returns the committed tokens and the step rows whose KV must be kept after the current
-        token's (the accepted guess tokens')."""
+        token's (the accepted guess tokens').
+
+        Under ``engine.static_shapes`` the verification branch always holds G guesses after the warm-up: the
+        real ones first, then padding guesses (the current token repeated). The step mask isolates every guess
+        from the window and from the other guesses, the acceptance only reads the real guesses' logits rows
+        and only accepted real guess tokens' KV is kept, so the padding changes nothing but the shape."""
         levels, k = self.levels, self.n - 1
         warm = len(levels) < k  # official: past_tokens[LEVEL - 2] is None
         guesses = [] if warm or self.cfg.guess_set == 0 else self.pool.get(self.cur)
+        # guesses in the forward's verification branch; columns is W and levels N-1 after the warm-up
+        n_branch = self.cfg.guess_set if self.engine.static_shapes and not warm else len(guesses)
         columns = len(levels[0]) + 1
-        s = self._shape(columns, len(levels), len(guesses))
-        tokens = [self.cur] + [t for lv in levels for t in lv] + [t for g in guesses for t in g]
+        s = self._shape(columns, len(levels), n_branch)
+        padding = [self.cur] * ((n_branch - len(guesses)) * k)  # KV to scratch slots past the real guesses
+        tokens = [self.cur] + [t for lv in levels for t in lv] + [t for g in guesses for t in g] + padding
         plan = AttentionPlan(prefix=self.P, step_mask=s.mask, step_block_mask=s.block_mask)
         out = self.engine.forward(self.cache, tokens, s.rel + self.P, s.offsets + self.P, plan, logits=s.rows)
         preds = out[0].argmax(-1).tolist()  # the step's one host sync

@@ -73,6 +73,101 @@ def test_flex_block_masks_are_built_once_per_step_shape(engine, monkeypatch):
     assert gen.n_forwards > 10 and len(calls) <= 1 + 1 + 3
 
 
+@pytest.fixture
+def static(engine):
+    """static(name, backend) -> the cached engine with ``static_shapes`` on, switched off again afterwards."""
+    used = []
+
+    def get(name: str, backend: str = "sdpa"):
+        eng = engine(name, backend)
+        used.append(eng)
+        eng.static_shapes = True
+        return eng
+
+    yield get
+    for eng in used:
+        eng.static_shapes = False
+
+
+STATIC = [(3, 2, 2, False), (5, 3, 3, False), (5, 7, 7, True)]  # (N, W, G, bonus)
+
+
+@pytest.mark.parametrize("n,w,g,bonus", STATIC, ids=[f"N{n}W{w}G{g}b{int(b)}" for n, w, g, b in STATIC])
+@pytest.mark.parametrize("name", ["llama_mha", "llama_mha_rep", "qwen2_gqa_rep"])
+def test_static_shapes_are_token_identical_to_vanilla_with_the_same_steps(name, n, w, g, bonus, static):
+    eng = static(name)
+    method = LookaheadDecoder(level=n, window=w, guess_set=g, bonus_token=bonus, pool_from_prompt=True)
+    assert_lossless(method, eng)
+    for text in PROMPTS:  # the padding changes nothing but the shapes: same tokens AND the same accepts
+        ids = eng.tokenizer(text).input_ids
+        padded = method.generate(eng, ids, 40)
+        eng.static_shapes = False
+        plain = method.generate(eng, ids, 40)
+        eng.static_shapes = True
+        assert padded.tokens == plain.tokens and padded.accept_lengths == plain.accept_lengths
+        assert padded.extras["guesses_verified"] == plain.extras["guesses_verified"]  # real guesses only
+
+
+def test_static_shapes_flex_backend_is_token_identical(static):
+    method = LookaheadDecoder(level=4, window=3, guess_set=2)
+    assert_lossless(method, static("qwen2_gqa_rep", "flex"), max_new=16, prompts=PROMPTS[2:])
+
+
+def test_static_shapes_sampling_draws_the_same_tokens(static):
+    eng = static("llama_mha_rep")
+    sampling = Sampling(temperature=0.7, top_k=8, seed=3)
+    method = LookaheadDecoder(level=4, window=3, guess_set=4, pool_from_prompt=True, bonus_token=True)
+    for text in PROMPTS:
+        ids = eng.tokenizer(text).input_ids
+        for i in range(3):
+            eng.static_shapes = True
+            padded = method.generate(eng, ids, 30, (), sampling, sampling.generator(i))
+            eng.static_shapes = False
+            plain = method.generate(eng, ids, 30, (), sampling, sampling.generator(i))
+            assert padded.tokens == plain.tokens and padded.accept_lengths == plain.accept_lengths
+    assert max(padded.accept_lengths) > 1  # guesses were accepted
+
+
+def _step_shapes(eng, method, text, max_new=60):
+    """(tokens, slots, logits rows) of every decode-step forward (plan.prefix > 0) of one generation."""
+    shapes = []
+    original = eng.forward
+
+    def record(cache, tokens, positions, slots, plan, logits="all", **kw):
+        if plan.prefix > 0:
+            shapes.append((len(tokens), len(slots), len(logits)))
+        return original(cache, tokens, positions, slots, plan, logits=logits, **kw)
+
+    eng.forward = record  # on the instance only
+    try:
+        gen = method.generate(eng, eng.tokenizer(text).input_ids, max_new)
+    finally:
+        del eng.forward
+    assert len(shapes) == gen.n_forwards
+    return shapes, gen
+
+
+def test_static_shapes_give_one_step_shape_after_the_warm_up(engine):
+    n, w, g = 5, 4, 3
+    method = LookaheadDecoder(level=n, window=w, guess_set=g)
+    eng = engine("llama_mha_rep")
+    texts = [PROMPTS[2], PROMPTS[0]]  # different lengths; the repetitive one fills the pool and accepts a lot
+    plain = [_step_shapes(eng, method, t)[0] for t in texts]
+    assert len({s[0] for s in plain[0][n - 3 :]}) > 1  # without the padding the guess count changes the shape
+    eng.static_shapes = True
+    try:
+        runs = [_step_shapes(eng, method, t) for t in texts]
+    finally:
+        eng.static_shapes = False
+    (a, gen_a), (b, gen_b) = runs
+    assert gen_a.tau > 1.5 and gen_a.tau != gen_b.tau and len(a) != len(b)
+    warm = [((f + 1) * (w + n - 2 - f),) * 2 + (1 + w + n - 2 - f,) for f in range(1, n - 2)]  # N-3 warm-ups
+    q = (n - 1) * w + g * (n - 1)  # the window, then G guesses of N-1 tokens
+    assert a[: n - 3] == b[: n - 3] == warm
+    assert set(a[n - 3 :]) == set(b[n - 3 :]) == {(q, q, 1 + w + g * (n - 1))}
+    assert q == method.step_tokens()
+
+
 def test_step_mask_equals_the_official_mask():
     # N=3, W=2, G=2: [current, level-0 token | level 1 col 0, col 1 | guess 0 (2 tokens) | guess 1 (2 tokens)]
     expected = torch.tensor([
@@ -113,7 +208,7 @@ def test_pool_update_rule_matches_the_official_update_token_map():
 class PositionModel:
     """A stand-in engine whose greedy prediction at position p is token 100 + p + 1, whatever the context."""
 
-    backend, device = "sdpa", torch.device("cpu")
+    backend, device, static_shapes = "sdpa", torch.device("cpu"), False
 
     def __init__(self):
         self.calls = []
