@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from baselines.lossy import LossyDecoder
 from baselines.vanilla import VanillaDecoder
@@ -137,6 +138,60 @@ def test_lossy_mode_diverges_where_fafo_does_not(compress, engine):
     big = LossyDecoder(compress=StreamingLLM(sink=4, local=4096))  # C(kv) = everything: lossless again
     ids = eng.tokenizer(PROMPTS[0]).input_ids
     assert big.generate(eng, ids, 30).tokens == VanillaDecoder().generate(eng, ids, 30).tokens
+
+
+class NoHostSync(TorchDispatchMode):
+    """Fails on any op that would make a CUDA step wait for the device: a host read of device data (``.item()``,
+    ``int()``, ``bool()`` dispatch ``_local_scalar_dense``) or an output shape that depends on data."""
+
+    aten = torch.ops.aten
+    READS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._unique2, aten.unique_dim,
+             aten.unique_consecutive, aten.repeat_interleave}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        bool_index = func.overloadpacket in (self.aten.index, self.aten.index_put, self.aten.index_put_) and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] or ())
+        if func.overloadpacket in self.READS or bool_index:
+            raise AssertionError(f"host synchronisation in a decoding step: {func}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("prompt", [5, 21])
+@pytest.mark.parametrize("compress", [StreamingLLM(sink=2, local=6), QUEST, SNAP], ids=["stream", "quest", "snapkv"])
+def test_region_update_of_a_step_never_waits_for_the_device(compress, prompt):
+    # Steps of 1-4 entries from a prompt inside the budget (5) or past it (21): the region stays exact while
+    # commit() runs with no host read, so the static swap widths suffice.
+    layers, heads, q_heads, dim, steps = 2, 2, 4, 8, [1, 3, 1, 4, 2, 1, 1, 4, 4, 2, 3, 1, 4, 1, 2, 4]
+    capacity = prompt + sum(steps)
+    g = torch.Generator().manual_seed(prompt)
+    cache = KVCache(layers, 1, heads, capacity + 1 + max(steps), dim, torch.float32, "cpu")
+    for buf in cache.keys + cache.values:
+        buf.copy_(torch.randn(buf.shape, generator=g))
+    ref = [buf[:, :, :capacity].clone() for buf in cache.keys + cache.values]  # KV by position, once committed
+    rows = compress.prefill_query_rows(prompt)
+    n_rows = 0 if rows is None else len(rows)
+    region = FixedRegion(cache, compress, capacity)
+    region.prefill(prompt, {i: torch.randn(1, q_heads, n_rows, dim, generator=g) for i in range(layers)})
+    assert region_holds_selection(region)
+    for a in steps:
+        scratch = torch.arange(capacity, capacity + a)  # the step's new KV, computed beyond the committed slots
+        for buf, by_pos in zip(cache.keys + cache.values, ref):
+            buf[:, :, scratch] = by_pos[:, :, region.n : region.n + a]
+        query = {i: torch.randn(1, q_heads, 1, dim, generator=g) for i in range(layers)}
+        with NoHostSync():
+            region.commit(scratch, query)
+        n, sel = region.n, compress.select(region).expand(layers, heads, -1)
+        if isinstance(compress, StreamingLLM):  # C(kv) spelled out where it needs no scores
+            sink, local = compress.sink, compress.local
+            want = list(range(n)) if n <= compress.budget else list(range(sink)) + list(range(n - local, n))
+            assert sel.tolist() == [[want] * heads] * layers
+        if isinstance(compress, SnapKV):
+            recent = torch.arange(max(prompt, n - compress.local), n).expand(layers, heads, -1)
+            assert torch.equal(sel, torch.cat([region.state["kept"].expand(layers, heads, -1), recent], -1))
+        assert region_holds_selection(region)
+        for i, (buf, by_pos) in enumerate(zip(cache.keys + cache.values, ref)):  # each slot holds its entry's KV
+            pos = region.pos[i % layers, :, : region.n][None, :, :, None].expand(1, -1, -1, dim)
+            assert torch.equal(buf[:, :, : region.n], by_pos.gather(2, pos))
 
 
 def test_bad_compression_settings_are_refused():

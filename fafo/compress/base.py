@@ -62,7 +62,19 @@ class Compression(ABC):
     @abstractmethod
     def select(self, region: "FixedRegion") -> torch.Tensor:
         """Logical positions forming C(kv) for ``region.n`` cached entries: ``[K]`` (same for every layer and
-        head) or ``[L, H_kv, K]``; K <= budget and equal across layers and heads."""
+        head) or ``[L, H_kv, K]``; K <= budget and equal across layers and heads. Built on ``region.device``
+        without reading device data on the host (it runs every decoding step)."""
+
+    def max_swaps(self, region: "FixedRegion", n_appended: int) -> int:
+        """How many entries, at most, any (layer, KV head) must swap into the fixed region when it is reselected
+        right after ``n_appended`` entries were appended (``region.n`` counts them) to a cache whose region held
+        the previous selection.
+
+        Computed from Python ints alone: it sizes the step's padded swap lists, so the step reads nothing back
+        from the device. A bound that is too small would leave the region stale; a larger one only adds no-op
+        swaps. The default, the budget, always holds: a selection has at most ``budget`` entries.
+        """
+        return self.budget
 
 
 def topk_positions_per_head(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -115,21 +127,27 @@ class FixedRegion:
         self.slot_of[:, :, :n_prompt] = ar
         self.n = n_prompt
         self.compression.after_prefill(self, queries)
-        self._reselect()
+        self._reselect(self.budget)
 
     def commit(self, scratch_slots: torch.Tensor, query: dict | None = None) -> None:
         """Append entries computed in scratch slots (positions ``n, n+1, ...``), then swap the fixed region so
-        it holds exactly C(kv) again: newly selected entries in, evicted ones out to where those came from."""
+        it holds exactly C(kv) again: newly selected entries in, evicted ones out to where those came from.
+
+        Nothing here waits for the device (no host read of device data, no data-dependent shape), so a decoding
+        step's only synchronisation stays the decoder's read of its accepted tokens. ``scratch_slots`` may live
+        on the host: it is copied without blocking.
+        """
         a = scratch_slots.numel()
         new = torch.arange(self.n, self.n + a, device=self.device)
-        self.cache.move(scratch_slots.to(self.device), new)
+        self.cache.move(scratch_slots.to(self.device, non_blocking=True), new)
         self.pos[:, :, self.n : self.n + a] = new
         self.slot_of[:, :, self.n : self.n + a] = new
         self.n += a
         self.compression.after_append(self, new, query)
-        self._reselect()
+        self._reselect(self.compression.max_swaps(self, a))
 
-    def _reselect(self) -> None:
+    def _reselect(self, max_swaps: int) -> None:
+        """Swap C's current selection into slots ``[0, K)``; ``max_swaps`` bounds the evictions of any row."""
         L, H, _ = self.pos.shape
         sel = self.compression.select(self).to(self.device)
         sel = sel.expand(L, H, -1) if sel.dim() == 1 else sel  # [L, H, K]
@@ -139,7 +157,7 @@ class FixedRegion:
         evict = ~want.gather(2, self.pos[:, :, :K])  # [L, H, K]: region slots holding unselected entries
         admit_slots = self.slot_of.gather(2, sel)  # [L, H, K]: where the selected entries are now
         admit = admit_slots >= K
-        width = int(evict.sum(-1).max()) if evict.numel() else 0
+        width = min(max_swaps, K)  # Python ints: no row evicts (nor admits: as many) more than this
         if width:
             junk = self.capacity  # padded pairs swap this unused slot with itself
             src_out = _first_true(torch.arange(K, device=self.device).expand(L, H, K), evict, width, junk)

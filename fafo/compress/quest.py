@@ -102,3 +102,9 @@ class Quest(Compression):
             tokens = (pages[..., None] * P + torch.arange(P, device=region.device)).flatten(1)
             per_layer.append(torch.cat([tokens, last.expand(tokens.shape[0], -1)], dim=1))
         return torch.stack(per_layer)  # [L, H_kv, K]
+
+    def max_swaps(self, region, n_appended: int) -> int:
+        # While every page fits, C(kv) is the whole cache and nothing moves. Past that, the top pages are chosen
+        # afresh from each query (and K shrinks when a new page starts), so the whole region may change.
+        n_pages = -(-region.n // self.page_size)
+        return 0 if n_pages <= self.budget // self.page_size else self.budget

@@ -91,3 +91,11 @@ class SnapKV(Compression):
         if kept.dim() == 1:
             return torch.cat([kept, recent])
         return torch.cat([kept, recent.expand(*kept.shape[:2], -1)], dim=-1)
+
+    def max_swaps(self, region, n_appended: int) -> int:
+        # The kept prompt entries and the window's older entries already sit in the region (K never shrinks);
+        # only appended entries enter the window. A short prompt with a short generation keeps everything.
+        T = region.state["prompt_len"]
+        if T <= self.capacity and region.n - T <= self.local:
+            return 0
+        return min(n_appended, self.local)

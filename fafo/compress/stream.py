@@ -40,7 +40,12 @@ class StreamingLLM(Compression):
         return self.sink + self.local
 
     def select(self, region) -> torch.Tensor:
-        n = region.n
+        n, dev = region.n, region.device
         if n <= self.budget:
-            return torch.arange(n)
-        return torch.cat([torch.arange(self.sink), torch.arange(n - self.local, n)])
+            return torch.arange(n, device=dev)
+        return torch.cat([torch.arange(self.sink, device=dev), torch.arange(n - self.local, n, device=dev)])
+
+    def max_swaps(self, region, n_appended: int) -> int:
+        # The region only grows while n <= budget and C(kv) is then everything: nothing moves. Past that, the
+        # sinks and the window's older entries already sit in the region; only appended entries enter the window.
+        return 0 if region.n <= self.budget else min(n_appended, self.local)
