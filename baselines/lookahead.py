@@ -249,7 +249,7 @@ class LookaheadState:
             rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
             w = levels * columns
             rows = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(w - columns, w + n_guesses * k)])
-            bm = step_block_mask(mask) if self.engine.backend == "flex" else None
+            bm = step_block_mask(mask) if self.engine.step_backend == "flex" else None
             offsets = torch.arange(rel.numel(), device=dev)
             self.shapes[key] = _Shape(mask, bm, rel.to(dev), offsets, rows.to(dev), w)
         return self.shapes[key]

@@ -53,6 +53,7 @@ class LossyDecoder(Decoder):
         rows = torch.zeros(1, dtype=torch.long) if self.compress.wants_decode_query else None
         while len(tokens) < max_new_tokens and token not in eos_ids:
             plan = AttentionPlan(prefix=region.n, region_from=0, region_len=region.region_len,
+                                 region_capacity=min(self.compress.budget, cache.max_len),
                                  dense_layers=self.compress.dense(), capture_rows=rows)
             logits = engine.forward(cache, [token], [region.n], scratch, plan, logits="last")
             token = int(sampling.select(logits[0, -1], generator))

@@ -41,7 +41,7 @@ import torch
 from fafo.compress.base import Compression, FixedRegion
 from fafo.compress.stream import StreamingLLM
 from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
-from fafo.engine.attention import AttentionPlan, causal_plan, region_block_mask, step_block_mask
+from fafo.engine.attention import AttentionPlan, causal_plan, length_block_mask, step_block_mask
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 from fafo.pool import CandidatePool
@@ -171,8 +171,9 @@ class FAFOState:
         self.verify_rows = torch.arange(self.v_len, device=dev)
         self.captured: dict = {}
         stream_last = torch.arange((k - 1) * n, k * n)  # row k-1 of the stream block: each stream's newest token
-        flex = self.engine.backend == "flex"
+        flex = self.engine.step_backend == "flex"
         capacity = min(self.cfg.compress.budget, self.scratch)
+        self.region_capacity = min(self.cfg.compress.budget, self.cache.max_len)  # static across samples
         if self.cfg.fused:
             mask = fafo_step_mask(m, k, n, self.cfg.see_current).to(dev)
             self.rows = torch.cat([torch.arange(self.v_len), self.v_len + stream_last]).to(dev)
@@ -184,7 +185,7 @@ class FAFOState:
             self.rows = (1 + stream_last).to(dev)
             self.masks = [(fumble, step_block_mask(fumble) if flex else None),
                           (verify, step_block_mask(verify) if flex else None)]
-        self.region_mask = region_block_mask(self.region_len_t, n * k, capacity) if flex else None
+        self.region_mask = length_block_mask(self.region_len_t, n * k, capacity) if flex else None
 
     @property
     def buffer_bytes(self) -> int:
@@ -216,7 +217,8 @@ class FAFOState:
     def plan(self, mask, block_mask, region_from: int | None, capture: bool = False) -> AttentionPlan:
         rows = self.verify_rows if capture and self.cfg.compress.wants_decode_query else None
         return AttentionPlan(prefix=self.layout.n, step_mask=mask, region_from=region_from,
-                             region_len=self.layout.region_len, region_block_mask=self.region_mask,
+                             region_len=self.layout.region_len, region_capacity=self.region_capacity,
+                             region_block_mask=self.region_mask,
                              step_block_mask=block_mask, dense_layers=self.cfg.compress.dense(),
                              capture_rows=rows)
 

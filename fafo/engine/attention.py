@@ -36,9 +36,17 @@ class AttentionPlan:
         region_from: optional query index: queries ``[region_from, Q)`` see only the cache's fixed head region,
             slots ``[0, region_len)`` (FAFO's fumble streams over C(kv)); earlier queries see the whole prefix.
         region_len: valid slots of the fixed region (<= ``prefix``).
+        region_capacity: a static upper bound of ``region_len`` (the region's slots): compiled steps read the
+            region through it, so decoders with a region must set it (it must not vary from step to step).
         region_block_mask: flex only: a BlockMask for the region queries over the region's capacity, built once
             per generation (its mask_mod reads the live region length from a tensor).
         step_block_mask: flex only: a BlockMask equal to ``step_mask``, built once per generation.
+        prefix_block_mask: flex only: a BlockMask for the queries that read the prefix (all of them, or those
+            before ``region_from``) over slots ``[0, prefix)``; compiled steps pass the whole cache as the prefix
+            and put the live length in this mask (:mod:`fafo.engine.compiled`).
+        dense_block_mask: flex only: the same for every query of the step, used in ``dense_layers``.
+        prefix_length, region_length: ``[1]`` long tensors set by compiled steps: the live lengths of the prefix
+            and of the region, when ``prefix`` and ``region_len`` are their static capacities.
         dense_layers: layers in which the region queries see the whole prefix after all (Quest's dense layers).
         capture_rows: rows whose post-RoPE queries the model stores in ``captured`` ({layer: [B, H_q, R, D]}),
             for query-aware compression (Quest, SnapKV).
@@ -49,8 +57,13 @@ class AttentionPlan:
     step_mask: torch.Tensor | None = None
     region_from: int | None = None
     region_len: int = 0
+    region_capacity: int = 0
     region_block_mask: object | None = None
     step_block_mask: object | None = None
+    prefix_block_mask: object | None = None
+    dense_block_mask: object | None = None
+    prefix_length: torch.Tensor | None = None
+    region_length: torch.Tensor | None = None
     dense_layers: frozenset = frozenset()
     capture_rows: torch.Tensor | None = None
     captured: dict = field(default_factory=dict)
@@ -59,7 +72,7 @@ class AttentionPlan:
         """The plan as one layer sees it: in a dense layer the region queries read the whole prefix."""
         if self.region_from is None or layer not in self.dense_layers:
             return self
-        return replace(self, region_from=None, region_block_mask=None)
+        return replace(self, region_from=None, region_block_mask=None, prefix_block_mask=self.dense_block_mask)
 
 
 def causal_plan(prefix: int) -> AttentionPlan:
@@ -130,9 +143,12 @@ def sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sca
     for s in range(0, Q, query_chunk):  # bounds the [chunk, prefix] score tensor for long chunked prefills
         e = min(Q, s + query_chunk)
         parts = []
-        for lo, hi, n_kv in ((s, min(e, split), plan.prefix), (max(s, split), e, plan.region_len)):
+        for lo, hi, n_kv, length in ((s, min(e, split), plan.prefix, plan.prefix_length),
+                                     (max(s, split), e, plan.region_len, plan.region_length)):
             if lo < hi:  # queries before the split read the whole prefix, the rest only the fixed region
                 mask = None if prefix_mask is None else prefix_mask[lo:hi, :n_kv]
+                if length is not None:  # a static capacity of which the first `length` slots are live
+                    mask = torch.arange(n_kv, device=q.device)[None, :] < length  # [1, K]
                 parts.append(_masked_attention_lse(qg[..., lo:hi, :], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv],
                                                    mask, scale))
         o1, l1 = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
@@ -154,7 +170,9 @@ def _flex_call(q, k, v, block_mask, scale, compiled: bool):
     global _compiled_flex
     AuxRequest, _, flex_attention = _flex()
     fn = flex_attention
-    if not compiled:  # eager flex is the unfused reference path on CPU; its per-call warning is noise here
+    if torch.compiler.is_compiling():  # inside a compiled step: the outer compile lowers flex itself
+        pass
+    elif not compiled:  # eager flex is the unfused reference path on CPU; its per-call warning is noise here
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     else:
         if _compiled_flex is None:
@@ -207,8 +225,8 @@ def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionP
     if split > 0:
         qs = q[:, :, :split]
         kp, vp = k_cache[:, :, : plan.prefix], v_cache[:, :, : plan.prefix]
-        bm = None
-        if plan.prefix_lens is not None:
+        bm = plan.prefix_block_mask
+        if bm is None and plan.prefix_lens is not None:
             bm = create_block_mask(generate_prefix_mask(plan.prefix_lens[:split]), None, None, split, plan.prefix,
                                    device=dev)
         parts.append(_flex_call(qs, kp, vp, bm, scale, compiled))
@@ -224,29 +242,30 @@ def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionP
     return _merge(o1, l1, o2, l2).to(q.dtype)
 
 
-def generate_region_mask(region_len: torch.Tensor):
-    """mask_mod: keys ``kv < region_len[0]`` of the fixed head region (the live length is read from a tensor)."""
+def generate_length_mask(length: torch.Tensor):
+    """mask_mod: keys ``kv < length[0]`` (the live length of a region or cache is read from a tensor)."""
 
-    def region(b, h, q_idx, kv_idx):
-        return kv_idx < region_len[0]
+    def below_length(b, h, q_idx, kv_idx):
+        return kv_idx < length[0]
 
-    return region
+    return below_length
 
 
-def region_block_mask(region_len: torch.Tensor, n_queries: int, capacity: int):
-    """A BlockMask for ``n_queries`` fumble queries over a fixed region of ``capacity`` slots, built once.
+def length_block_mask(length: torch.Tensor, n_queries: int, capacity: int):
+    """A BlockMask for ``n_queries`` queries over the first ``length[0]`` of ``capacity`` slots, built once.
 
-    All blocks are kept *partial* (``separate_full_blocks=False``) so the mask_mod, which reads ``region_len``,
-    is applied on every call: the region may still be filling up while the mask object stays the same.
+    FAFO's fumble queries over the fixed region use it, and compiled steps over the whole cache. All blocks are
+    kept *partial* (``separate_full_blocks=False``) so the mask_mod, which reads ``length``, is applied on every
+    call: the region (or cache) may still be filling up while the mask object stays the same.
     """
     _, create_block_mask, _ = _flex()
-    live = region_len.clone()
-    region_len.fill_(capacity)  # every block of the region is active in the mask's block structure
+    live = length.clone()
+    length.fill_(capacity)  # every block is active in the mask's block structure
     try:
-        return create_block_mask(generate_region_mask(region_len), None, None, n_queries, capacity,
-                                 device=region_len.device, separate_full_blocks=False)
+        return create_block_mask(generate_length_mask(length), None, None, n_queries, capacity,
+                                 device=length.device, separate_full_blocks=False)
     finally:
-        region_len.copy_(live)
+        length.copy_(live)
 
 
 def step_block_mask(step_mask: torch.Tensor):

@@ -11,6 +11,7 @@ import torch
 
 from fafo.engine.attention import BACKENDS, AttentionPlan, causal_plan
 from fafo.engine.cache import KVCache
+from fafo.engine.compiled import CompiledStep, CompileOptions
 from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
 from fafo.engine.model import Transformer
 from fafo.errors import ConfigError
@@ -52,6 +53,7 @@ class Engine:
     max_len: int = 0
     name: str = ""
     static_shapes: bool = False
+    compiled: CompiledStep | None = field(default=None, repr=False)
     _cache: KVCache | None = field(default=None, repr=False)
 
     @classmethod
@@ -89,11 +91,33 @@ class Engine:
     def weights_nbytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
+    @property
+    def step_backend(self) -> str:
+        """The attention backend of decode steps (compiled steps pick their own, see ``CompileOptions``)."""
+        return self.compiled.attention if self.compiled is not None else self.backend
+
+    def enable_compile(self, options: CompileOptions | None = None) -> None:
+        """Compile decode steps from now on (see :mod:`fafo.engine.compiled`); decoders pad to static shapes."""
+        self.compiled = CompiledStep(self.model, options or CompileOptions(), self.device)
+        self.static_shapes = True
+        self._cache = None  # reallocated (with static addresses for CUDA graphs) at the next request
+
+    def new_cache(self, max_len: int) -> KVCache:
+        """A cache of its own for a decoder (e.g. a retrieval cache); CUDA graphs may keep its address."""
+        cache = self.model.new_cache(max_len)
+        if self.compiled is not None and self.compiled.options.cudagraphs:
+            for t in cache.keys + cache.values:
+                torch._dynamo.mark_static_address(t)
+        return cache
+
     def cache(self, min_len: int) -> KVCache:
-        """The shared static cache, (re)allocated only when a sample needs more slots than it has."""
+        """The shared static cache, (re)allocated only when a sample needs more slots than it has.
+
+        Compiled steps are specialised to its size: the runner requests the largest size of a run before warm-up.
+        """
         if self._cache is None or self._cache.max_len < min_len:
             self._cache = None  # free the old one first
-            self._cache = self.model.new_cache(-(-min_len // 256) * 256)
+            self._cache = self.new_cache(-(-min_len // 256) * 256)
         return self._cache
 
     def tensor(self, values, dtype=torch.long) -> torch.Tensor:
@@ -101,12 +125,19 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, cache: KVCache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None):
-        """One model step (see :meth:`Transformer.forward`); tokens/positions/slots may be lists or tensors."""
+        """One model step (see :meth:`Transformer.forward`); tokens/positions/slots may be lists or tensors.
+
+        Decode steps (``plan.prefix > 0``) without layer skipping run compiled when :meth:`enable_compile` was
+        called; prefill and layer-skipping forwards run eagerly.
+        """
         tokens = self.tensor(tokens)
         if tokens.dim() == 1:
             tokens = tokens[None]
         slots = None if slots is None else self.tensor(slots)
-        return self.model(tokens, self.tensor(positions), cache, slots, plan, self.backend, logits, skip)
+        positions = self.tensor(positions)
+        if self.compiled is not None and plan.prefix > 0 and skip is None:
+            return self.compiled(tokens, positions, cache, slots, plan, logits)
+        return self.model(tokens, positions, cache, slots, plan, self.backend, logits, skip)
 
     def prefill(self, cache: KVCache, prompt_ids: list[int], logits="last") -> torch.Tensor:
         """Write the prompt's KV to slots ``[0, T)`` at positions ``[0, T)``; returns its logits rows."""

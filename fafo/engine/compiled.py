@@ -1,0 +1,166 @@
+"""Compiled decode steps: one ``torch.compile`` of the model forward, static shapes, CUDA graphs where possible.
+
+What changes from one decode step to the next is held in tensors, never in Python ints the compiler would guard
+on (the gpt-fast recipe, adapted to block-sparse attention):
+
+* the cache is read through FlexAttention over its whole static capacity; how many slots are live is a ``[1]``
+  length tensor read by the mask_mod, and the BlockMask's active KV block count is updated in place, so the
+  kernel skips the dead tail of the cache without a rebuild or a recompile;
+* step masks come prebuilt from the decoder (FAFO, Lookahead), or are built here once per step length (causal) or
+  over a persistent ``[Q, Q]`` buffer the step's mask is copied into (SWIFT's trees);
+* decoders give every decode forward a shape that depends only on their hyperparameters
+  (:attr:`Engine.static_shapes`), so one generation compiles a fixed set of graphs and every later sample, of any
+  length, reuses them as long as the cache is not reallocated (the runner sizes it once, before warm-up).
+
+Prefill (``plan.prefix == 0``) runs eagerly on the configured backend: it happens once per turn, is compute
+bound, and its length varies. Forwards that skip layers (SWIFT's drafts and layer-set search) also run eagerly:
+their layer set changes while SWIFT decodes and each new set would recompile inside a timed sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from fafo.engine.attention import AttentionPlan, _flex, generate_step_mask, length_block_mask
+from fafo.engine.cache import KVCache
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class CompileOptions:
+    """How decode steps are compiled.
+
+    Attributes:
+        mode: a ``torch.compile`` mode; ``reduce-overhead`` replays CUDA graphs (CUDA only).
+        backend: a ``torch.compile`` backend (``inductor``; ``aot_eager`` traces without code generation).
+        attention: the compiled steps' attention: ``flex`` (block-sparse over the static cache, skips its dead
+            tail) or ``sdpa`` (exact masked maths over the whole capacity); ``auto`` = flex on CUDA, sdpa on CPU
+            (inductor cannot lower FlexAttention's log-sum-exp output on CPU yet).
+    """
+
+    mode: str = "default"
+    backend: str = "inductor"
+    attention: str = "auto"
+
+    @property
+    def cudagraphs(self) -> bool:
+        return self.mode == "reduce-overhead"
+
+    def attention_for(self, device: torch.device) -> str:
+        if self.attention != "auto":
+            return self.attention
+        return "flex" if device.type == "cuda" else "sdpa"
+
+
+class _Length:
+    """A live length below a static capacity: a ``[1]`` tensor plus BlockMasks over the capacity that read it.
+
+    The masks' active KV block counts are written in place with the length, so one BlockMask per query count
+    serves every step of every generation.
+    """
+
+    def __init__(self, capacity: int, device):
+        self.capacity = capacity
+        self.length = torch.zeros(1, dtype=torch.long, device=device)
+        self._masks: dict[int, object] = {}
+
+    def set(self, length: int) -> "_Length":
+        self.length.fill_(length)
+        for bm in self._masks.values():
+            bm.kv_num_blocks.fill_(-(-length // bm.BLOCK_SIZE[1]))
+        return self
+
+    def block_mask(self, n_queries: int):
+        if n_queries not in self._masks:
+            bm = self._masks[n_queries] = length_block_mask(self.length, n_queries, self.capacity)
+            live = int(self.length)  # once per query count, never per step
+            bm.kv_num_blocks.fill_(-(-live // bm.BLOCK_SIZE[1]))
+        return self._masks[n_queries]
+
+
+class CompiledStep:
+    """The engine's compiled decode forward (same arguments as :meth:`Transformer.forward`).
+
+    Args:
+        model: the transformer whose ``forward`` is compiled.
+        options: compile mode, backend and attention.
+        device: where the model lives (picks the attention for ``attention="auto"``).
+    """
+
+    def __init__(self, model, options: CompileOptions, device: torch.device):
+        self.options = options
+        self.attention = options.attention_for(device)
+        self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False)
+        self._lengths: dict[tuple, _Length] = {}
+        self._causal: dict[tuple, object] = {}
+        self._step_buffers: dict[tuple, tuple[torch.Tensor, object]] = {}
+
+    def __call__(self, tokens, positions, cache: KVCache, slots, plan: AttentionPlan, logits="all", skip=None):
+        plan = self.static_plan(cache, plan, tokens.shape[1])
+        if self.options.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        out = self.fn(tokens, positions, cache, slots, plan, self.attention, logits, skip)
+        if self.options.cudagraphs:  # graph outputs are overwritten by the next replay: keep copies
+            out = out.clone()
+            for layer, q in plan.captured.items():
+                plan.captured[layer] = q.clone()
+        return out
+
+    def static_plan(self, cache: KVCache, plan: AttentionPlan, n_queries: int) -> AttentionPlan:
+        """The plan with every per-step quantity moved into tensors (the compiled graph guards on the rest)."""
+        if plan.prefix_lens is not None:
+            raise ValueError("compiled steps do not support per-query prefix_lens; run with bench.compile=false")
+        dev, capacity = cache.keys[0].device, cache.max_len
+        split = n_queries if plan.region_from is None else plan.region_from
+        prefix = self._length("prefix", capacity, dev).set(plan.prefix)
+        changes = dict(prefix=capacity, prefix_length=prefix.length)
+        if plan.region_from is not None:
+            if not plan.region_capacity:
+                raise ValueError("a region plan needs region_capacity (a static bound) when steps are compiled")
+            region = self._length("region", plan.region_capacity, dev).set(plan.region_len)
+            changes.update(region_len=plan.region_capacity, region_length=region.length)
+        if self.attention == "flex":
+            changes.update(prefix_block_mask=prefix.block_mask(split) if split else None,
+                           step_block_mask=self._step_block_mask(plan, n_queries, dev))
+            if plan.region_from is not None:
+                changes.update(region_block_mask=region.block_mask(n_queries - split),
+                               dense_block_mask=prefix.block_mask(n_queries) if plan.dense_layers else None)
+        return replace(plan, **changes)
+
+    def _length(self, kind: str, capacity: int, dev) -> _Length:
+        key = (kind, capacity, str(dev))
+        if key not in self._lengths:
+            self._lengths[key] = _Length(capacity, dev)
+        return self._lengths[key]
+
+    def _step_block_mask(self, plan: AttentionPlan, Q: int, dev):
+        if plan.step_block_mask is not None:
+            return plan.step_block_mask
+        _, create_block_mask, _ = _flex()
+        key = (Q, str(dev))
+        if plan.step_mask is None:
+            if key not in self._causal:
+                self._causal[key] = create_block_mask(_causal, None, None, Q, Q, device=dev)
+            return self._causal[key]
+        if key not in self._step_buffers:  # built all-True so no block is ever marked empty or full
+            buf = torch.ones(Q, Q, dtype=torch.bool, device=dev)
+            bm = create_block_mask(generate_step_mask(buf), None, None, Q, Q, device=dev, separate_full_blocks=False)
+            self._step_buffers[key] = (buf, bm)
+        buf, bm = self._step_buffers[key]
+        buf.copy_(plan.step_mask)
+        return bm
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def compile_stats() -> dict:
+    """Graphs compiled and seconds spent compiling in this process so far (dynamo's counters)."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    seconds = sum(sum(v) for k, v in compilation_time_metrics.items() if k.endswith("compile_inner"))
+    return {"graphs": int(counters["stats"]["unique_graphs"]), "compile_s": float(seconds)}

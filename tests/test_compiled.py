@@ -1,0 +1,118 @@
+"""Compiled decode steps (``bench.compile``): token-identical to eager, and no recompilation across steps/samples.
+
+Two compiled paths are checked against eager vanilla greedy on CPU:
+
+* ``aot_eager`` + FlexAttention: the path CUDA runs (static plans, in-place BlockMask lengths), traced by dynamo
+  and AOTAutograd and run without code generation (inductor cannot lower flex's log-sum-exp output on CPU);
+* ``inductor`` + SDPA: real code generation on CPU (the ``auto`` choice there), marked slow.
+
+Compiles are counted with ``torch._dynamo``'s counters: the first generation compiles a fixed set of graphs,
+later generations on prompts of other lengths (and other acceptance) compile none.
+"""
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from baselines.lookahead import LookaheadDecoder
+from baselines.lossy import LossyDecoder
+from baselines.swift import SwiftDecoder
+from baselines.triforce import TriForceDecoder
+from baselines.vanilla import VanillaDecoder
+from fafo.compress.quest import Quest
+from fafo.compress.snapkv import SnapKV
+from fafo.compress.stream import StreamingLLM
+from fafo.engine.attention import causal_plan
+from fafo.engine.compiled import CompileOptions, compile_stats
+from fafo.engine.engine import Engine
+from fafo.fafo import FAFODecoder
+from tests.lossless import PROMPTS
+
+SMALL = StreamingLLM(sink=2, local=6)
+CAPACITY = 512  # the runner sizes the cache once per run, before warm-up; so do these tests
+METHODS = {
+    "vanilla": lambda: VanillaDecoder(),
+    "fafo-stream": lambda: FAFODecoder(compress=SMALL, n=6, k=3),
+    "fafo-quest": lambda: FAFODecoder(compress=Quest(token_budget=16, page_size=4, dense_layers=1), n=4, k=3),
+    "fafo-snapkv": lambda: FAFODecoder(compress=SnapKV(capacity=16, window=4, kernel=3, local=4), n=4, k=3),
+    "fafo-2forward": lambda: FAFODecoder(compress=SMALL, n=6, k=3, fused=False),
+    "lookahead": lambda: LookaheadDecoder(level=3, window=4, guess_set=3),
+    "triforce": lambda: TriForceDecoder(draft=None, budget=16, chunk_size=4, gamma2=4),
+    "swift": lambda: SwiftDecoder(),
+}
+# the runner's warm-up prompt, then prompts of other lengths and acceptance (repetitive and varied)
+WARMUP = PROMPTS[0]
+SAMPLES = [PROMPTS[1], PROMPTS[2] * 3, PROMPTS[0] * 2 + PROMPTS[1]]
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_engine(checkpoint, name: str, options: CompileOptions) -> Engine:
+    eng = Engine.from_pretrained(str(checkpoint(name)))
+    eng.enable_compile(options)
+    eng.cache(CAPACITY)
+    return eng
+
+
+def check_compiled(method_name: str, eager: Engine, compiled: Engine, max_new: int) -> None:
+    method = METHODS[method_name]()
+    method.setup(compiled)
+    ids = compiled.tokenizer(WARMUP).input_ids
+    assert method.generate(compiled, ids, max_new).tokens == VanillaDecoder().generate(eager, ids, max_new).tokens
+    warm = compile_stats()["graphs"]
+    assert warm >= 1, "nothing was compiled"
+    for text in SAMPLES:
+        ids = compiled.tokenizer(text).input_ids
+        ref = VanillaDecoder().generate(eager, ids, max_new).tokens
+        assert method.generate(compiled, ids, max_new).tokens == ref, f"{method_name} diverged on {text!r}"
+        eos = ref[len(ref) // 2]
+        want = ref[: ref.index(eos) + 1]
+        assert method.generate(compiled, ids, max_new, eos_ids=(eos,)).tokens == want
+        assert method.generate(compiled, ids, 3).tokens == ref[:3]
+    assert compile_stats()["graphs"] == warm, f"{method_name} recompiled after the warm-up generation"
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("method_name", list(METHODS))
+@pytest.mark.parametrize("model", ["llama_mha_rep", "qwen2_gqa"])
+def test_compiled_flex_is_token_identical_and_compiles_once(method_name, model, engine, checkpoint, fresh_dynamo):
+    compiled = compiled_engine(checkpoint, model, CompileOptions(backend="aot_eager", attention="flex"))
+    check_compiled(method_name, engine(model), compiled, max_new=24)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method_name", list(METHODS))
+def test_compiled_inductor_is_token_identical(method_name, engine, checkpoint, fresh_dynamo):
+    compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="inductor", attention="auto"))
+    assert compiled.step_backend == "sdpa"
+    check_compiled(method_name, engine("llama_gqa"), compiled, max_new=16)
+
+
+def test_lossy_compiled_equals_lossy_eager(engine, checkpoint, fresh_dynamo):
+    """Lossy decoding is not vanilla, but compiling it must not change a token."""
+    compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="aot_eager", attention="flex"))
+    for text in [WARMUP] + SAMPLES:
+        ids = compiled.tokenizer(text).input_ids
+        want = LossyDecoder(compress=SMALL).generate(engine("llama_gqa"), ids, 24).tokens
+        assert LossyDecoder(compress=SMALL).generate(compiled, ids, 24).tokens == want
+
+
+def test_live_length_is_read_from_tensors(checkpoint, fresh_dynamo):
+    """The compiled plan reads the whole static cache: the live prefix is a tensor and the BlockMask's active
+    KV blocks follow it, so a step at another length is the same graph with other tensor values."""
+    eng = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="aot_eager", attention="flex"))
+    cache = eng.cache(CAPACITY)
+    step = eng.compiled
+    for prefix in (5, 200, 129):
+        plan = step.static_plan(cache, causal_plan(prefix), 1)
+        assert plan.prefix == cache.max_len and int(plan.prefix_length) == prefix
+        bm = plan.prefix_block_mask
+        assert bm.seq_lengths == (1, cache.max_len)
+        assert int(bm.kv_num_blocks.max()) == -(-prefix // bm.BLOCK_SIZE[1])  # the dead tail is skipped
