@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fafo.engine.attention import causal_plan  # noqa: E402
+from fafo.engine.compiled import COMPILE_MODES, CompileOptions, compile_stats  # noqa: E402
 from fafo.engine.engine import Engine  # noqa: E402
 from fafo.engine.tiny import tiny_checkpoint  # noqa: E402
 
@@ -38,7 +39,7 @@ PEAK_BANDWIDTH = {
     "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12, "A100-PCIE-40GB": 1.555e12, "A100 80GB PCIe": 1.935e12,
     "H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200": 4.8e12,
 }
-COLUMNS = ["device", "dtype", "context", "step_tokens", "median_ms", "min_ms", "bytes_read", "gb_per_s",
+COLUMNS = ["device", "dtype", "attention", "context", "step_tokens", "median_ms", "min_ms", "bytes_read", "gb_per_s",
            "peak_fraction", "tokens_per_s"]
 
 
@@ -60,7 +61,11 @@ def load_engine(args) -> Engine:
         path = str(tiny_checkpoint(dict(family="llama", hidden_size=256, num_hidden_layers=4,
                                         num_attention_heads=8, num_key_value_heads=2, intermediate_size=688,
                                         max_position_embeddings=65536)))
-    return Engine.from_pretrained(path, device=args.device, dtype=args.dtype, backend=args.attention)
+    engine = Engine.from_pretrained(path, device=args.device, dtype=args.dtype, backend=args.attention)
+    if args.compile:  # the runner's compiled decode steps; one cache for every context, as in a run
+        engine.enable_compile(CompileOptions(mode=args.compile, backend=args.compile_backend))
+        engine.cache(max(args.contexts) + max(args.steps))
+    return engine
 
 
 def time_forward(engine: Engine, cache, context: int, step: int, repeats: int, warmup: int) -> list[float]:
@@ -85,6 +90,7 @@ def run(args) -> list[dict]:
     kv_bytes_per_token = 2 * a.n_layers * a.n_kv_heads * a.head_dim * engine.model.lm_head.weight.element_size()
     peak = peak_bandwidth(device)
     rows = []
+    attention = engine.step_backend + (f"+compile:{args.compile}" if args.compile else "")
     for context in args.contexts:
         cache = engine.cache(context + max(args.steps))
         for buf in cache.keys + cache.values:  # timing only: random entries stand in for a prefill
@@ -93,7 +99,8 @@ def run(args) -> list[dict]:
             times = time_forward(engine, cache, context, step, args.repeats, args.warmup)
             med = statistics.median(times)
             read = engine.weights_nbytes + context * kv_bytes_per_token
-            rows.append({"device": str(device), "dtype": args.dtype, "context": context, "step_tokens": step,
+            rows.append({"device": str(device), "dtype": args.dtype, "attention": attention, "context": context,
+                         "step_tokens": step,
                          "median_ms": med * 1e3, "min_ms": min(times) * 1e3, "bytes_read": read,
                          "gb_per_s": read / med / 1e9, "peak_fraction": (read / med / peak) if peak else "",
                          "tokens_per_s": step / med})
@@ -136,6 +143,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096])
     p.add_argument("--steps", type=int, nargs="+", default=[1, 481],
                    help="tokens per forward: 1 = vanilla, 481 = FAFO n=40 k=6 m=40 (1 + m*k + n*k)")
+    p.add_argument("--compile", default=None, choices=COMPILE_MODES,
+                   help="time compiled decode steps (the runner's bench.compile) in this torch.compile mode")
+    p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
@@ -146,6 +156,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = run(args)
+    if args.compile:
+        stats = compile_stats()
+        print(f"compiled {stats['graphs']} graphs in {stats['compile_s']:.1f} s (excluded from the timings)")
     write(rows, args.out, args.plot)
     print(f"wrote {args.out}")
     return rows

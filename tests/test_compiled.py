@@ -10,6 +10,8 @@ Compiles are counted with ``torch._dynamo``'s counters: the first generation com
 later generations on prompts of other lengths (and other acceptance) compile none.
 """
 
+import re
+
 import pytest
 import torch
 import torch._dynamo
@@ -26,8 +28,11 @@ from fafo.compress.stream import StreamingLLM
 from fafo.engine.attention import causal_plan
 from fafo.engine.compiled import CompileOptions, compile_stats
 from fafo.engine.engine import Engine
+from fafo.bench.runner import Runner
+from fafo.errors import ConfigError
 from fafo.fafo import FAFODecoder
 from tests.lossless import PROMPTS
+from tests.test_runner import make_cfg, read_rows
 
 SMALL = StreamingLLM(sink=2, local=6)
 CAPACITY = 512  # the runner sizes the cache once per run, before warm-up; so do these tests
@@ -116,3 +121,37 @@ def test_live_length_is_read_from_tensors(checkpoint, fresh_dynamo):
         bm = plan.prefix_block_mask
         assert bm.seq_lengths == (1, cache.max_len)
         assert int(bm.kv_num_blocks.max()) == -(-prefix // bm.BLOCK_SIZE[1])  # the dead tail is skipped
+
+
+@pytest.mark.parametrize("overrides", [
+    ["bench.compile_backend=aot_eager", "bench.compile_attention=flex"],
+    pytest.param([], marks=pytest.mark.slow),  # inductor + sdpa: CPU's default compiled path
+], ids=["aot_eager-flex", "inductor"])
+def test_runner_compiles_in_warmup_only(overrides, tmp_path, fresh_dynamo):
+    """Multi-turn samples of different lengths: the warm-up compiles, no timed row does, tokens stay exact."""
+    cfg = make_cfg(tmp_path, "method=fafo_stream", "method.n=4", "method.k=3", "bench.compile=true",
+                   "bench.max_new_tokens=12", "bench.max_samples=5", *overrides)
+    run_dir = tmp_path / "run"
+    summary = Runner(cfg, run_dir).run()
+    rows = read_rows(run_dir)
+    assert len(rows) > 5 and {r["status"] for r in rows} == {"ok"}  # two-turn samples included
+    assert len({r["prompt_tokens"] for r in rows}) > 3
+    assert all(r["exact_match"] == "True" for r in rows)
+    assert all(r["compiles"] == "0" for r in rows), [r["compiles"] for r in rows]
+    assert summary["compiled_graphs"] >= 2 and summary["compile_s"] > 0  # vanilla's step and FAFO's
+    assert summary["compile"]["mode"] == "default" and summary["step_attention"] in ("flex", "sdpa")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["bench.compile=maybe"], "bench.compile='maybe'"),
+    (["bench.compile=true", "bench.compile_mode=reduce-overhead"], "needs a CUDA device"),
+    (["bench.compile=true", "bench.compile_mode=fastest"], "not a torch.compile mode"),
+    (["bench.compile=true", "bench.compile_attention=flex"], "bench.compile_backend=aot_eager"),
+])
+def test_bad_compile_settings_fail_before_loading(overrides, message, tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Runner(make_cfg(tmp_path, *overrides), tmp_path / "run")
+
+
+def test_compile_is_off_by_default_on_cpu(tmp_path):
+    assert Runner(make_cfg(tmp_path), tmp_path / "run").compile is None

@@ -19,7 +19,7 @@ SAMPLE_COLUMNS = [
     "prompt_tokens", "new_tokens", "forwards", "tau", "mean_accept",
     "prefill_s", "decode_s", "total_s", "tokens_per_s", "peak_mem_mb",
     "ref_new_tokens", "ref_total_s", "ref_decode_s", "speedup",
-    "exact_match", "first_mismatch", "ref_source", "seed", "status",
+    "exact_match", "first_mismatch", "ref_source", "seed", "compiles", "status",
 ]
 
 

@@ -26,10 +26,11 @@ from tqdm import tqdm
 from fafo.bench.metrics import accept_histogram, summarize
 from fafo.bench.records import RecordWriter, first_mismatch, write_json_atomic
 from fafo.bench.reference import ReferenceStore, reference_key
-from fafo.bench.setup import (build, check_bench, environment, method_node, resolve_device, resolve_dtype,
-                              resolve_model)
+from fafo.bench.setup import (build, check_bench, environment, method_node, resolve_compile, resolve_device,
+                              resolve_dtype, resolve_model)
 from fafo.bench.timing import PeakMemory, SyncClock
 from fafo.bench.wandb_log import WandbLogger
+from fafo.engine.compiled import compile_stats
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 
@@ -44,6 +45,7 @@ class Runner:
         check_bench(self.bench)
         self.device = resolve_device(self.bench.device)
         self.dtype = resolve_dtype(self.bench.dtype, self.device)
+        self.compile = resolve_compile(self.bench, self.device)
         self.sampling = build(cfg.sampling, "sampling")
         self.method = build(method_node(cfg.method), "method")
         self.reference = build(self.bench.reference, "bench.reference")
@@ -72,6 +74,20 @@ class Runner:
     def _needed_slots(self, n_prompt: int, budget: int) -> int:
         return n_prompt + budget + max(self.method.extra_slots(budget), self.reference.extra_slots(budget))
 
+    def _run_slots(self) -> int:
+        """Cache slots the largest sample and turn of the run needs (a later turn's prompt holds the earlier
+        answers, each at most the token budget): compiled steps are specialised to one cache size."""
+        most = 0
+        for s in self.samples:
+            budget = self.budget(s)
+            for turn in range(len(s.turns)):
+                try:
+                    n = len(self.task.prompt_ids(self.ckpt.tokenizer, s, turn, [""] * turn))
+                except Exception:  # noqa: BLE001 - a bad sample is recorded when it runs, not here
+                    continue
+                most = max(most, self._needed_slots(n + turn * (budget + 8), budget))
+        return most
+
     def _check_prompts_fit(self) -> None:
         for s in self.samples:
             n = len(self.task.prompt_ids(self.ckpt.tokenizer, s, 0, []))
@@ -87,6 +103,9 @@ class Runner:
         self.engine = Engine.load(self.ckpt.path, self.ckpt.config, self.ckpt.tokenizer, device=self.device,
                                   dtype=self.dtype, backend=self.cfg.model.get("attention", "sdpa"),
                                   max_len=self.context, name=self.names["model"])
+        if self.compile is not None:
+            self.engine.enable_compile(self.compile)
+            self.engine.cache(self._run_slots())  # allocated once: every sample reuses the compiled graphs
         load_s = time.perf_counter() - t_load
         self.env = environment(self.device)
         self.eos = () if self.bench.ignore_eos else self.engine.eos_ids
@@ -97,7 +116,9 @@ class Runner:
         records = RecordWriter(self.run_dir)
         logger = WandbLogger(self.cfg, self.run_dir, "/".join(self.names.values()))
         OmegaConf.save(self.cfg, self.run_dir / "config.yaml", resolve=True)
+        before = compile_stats()
         warmup_s = self._warmup()
+        self.warm_compile = {k: v - before[k] for k, v in compile_stats().items()}
         done = records.done
         bar = tqdm(self.samples, desc=f"{self.names['method']} on {self.names['task']}", file=sys.stderr,
                    disable=not self.bench.progress)
@@ -107,6 +128,8 @@ class Runner:
             bar.set_postfix(tau=f"{s.get('tau', 0):.2f}", speedup=f"{s.get('speedup', math.nan):.2f}")
         records.close()
         summary = self._summary(records.rows, warmup_s, load_s)
+        summary.update(compile=asdict(self.compile) if self.compile else None, step_attention=self.engine.step_backend,
+                       compile_s=self.warm_compile["compile_s"], compiled_graphs=self.warm_compile["graphs"])
         summary["accept_hist"] = accept_histogram(o["accept_lengths"] for o in records.outputs.values())
         write_json_atomic(self.run_dir / "summary.json", summary)
         logger.finish(records.rows, summary)
@@ -114,13 +137,18 @@ class Runner:
         return summary
 
     def _warmup(self) -> float:
-        """bench.warmup generations of the first prompt by method and reference, excluded from all timings."""
-        if not self.bench.warmup or not self.samples:
+        """bench.warmup generations of the first prompt by method and reference, excluded from all timings.
+
+        With compiled steps at least one is run: it compiles every step shape (compile time is reported apart as
+        ``compile_s``; each row counts the graphs compiled during its own timing in ``compiles``, normally 0).
+        """
+        rounds = max(self.bench.warmup, 1 if self.compile is not None else 0)
+        if not rounds or not self.samples:
             return 0.0
         sample = self.samples[0]
         prompt = self.task.prompt_ids(self.engine.tokenizer, sample, 0, [])
         self.clock.start()
-        for _ in range(self.bench.warmup):
+        for _ in range(rounds):
             for decoder in (self.method, self.reference):
                 decoder.generate(self.engine, prompt, min(self.budget(sample), 64), self.eos, self.sampling,
                                  self.sampling.generator(0, self.device))
@@ -177,6 +205,7 @@ class Runner:
             model=self.ckpt.identity, dtype=self.dtype, device=self.env["device_name"], backend=self.engine.backend,
             prompt=hashlib.sha256(json.dumps(prompt).encode()).hexdigest(), max_new_tokens=budget, eos=self.eos,
             sampling=asdict(self.sampling), decoder=repr(self.reference), context=self.context,
+            **({"compile": asdict(self.compile)} if self.compile else {}),  # eager keys stay as they were
             versions=[self.env["torch"], self.env["transformers"], self.env["fafo_bench"]],
         )
 
@@ -184,6 +213,7 @@ class Runner:
         budget = self.budget(sample)
         seed_index = int(hashlib.sha1(f"{sample.id}/{turn}".encode()).hexdigest()[:8], 16)
         key = self._reference_key(prompt, budget)
+        graphs = compile_stats()["graphs"]
         ref = ref or self.store.get(key)
         ref_source = "stored"
         if ref is None or len(ref["total_s"]) <= repeat:  # interleave: reference right before the method
@@ -209,7 +239,7 @@ class Runner:
             "ref_new_tokens": len(ref["tokens"]), "ref_total_s": ref_total, "ref_decode_s": ref_decode,
             "speedup": ref_total / t["total_s"], "exact_match": (mismatch == -1) if greedy else "",
             "first_mismatch": mismatch if greedy else "", "ref_source": ref_source, "seed": seed_index,
-            "status": "ok",
+            "compiles": compile_stats()["graphs"] - graphs, "status": "ok",
         }
         output = {"sample_id": str(sample.id), "turn": turn, "prompt_tokens": len(prompt), "tokens": gen.tokens,
                   "text": self.engine.tokenizer.decode(gen.tokens, skip_special_tokens=True),

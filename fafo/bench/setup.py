@@ -15,6 +15,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from fafo.engine.compiled import COMPILE_MODES, CompileOptions
 from fafo.engine.engine import DTYPES, check_backend
 from fafo.engine.loader import load_hf_config, load_tokenizer, resolve_checkpoint
 from fafo.engine.tiny import tiny_checkpoint
@@ -72,6 +73,37 @@ def check_bench(bench: DictConfig) -> None:
         value = bench[key]
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"bench.{key}={value!r} must be a positive integer or null")
+
+
+def resolve_compile(bench: DictConfig, device: torch.device) -> CompileOptions | None:
+    """``bench.compile*`` -> the compile options of decode steps, or None for eager (checked before loading).
+
+    auto: compiled with CUDA graphs (``reduce-overhead``) on CUDA, eager on CPU.
+    """
+    enabled = bench.get("compile", "auto")
+    if enabled not in ("auto", True, False):
+        raise ConfigError(f"bench.compile={enabled!r} must be auto, true or false")
+    if enabled is False or (enabled == "auto" and device.type != "cuda"):
+        return None
+    mode = bench.get("compile_mode", "auto")
+    if mode == "auto":
+        mode = "reduce-overhead" if device.type == "cuda" else "default"
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"bench.compile_mode={mode!r} is not a torch.compile mode; use auto or one of "
+                          f"{', '.join(COMPILE_MODES)}")
+    if mode == "reduce-overhead" and device.type != "cuda":
+        raise ConfigError("bench.compile_mode=reduce-overhead replays CUDA graphs and needs a CUDA device; "
+                          "use bench.compile_mode=default on CPU")
+    attention = bench.get("compile_attention", "auto")
+    if attention not in ("auto", "flex", "sdpa"):
+        raise ConfigError(f"bench.compile_attention={attention!r} must be auto, flex or sdpa")
+    backend = bench.get("compile_backend", "inductor")
+    options = CompileOptions(mode=mode, backend=backend, attention=attention)
+    if backend == "inductor" and device.type == "cpu" and options.attention_for(device) == "flex":
+        raise ConfigError("bench.compile_attention=flex cannot be compiled by inductor on CPU (no FlexAttention "
+                          "log-sum-exp output there); use bench.compile_attention=auto or "
+                          "bench.compile_backend=aot_eager")
+    return options
 
 
 @dataclass

@@ -93,6 +93,9 @@ class CompiledStep:
     def __init__(self, model, options: CompileOptions, device: torch.device):
         self.options = options
         self.attention = options.attention_for(device)
+        # past the limit dynamo would silently run eager and the timings would lie: fail loudly instead
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
         self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False)
         self._lengths: dict[tuple, _Length] = {}
         self._causal: dict[tuple, object] = {}
