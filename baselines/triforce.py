@@ -34,6 +34,14 @@ Choices where the paper and the code are silent or do not fit (each documented i
 * Chunk scores are computed in float32; GQA targets combine a KV head's query heads with ``gqa_reduce``.
 * The recent region never overwrites chunk 0: once it fills ``budget - chunk`` slots it wraps (oldest dropped).
 * Drafting stops early when the proposal already reaches ``max_new_tokens`` or an EOS (the rest would be cut).
+
+Static shapes (``engine.static_shapes``, compiled decode steps): every per-round forward has a shape fixed by the
+hyperparameters. The verification is padded to ``max_proposal + 1`` tokens (its proposal is shorter when drafting
+stops early); the middle forward always feeds ``1 + gamma1`` tokens (v's newest token, then the drafts; 1
+without a draft) and would be padded to that if it ever were shorter; the draft pads its catch-up feeds
+(:class:`~baselines.triforce_cache.StreamingDraft`). Padding tokens come after the real ones, so under the causal
+mask no real row sees them; they get the next positions and scratch slots that no later forward reads before
+overwriting them, and only the real logits rows are used: tokens, steps and stats are the same as unpadded.
 """
 
 from __future__ import annotations
@@ -146,16 +154,20 @@ class TriForceDecoder(Decoder):
                               "method=triforce_nodraft)")
 
     def setup(self, engine: Engine) -> None:
-        """Load the draft on the target's device, dtype and attention backend (once per target engine)."""
-        if self.draft is None or (self._loaded is not None and self._loaded[0] is engine):
+        """Load the draft on the target's device, dtype and attention backend (once per target engine); the draft
+        engine follows the target's ``static_shapes`` (checked at every call: the flag may change between runs)."""
+        if self.draft is None:
             return
-        self.check_target(engine.model.hf_config, engine.tokenizer)
-        ckpt = self._draft_checkpoint()
-        draft = Engine.load(ckpt.path, ckpt.config, ckpt.tokenizer, device=engine.device, dtype=engine.dtype,
-                            backend=engine.backend, name="triforce-draft")
-        window = self.draft_budget - self.draft_start - self.gamma2  # official recent_size
-        scratch = 3 * (self.max_proposal + 1) + self.gamma1  # lagging committed + proposal + drafts
-        self._loaded = (engine, StreamingDraft(draft, self.draft_start, window, scratch))
+        if self._loaded is None or self._loaded[0] is not engine:
+            self.check_target(engine.model.hf_config, engine.tokenizer)
+            ckpt = self._draft_checkpoint()
+            draft = Engine.load(ckpt.path, ckpt.config, ckpt.tokenizer, device=engine.device, dtype=engine.dtype,
+                                backend=engine.backend, name="triforce-draft")
+            window = self.draft_budget - self.draft_start - self.gamma2  # official recent_size
+            # lagging committed + proposal + drafts; the slack also holds static-shape padding (StreamingDraft)
+            scratch = 3 * (self.max_proposal + 1) + self.gamma1
+            self._loaded = (engine, StreamingDraft(draft, self.draft_start, window, scratch))
+        self._loaded[1].engine.static_shapes = engine.static_shapes
 
     def _retrieval_kv(self, engine: Engine, n: int):
         """The retrieval cache's buffers, reused across generations on the same target (like ``engine.cache``)."""
@@ -206,6 +218,10 @@ class TriForceState:
                                     "rebuilds"), 0)
         self.draft_forwards0 = self.draft.forwards if self.draft else 0
         self.captured: dict = {}
+        # per-round forward lengths under engine.static_shapes (else each forward has its real length)
+        self.static = engine.static_shapes
+        self.verify_len = cfg.max_proposal + 1  # [current | up to max_proposal proposed tokens]
+        self.middle_len = 1 + (cfg.gamma1 if self.draft is not None else 0)  # [v's last token | gamma1 drafts]
 
     def prefill(self) -> int:
         """Prefill the full cache capturing the last prompt token's query, build C_r, prefill the draft."""
@@ -225,19 +241,35 @@ class TriForceState:
         self.hist.append(self.cur)
         return self.cur
 
+    def _padded(self, tokens: list[int], length: int) -> list[int]:
+        """``tokens`` followed by padding up to ``length`` tokens under static shapes (else as they are).
+
+        The padding (copies of the last token) comes after the real tokens, so under the causal plans used here no
+        real row sees it; the caller gives it the next positions and slots (scratch: not committed, overwritten
+        before any later forward reads them) and keeps only real logits rows."""
+        if not self.static:
+            return tokens
+        if len(tokens) > length:
+            raise RuntimeError(f"triforce: a {len(tokens)}-token step exceeds its static length {length}")
+        return tokens + tokens[-1:] * (length - len(tokens))
+
     def _middle(self, v: list[int], valid: int, drafts: list[int]) -> list[int]:
         """One middle-level forward over v's tokens without middle KV yet plus the drafts; returns the argmax
         after v's last token and after each draft (the KV of all fed tokens goes to the middle scratch); when
-        sampling, those logits rows ([len(drafts) + 1, V]) instead."""
+        sampling, those logits rows ([len(drafts) + 1, V]) instead.
+
+        Every middle step appends exactly one token past ``valid`` (its correction or bonus), so the feed is
+        ``[v[-1]] + drafts``: ``middle_len`` tokens, a static shape by construction (padded if ever shorter)."""
         if self.retrieval is not None:
             kv, base = self.retrieval.kv, self.retrieval.budget
         else:
             kv, base = self.cache, self.N  # full-cache fallback: scratch = the slots the verification rewrites
         feed = v[valid:] + drafts
         dev = self.engine.device
-        idx = torch.arange(len(feed), device=dev)
-        rows = torch.arange(len(v) - 1 - valid, len(feed), device=dev)
-        out = self.engine.forward(kv, feed, self.N + valid + idx, base + valid + idx,
+        tokens = self._padded(feed, self.middle_len)
+        idx = torch.arange(len(tokens), device=dev)  # positions N + valid.., slots base + valid.. (scratch)
+        rows = torch.arange(len(v) - 1 - valid, len(feed), device=dev)  # real rows only: len(drafts) + 1
+        out = self.engine.forward(kv, tokens, self.N + valid + idx, base + valid + idx,
                                   AttentionPlan(prefix=base + valid), logits=rows)
         self.stats["middle_forwards"] += 1
         return out[0] if self.sampling is not None else out[0].argmax(-1).tolist()
@@ -273,17 +305,22 @@ class TriForceState:
 
     def _verify(self, v: list[int]) -> torch.Tensor:
         """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits.
-        Captures the rows' queries when the retrieval cache is due for a rebuild this round."""
+        Captures the rows' queries when the retrieval cache is due for a rebuild this round.
+
+        Under static shapes ``v`` (shorter when drafting stopped at max_new_tokens or an EOS) is padded to
+        ``verify_len`` tokens: their KV goes to slots ``N + len(v)..``, past anything the commit keeps (the
+        cache's ``extra_slots`` cover them), and their logits rows are dropped."""
         N = self.N
-        idx = torch.arange(len(v), device=self.engine.device)
+        tokens = self._padded(v, self.verify_len)
+        idx = torch.arange(len(tokens), device=self.engine.device)
         plan = causal_plan(N)
         self.stats["rounds"] += 1
         every = self.cfg.rebuild_every
         if self.retrieval is not None and every and self.stats["rounds"] % every == 0:
-            plan.capture_rows = idx
-        out = self.engine.forward(self.cache, v, N + idx, N + idx, plan, logits="all")
+            plan.capture_rows = idx  # all rows (a fixed count); commit reads row `accepted` < len(v)
+        out = self.engine.forward(self.cache, tokens, N + idx, N + idx, plan, logits="all")
         self.captured = plan.captured
-        return out
+        return out[:, : len(v)]  # [1, len(tokens), V] -> the real rows
 
     def _hist(self, extra: list[int]) -> list[int] | None:
         """The token history before a predicted token (only built when the repetition penalty reads it)."""

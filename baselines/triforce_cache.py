@@ -114,9 +114,18 @@ class StreamingDraft:
     chunks seeing ``window - 64`` old tokens); speculated tokens keep their KV across middle-level steps (official:
     all uncommitted tokens are re-run every call, same tokens); the token before each correction is kept
     (the official ``evict_for_spec(start + recent + count)`` drops it after a rejection, an off-by-one).
+
+    Static shapes (``engine.static_shapes``): each :meth:`propose` runs a catch-up forward (the tokens the draft
+    has no KV for) then ``n - 1`` one-token forwards. TriForce's catch-ups are at most ``CATCH_UP`` tokens: after a
+    commit the draft lacks at most two committed tokens, the last draft (drafted, never fed) and the middle level's
+    token after it, then comes the current token; within a round it lacks the middle level's correction (plus the
+    last draft after a full match). Catch-ups are padded to ``CATCH_UP`` tokens (longer ones, from other callers,
+    run in ``CATCH_UP``-token pieces), so the draft's decode forwards have two shapes: ``CATCH_UP`` tokens and 1.
+    The scratch TriForce sizes (:meth:`baselines.triforce.TriForceDecoder.setup`) has room for the padding.
     """
 
     PREFILL_CHUNK = 64  # official draft prefill chunk (utils/graph_infer.py::draft_run)
+    CATCH_UP = 3  # static-shape length of propose's first forward (see the class docstring)
 
     def __init__(self, engine: Engine, start: int, window: int, scratch: int):
         self.engine, self.start, self.window = engine, start, window
@@ -142,8 +151,25 @@ class StreamingDraft:
     def _slot(self, p: int) -> int:
         return p if p < self.start else self.start + (p - self.start) % self.window
 
-    def _forward(self, tokens: list[int], p0: int, logits):
-        """Run ``tokens`` at positions p0.. (p0 >= D), KV into scratch; they see committed slots and scratch < p0."""
+    def _forward(self, tokens: list[int], p0: int, logits, pad: int = 0):
+        """Run ``tokens`` at positions p0.. (p0 >= D), KV into scratch; they see committed slots and scratch < p0.
+
+        With ``pad`` under ``engine.static_shapes`` (``logits="last"`` only): forwards of exactly ``pad`` tokens,
+        each piece of ``tokens`` followed by padding. Padding rows come after the real ones (causal: no real row
+        sees them); their KV lands in scratch slots past the real tokens', which no forward reads (a forward sees
+        slots below its own first one) before the next real tokens overwrite them, and a commit only moves
+        real speculated tokens. Returns the last real token's logits, [1, 1, V]."""
+        if not (pad and self.engine.static_shapes):
+            return self._run(tokens, p0, logits)
+        assert logits == "last", logits
+        for s in range(0, len(tokens), pad):
+            piece = tokens[s : s + pad]
+            last = torch.tensor([len(piece) - 1], device=self.engine.device)  # a fixed count (1) of logits rows
+            out = self._run(piece + piece[-1:] * (pad - len(piece)), p0 + s, last)
+        return out
+
+    def _run(self, tokens: list[int], p0: int, logits):
+        """One forward of ``tokens`` at positions p0.., slots right after the committed ones and scratch < p0."""
         off = self._base() + p0 - self.D
         if off + len(tokens) > self.kv.max_len:
             raise RuntimeError(f"triforce draft scratch overflow ({off + len(tokens)} > {self.kv.max_len} slots)")
@@ -174,8 +200,8 @@ class StreamingDraft:
         end = start + len(tokens)
         del self.spec[self._common(tokens, start, end - 1 - self.D) :]  # keep >= 1 token to feed
         feed, out = tokens[self.D + len(self.spec) - start :], []
-        for _ in range(n):
-            logits = self._forward(feed, self.D + len(self.spec), logits="last")
+        for i in range(n):  # static shapes: the catch-up padded to CATCH_UP tokens, then single drafted tokens
+            logits = self._forward(feed, self.D + len(self.spec), logits="last", pad=self.CATCH_UP if i == 0 else 0)
             self.forwards += 1
             self.spec += feed
             feed = [int(logits[0, -1].argmax()) if pick is None else int(pick(logits[0, -1], out))]

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from baselines.triforce import TriForceDecoder, TriForceState
+from baselines.triforce_cache import StreamingDraft
 from baselines.vanilla import VanillaDecoder
 from fafo.bench.runner import Runner
 from fafo.engine.attention import causal_plan
@@ -196,3 +197,137 @@ def test_vocab_mismatch_and_sampling_are_refused(engine, checkpoint, ckpt_root):
     with pytest.raises(ConfigError, match=r"method\.draft\.path"):
         TriForceDecoder(draft={"path": str(ckpt_root / "missing")}).check_target(eng.model.hf_config, None)
     TriForceDecoder().check_sampling(Sampling(temperature=0.7))  # sampling is supported (tests/test_sampling.py)
+
+
+# ---------------------------------------------------------------------------- engine.static_shapes
+STATIC_CASES = {  # name: (target, prompts, decoder kwargs, draft: None, "tiny" (DRAFT_SPEC) or "self" (the target))
+    "rep-self-g2": ("llama_mha_rep", LONG, dict(SMALL, gamma1=2), "self"),  # high acceptance at both levels
+    "qwen2-rep-g1-rebuild": ("qwen2_gqa_rep", LONG, dict(SMALL, gamma1=1, rebuild_every=2), "tiny"),
+    "gqa-g3-short": ("llama_gqa", PROMPTS, dict(SMALL, budget=64, gamma1=3, gamma2=4), "tiny"),
+    "full-cache-middle": ("llama_mha_rep", PROMPTS, dict(SMALL, budget=64, chunk_size=32), "self"),  # < 2 chunks
+    "nodraft": ("llama_mha_rep", LONG, dict(SMALL, gamma2=4), None),
+}
+STATIC_SAMPLING = Sampling(temperature=0.8, top_k=16, seed=5)
+
+
+@pytest.fixture
+def static(engine, checkpoint, draft_path):
+    """static(case) -> (engine with ``static_shapes`` on, switched off again afterwards; decoder; prompts)."""
+    used = []
+
+    def get(case: str):
+        name, prompts, kw, draft = STATIC_CASES[case]
+        eng = engine(name)
+        used.append(eng)
+        eng.static_shapes = True
+        path = {None: None, "tiny": draft_path, "self": str(checkpoint(name))}[draft]
+        return eng, TriForceDecoder(**kw, draft=path and {"path": path}), prompts
+
+    yield get
+    for eng in used:
+        eng.static_shapes = False
+
+
+def run_both(eng, method, ids, max_new, sampling=None, seed=0):
+    """(static-shape generation, plain generation) of one prompt, each with a fresh generator of the same seed."""
+    gens = []
+    for flag in (True, False):
+        eng.static_shapes = flag
+        gens.append(method.generate(eng, ids, max_new, (), sampling, sampling and sampling.generator(seed)))
+    eng.static_shapes = True
+    return gens
+
+
+@pytest.mark.parametrize("case", list(STATIC_CASES))
+def test_static_shapes_are_token_identical_to_vanilla_and_unpadded(case, static):
+    eng, method, prompts = static(case)
+    assert_lossless(method, eng, prompts=prompts)  # vs vanilla greedy, across EOS and max_new_tokens cuts
+    for text in prompts:  # the padding changes nothing but the shapes: same tokens, steps and stats
+        ids = eng.tokenizer(text).input_ids
+        for max_new in (40, 9):
+            padded, plain = run_both(eng, method, ids, max_new)
+            assert padded.tokens == plain.tokens and padded.accept_lengths == plain.accept_lengths
+            assert padded.extras == plain.extras
+    if case.startswith("rep"):
+        assert max(padded.accept_lengths) > 2 and padded.extras["middle_accept_rate"] > 0.3
+
+
+@pytest.mark.parametrize("case", ["rep-self-g2", "gqa-g3-short", "nodraft"])
+def test_static_shapes_sampling_draws_the_same_tokens(case, static):
+    eng, method, prompts = static(case)
+    for i, text in enumerate(prompts):
+        padded, plain = run_both(eng, method, eng.tokenizer(text).input_ids, 30, STATIC_SAMPLING, seed=i)
+        assert padded.tokens == plain.tokens and padded.accept_lengths == plain.accept_lengths
+        assert padded.extras == plain.extras
+
+
+class StepShapes:
+    """Records the shapes of every decode-step forward (``plan.prefix > 0``) after the prefill, per forward kind
+    (by the cache it runs on): (Q, len(positions), len(slots), logits rows). Doubles as the generation's clock:
+    recording starts at its ``prefill`` mark (the draft's chunked prefill has prefix > 0 and any shape)."""
+
+    def __init__(self, eng, method, monkeypatch):
+        self.on, self.seen = False, {}
+        self.method = method
+        method.setup(eng)  # loads the draft engine, wrapped below too
+        engines = [eng] + ([method._loaded[1].engine] if method.draft is not None else [])
+        for e in engines:
+            monkeypatch.setattr(e, "forward", self.wrap(e.forward))
+
+    def kind(self, cache) -> str:
+        if self.method.draft is not None and cache is self.method._loaded[1].kv:
+            return "draft"
+        return "retrieval" if self.method._rkv is not None and cache is self.method._rkv[1] else "full"
+
+    def wrap(self, forward):
+        def record(cache, tokens, positions, slots, plan, logits="all", skip=None):
+            if self.on and plan.prefix > 0:
+                rows = {"all": len(tokens), "last": 1}[logits] if isinstance(logits, str) else len(logits)
+                shape = (len(tokens), len(positions), len(slots), rows)
+                self.seen.setdefault(self.kind(cache), set()).add(shape)
+            return forward(cache, tokens, positions, slots, plan, logits, skip)
+
+        return record
+
+    def mark(self, phase: str) -> None:
+        self.on = phase == "prefill"
+
+    def generate(self, eng, text, max_new, sampling=None):
+        self.on = False
+        gen = self.method.generate(eng, eng.tokenizer(text).input_ids, max_new, (), sampling,
+                                   sampling and sampling.generator(0), clock=self)
+        self.on = False
+        return gen
+
+
+@pytest.mark.parametrize("sampling", [None, STATIC_SAMPLING], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("case", ["rep-self-g2", "gqa-g3-short", "full-cache-middle", "nodraft"])
+def test_static_shapes_give_each_forward_kind_one_shape(case, sampling, static, monkeypatch):
+    eng, method, prompts = static(case)
+    runs = [(prompts[2], 37), (prompts[0], 23)]  # repetitive / varied text, different lengths and max_new_tokens
+    assert len({len(eng.tokenizer(t).input_ids) for t, _ in runs}) == 2
+    P, M, C = method.max_proposal + 1, 1 + method.gamma1 * (method.draft is not None), StreamingDraft.CATCH_UP
+    want = {"full": {(P, P, P, P)}, "retrieval": {(M, M, M, M)}, "draft": {(C, C, C, 1), (1, 1, 1, 1)}}
+    if method.draft is None:
+        del want["draft"]
+    if case == "full-cache-middle":  # fewer than 2 whole chunks: the middle level runs on the full cache
+        want["full"].add(want.pop("retrieval").pop())
+    for static_shapes in (True, False):
+        eng.static_shapes = static_shapes
+        per_prompt = []
+        for text, max_new in runs:
+            rec = StepShapes(eng, method, monkeypatch)
+            gen = rec.generate(eng, text, max_new, sampling)
+            monkeypatch.undo()
+            assert gen.n_forwards >= 3 and min(gen.accept_lengths) < max(gen.accept_lengths)
+            per_prompt.append(rec.seen)
+        if static_shapes:
+            assert per_prompt == [want, want]
+        else:  # the control: unpadded verifications and draft catch-ups vary with the data
+            assert len(per_prompt[0]["full"] | per_prompt[1]["full"]) > len(want["full"])
+            if method.draft is not None:
+                drafts = per_prompt[0]["draft"] | per_prompt[1]["draft"]
+                assert drafts != want["draft"]
+                if case == "rep-self-g2" and sampling is None:  # full matches: catch-ups reach CATCH_UP tokens
+                    assert (C, C, C, 1) in drafts
+    eng.static_shapes = True
