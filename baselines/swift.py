@@ -17,7 +17,8 @@ cached) at position N:
   top-1 node of depth i (the chain the draft fed), with ``w_i`` = ``tree_widths`` (3/5/8/10) for confidence
   above 0.95 / 0.8 / 0.5 / else. The root is ``t0``. A node's ancestors are exactly the chain nodes above it.
 * **Verify** (``tree_decoding``): ONE full-model forward over the tree (ancestor mask), node at position
-  N + depth, KV to slots N, N+1, ...
+  N + depth, KV to slots N, N+1, ... Under ``engine.static_shapes`` (compiled steps) the tree is padded to
+  ``max_tree`` nodes that see only themselves (``SwiftTree.inputs``), so every verification has one shape.
 * **Accept** (greedy ``evaluate_posterior``): the longest root-to-leaf path whose tokens equal the target
   argmax of their parent, plus the target argmax after it (the bonus, the next ``t0``). Sibling ids are
   distinct, so the accepted path is unique and the official tie-break never matters.
@@ -97,6 +98,21 @@ class SwiftTree:
         chain[[0] + self.starts] = True
         return torch.eye(len(self.tokens), dtype=torch.bool, device=device) | (
             chain[None, :] & (depth[None, :] < depth[:, None]))
+
+    def inputs(self, N: int, size: int, device) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """The verification forward's tokens ``[size]``, positions ``[size]`` and step mask ``[size, size]``
+        with the root at position ``N``, padded to ``size >= T`` nodes (``engine.static_shapes``).
+
+        The ``size - T`` padding nodes follow the real ones: each repeats the root token at position ``N`` and
+        sees only itself (and the prefix), and no real node sees it, so the real nodes' logits are those of the
+        unpadded tree and the padding rows are meaningless. With ``size == T`` this is the plain tree."""
+        T = len(self.tokens)
+        pad = size - T
+        assert pad >= 0, f"a tree of {T} nodes does not fit {size}"
+        positions = torch.tensor(self.depth + [0] * pad, device=device) + N
+        mask = torch.eye(size, dtype=torch.bool, device=device)
+        mask[:T, :T] = self.mask(device)
+        return self.tokens + [self.tokens[0]] * pad, positions, mask
 
     def accept(self, preds: list[int]) -> list[int]:
         """Indices of the accepted nodes below the root, given the target argmax ``preds`` of every node."""
@@ -214,11 +230,18 @@ class SwiftDecoder(Decoder):
         self._model = None
 
     # ------------------------------------------------------------------ contract
-    def max_tree(self) -> int:
-        return 1 + self.max_step_draft * min(self.topk, max(self.tree_widths))
+    def max_tree(self, sampled: bool | None = None) -> int:
+        """Most nodes (root included) of a verification tree: ``max_step_draft`` depths of at most the widest
+        width, capped at ``topk``. Greedy trees (``sampled=False``) take their widths from ``tree_widths``,
+        sampled ones (``True``) from ``SAMPLING_TREE_WIDTHS``; ``None``: the larger of the two. Under
+        ``engine.static_shapes`` every tree is padded to this size."""
+        greedy = 1 + self.max_step_draft * min(self.topk, max(self.tree_widths))
+        samp = 1 + self.max_step_draft * min(self.topk, max(SAMPLING_TREE_WIDTHS))
+        return {False: greedy, True: samp, None: max(greedy, samp)}[sampled]
 
     def extra_slots(self, max_new_tokens: int) -> int:
-        return self.max_tree()  # the tree (>= the draft) is written past the committed entries
+        # the (padded) tree, >= the draft, is written to slots [N, N + max_tree) with N < prompt + max_new_tokens
+        return self.max_tree()
 
     def check_target(self, hf_config, tokenizer) -> None:
         self._check_layers(hf_config.num_hidden_layers)
@@ -273,9 +296,11 @@ class SwiftDecoder(Decoder):
             draft_forwards += len(conf)
             tree = SwiftTree.build(cur, draft_ids, widths)
             T = len(tree.tokens)
-            plan = AttentionPlan(prefix=N, step_mask=tree.mask(dev))
-            logits = engine.forward(cache, tree.tokens, torch.tensor(tree.depth, device=dev) + N,
-                                    torch.arange(N, N + T, device=dev), plan, logits="all")
+            size = self.max_tree(samp is not None) if engine.static_shapes else T  # padded: one shape per run
+            tree_tokens, positions, mask = tree.inputs(N, size, dev)
+            # the KV of node i goes to slot N + i (padding: scratch slots N + T .. N + size - 1)
+            logits = engine.forward(cache, tree_tokens, positions, torch.arange(N, N + size, device=dev),
+                                    AttentionPlan(prefix=N, step_mask=mask), logits="all")[:, :T]
             if samp is None:
                 preds = logits[0].argmax(-1).tolist()  # the step's host sync
                 path = tree.accept(preds)
@@ -338,6 +363,8 @@ class SwiftDecoder(Decoder):
         """Teacher-forced matchness of a candidate set on the first ``context_window + 1`` generated tokens,
         over the prompt's KV (slots [0, P)); nothing is written to the cache."""
         window = history[: self.context_window + 1]
+        # generate scores only once N - P > context_window + 1, and len(history) == N - P + 1: a fixed shape
+        assert len(window) == self.context_window + 1
         pos = torch.arange(P, P + len(window), device=engine.device)
         logits = engine.forward(cache, window, pos, None, causal_plan(P), logits="all",
                                 skip=(cand["attn"], cand["mlp"]))

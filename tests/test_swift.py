@@ -1,6 +1,8 @@
 """SWIFT (method configs swift, swift_script): lossless, one verification forward per step, and an on-the-fly
 layer-set search that does what the official code (hemingkx/SWIFT, model/swift/utils.py) does."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -215,3 +217,105 @@ def test_bad_layers_and_sampling_fail_early(deep):
     ids = eng.tokenizer(PROMPTS[0]).input_ids
     assert method.generate(eng, ids, 16).tokens == VanillaDecoder().generate(eng, ids, 16).tokens
     assert eng.cache(0).max_len < 1024  # sized from the run (prompt + max_new + tree), not the 8192 positions
+
+
+# ---------------------------------------------------------------------------- engine.static_shapes
+# tiny models' draft confidences are ~0.003 (repetitive) / 0.02-0.2 (llama_gqa): trees of 1 + 10 * depth nodes
+# whose depth the data sets, through the remaining budget (the draft stops at it) or the draft's confidence
+STATIC_SETTINGS = {"budget_cut": {**SEARCH, "stop_threshold": 0.0, "max_step_draft": 4},
+                   "confidence_stopped": {**SEARCH, "stop_threshold": 0.05, "max_step_draft": 4}}
+STATIC_SAMPLINGS = [Sampling(temperature=0.3, seed=3),
+                    Sampling(temperature=0.9, top_p=0.9, repetition_penalty=1.2, seed=4)]
+
+
+@contextlib.contextmanager
+def static_shapes(eng: Engine):
+    """``eng`` with ``static_shapes`` on for the block (the engines are shared by the module's tests)."""
+    eng.static_shapes = True
+    try:
+        yield eng
+    finally:
+        eng.static_shapes = False
+
+
+def run_prompts(method: SwiftDecoder, eng: Engine, sampling: Sampling | None = None, max_new: int = 40):
+    """(tokens, accept lengths) per prompt, each sample with its own seeded generator; then the search history."""
+    out = []
+    for i, text in enumerate(PROMPTS):
+        gen = method.generate(eng, eng.tokenizer(text).input_ids, max_new, (), sampling,
+                              None if sampling is None else sampling.generator(i))
+        out.append((gen.tokens, gen.accept_lengths))
+    return out, method.optimizer.history
+
+
+@pytest.mark.parametrize("name,setting", [("llama_mha_rep", "budget_cut"), ("qwen2_gqa_rep", "budget_cut"),
+                                          ("llama_mha_rep", "confidence_stopped"),
+                                          ("llama_gqa", "confidence_stopped")])
+def test_static_shapes_are_token_identical_greedy(name, setting, deep):
+    eng, kw = deep(name), STATIC_SETTINGS[setting]
+    dynamic = run_prompts(SwiftDecoder(**kw), eng)
+    with static_shapes(eng):
+        assert_lossless(SwiftDecoder(**kw), eng)  # vs vanilla, across EOS and max_new_tokens cuts
+        static = run_prompts(SwiftDecoder(**kw), eng)
+    assert static == dynamic  # the same tokens, steps and search (the padding changes nothing)
+    assert max(max(acc) for _, acc in static[0]) >= 2, "acceptance never high"
+
+
+def test_static_shapes_flex_backend_is_token_identical(ckpt_root):
+    path = tiny_checkpoint(DEEP["qwen2_gqa_rep"], cache_dir=ckpt_root)
+    eng = Engine.from_pretrained(str(path), backend="flex")  # a fresh engine: nothing to restore
+    eng.static_shapes = True
+    assert_lossless(SwiftDecoder(**STATIC_SETTINGS["budget_cut"]), eng, max_new=16, prompts=PROMPTS[2:])
+
+
+@pytest.mark.parametrize("sampling", STATIC_SAMPLINGS, ids=["t0.3", "t0.9_top_p_rep"])
+@pytest.mark.parametrize("name", ["llama_mha_rep", "qwen2_gqa_rep"])
+def test_static_shapes_are_token_identical_sampled(name, sampling, deep):
+    eng = deep(name)
+    for kw in STATIC_SETTINGS.values():
+        dynamic = run_prompts(SwiftDecoder(**kw), eng, sampling)
+        with static_shapes(eng):
+            static = run_prompts(SwiftDecoder(**kw), eng, sampling)
+        assert static == dynamic  # the same generator seed: the same draws, tokens and steps
+
+
+def record_shapes(eng: Engine, monkeypatch) -> dict[str, set]:
+    """Wraps ``eng.forward``: the shapes of the decode-step verifications (full model, ``plan.prefix > 0``) as
+    (Q, len(positions), step mask shape, len(slots), logits rows), and the token counts of the skipped-layer
+    forwards (the draft's and the search's)."""
+    seen = {"verify": set(), "skip": set()}
+    original = eng.forward
+
+    def forward(cache, tokens, positions, slots, plan, logits="all", skip=None):
+        if plan.prefix > 0 and skip is None:
+            rows = logits if isinstance(logits, str) else len(logits)
+            mask = None if plan.step_mask is None else tuple(plan.step_mask.shape)
+            seen["verify"].add((len(tokens), len(positions), mask, None if slots is None else len(slots), rows))
+        elif plan.prefix > 0:
+            seen["skip"].add(len(tokens))
+        return original(cache, tokens, positions, slots, plan, logits, skip)
+
+    monkeypatch.setattr(eng, "forward", forward)
+    return seen
+
+
+@pytest.mark.parametrize("sampling", [None, STATIC_SAMPLINGS[0]], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("name,setting", [("llama_mha_rep", "budget_cut"), ("llama_gqa", "confidence_stopped")])
+def test_static_shapes_give_every_verification_one_shape(name, setting, sampling, deep, monkeypatch):
+    eng = deep(name)
+    prompts = PROMPTS[:2]  # repetitive (high acceptance) and code, of different lengths
+    assert len({len(eng.tokenizer(t).input_ids) for t in prompts}) == 2
+    for static in (False, True):
+        method = SwiftDecoder(**STATIC_SETTINGS[setting])  # a fresh search: it scores windows in both runs
+        T = method.max_tree(sampling is not None)
+        seen = record_shapes(eng, monkeypatch)
+        with static_shapes(eng) if static else contextlib.nullcontext():
+            gens = [method.generate(eng, eng.tokenizer(t).input_ids, 40, (), sampling,
+                                    None if sampling is None else sampling.generator(0)) for t in prompts]
+        monkeypatch.undo()
+        assert gens[0].accept_lengths != gens[1].accept_lengths
+        assert seen["skip"] == {1, method.context_window + 1}  # the draft's single tokens, the search's window
+        if static:
+            assert seen["verify"] == {(T, T, (T, T), T, "all")}
+        else:  # the control: unpadded trees vary with the data (so the assertion above has power)
+            assert len(seen["verify"]) > 1
