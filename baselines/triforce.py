@@ -163,6 +163,8 @@ class TriForceDecoder(Decoder):
             ckpt = self._draft_checkpoint()
             draft = Engine.load(ckpt.path, ckpt.config, ckpt.tokenizer, device=engine.device, dtype=engine.dtype,
                                 backend=engine.backend, name="triforce-draft")
+            if engine.compiled is not None:  # the draft's steps are compiled like the target's
+                draft.enable_compile(engine.compiled.options)
             window = self.draft_budget - self.draft_start - self.gamma2  # official recent_size
             # lagging committed + proposal + drafts; the slack also holds static-shape padding (StreamingDraft)
             scratch = 3 * (self.max_proposal + 1) + self.gamma1
@@ -173,7 +175,7 @@ class TriForceDecoder(Decoder):
         """The retrieval cache's buffers, reused across generations on the same target (like ``engine.cache``)."""
         if self._rkv is None or self._rkv[0] is not engine or self._rkv[1].max_len < n:
             self._rkv = None  # free the old one first
-            self._rkv = (engine, engine.model.new_cache(n))
+            self._rkv = (engine, engine.new_cache(n))
         return self._rkv[1]
 
     # ---------------------------------------------------------------- decoding
@@ -211,7 +213,8 @@ class TriForceState:
         budget = min(cfg.budget, self.aligned)
         self.retrieval = None
         if budget >= 2 * cfg.chunk_size:  # else: the middle level reads the full cache
-            kv = cfg._retrieval_kv(engine, budget + cfg.max_proposal + 1)
+            # static shapes: one size for every prompt, so compiled middle forwards never meet a new cache shape
+            kv = cfg._retrieval_kv(engine, (cfg.budget if engine.static_shapes else budget) + cfg.max_proposal + 1)
             self.retrieval = RetrievalCache(kv, budget, cfg.chunk_size, cfg.gqa_reduce)
         self.draft = cfg._loaded[1] if cfg.draft is not None else None
         self.stats = dict.fromkeys(("middle_forwards", "rounds", "proposed", "accepted", "drafted", "draft_accepted",

@@ -130,7 +130,7 @@ class StreamingDraft:
     def __init__(self, engine: Engine, start: int, window: int, scratch: int):
         self.engine, self.start, self.window = engine, start, window
         self.scratch = max(scratch, min(self.PREFILL_CHUNK, window))
-        self.kv = engine.model.new_cache(start + window + self.scratch)
+        self.kv = engine.new_cache(start + window + self.scratch)
         self.forwards = 0
         self.reset()
 
@@ -168,14 +168,15 @@ class StreamingDraft:
             out = self._run(piece + piece[-1:] * (pad - len(piece)), p0 + s, last)
         return out
 
-    def _run(self, tokens: list[int], p0: int, logits):
-        """One forward of ``tokens`` at positions p0.., slots right after the committed ones and scratch < p0."""
+    def _run(self, tokens: list[int], p0: int, logits, eager: bool = False):
+        """One forward of ``tokens`` at positions p0.., slots right after the committed ones and scratch < p0
+        (``eager``: never compiled, for the prompt's chunks, whose lengths vary)."""
         off = self._base() + p0 - self.D
         if off + len(tokens) > self.kv.max_len:
             raise RuntimeError(f"triforce draft scratch overflow ({off + len(tokens)} > {self.kv.max_len} slots)")
         dev = self.engine.device
         idx = torch.arange(len(tokens), device=dev)
-        return self.engine.forward(self.kv, tokens, p0 + idx, off + idx, causal_plan(off), logits=logits)
+        return self.engine.forward(self.kv, tokens, p0 + idx, off + idx, causal_plan(off), logits=logits, eager=eager)
 
     def prefill(self, prompt: list[int]) -> None:
         self.reset()
@@ -183,7 +184,7 @@ class StreamingDraft:
         while self.D < len(prompt):
             n = full - self.D if self.D < full else min(self.PREFILL_CHUNK, self.window)
             chunk = prompt[self.D : self.D + n]
-            self._forward(chunk, self.D, logits="none")
+            self._run(chunk, self.D, "none", eager=True)
             self.spec = chunk
             self.commit(prompt, 0, self.D + len(chunk))
 

@@ -32,6 +32,7 @@ from fafo.bench.runner import Runner
 from fafo.errors import ConfigError
 from fafo.fafo import FAFODecoder
 from tests.lossless import PROMPTS
+from tests.test_triforce import DRAFT_SPEC
 from tests.test_runner import make_cfg, read_rows
 
 SMALL = StreamingLLM(sink=2, local=6)
@@ -44,6 +45,8 @@ METHODS = {
     "fafo-2forward": lambda: FAFODecoder(compress=SMALL, n=6, k=3, fused=False),
     "lookahead": lambda: LookaheadDecoder(level=3, window=4, guess_set=3),
     "triforce": lambda: TriForceDecoder(draft=None, budget=16, chunk_size=4, gamma2=4),
+    "triforce-draft": lambda: TriForceDecoder(draft={"tiny": DRAFT_SPEC}, budget=16, chunk_size=4, gamma1=2,
+                                              draft_budget=24, draft_start=4),
     "swift": lambda: SwiftDecoder(),
 }
 # the runner's warm-up prompt, then prompts of other lengths and acceptance (repetitive and varied)

@@ -124,18 +124,20 @@ class Engine:
         return torch.as_tensor(values, dtype=dtype, device=self.device)
 
     @torch.inference_mode()
-    def forward(self, cache: KVCache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None):
+    def forward(self, cache: KVCache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None,
+                eager: bool = False):
         """One model step (see :meth:`Transformer.forward`); tokens/positions/slots may be lists or tensors.
 
         Decode steps (``plan.prefix > 0``) without layer skipping run compiled when :meth:`enable_compile` was
-        called; prefill and layer-skipping forwards run eagerly.
+        called; prefill, layer-skipping forwards and ``eager=True`` ones (e.g. a chunked prefill, whose lengths
+        vary) run eagerly.
         """
         tokens = self.tensor(tokens)
         if tokens.dim() == 1:
             tokens = tokens[None]
         slots = None if slots is None else self.tensor(slots)
         positions = self.tensor(positions)
-        if self.compiled is not None and plan.prefix > 0 and skip is None:
+        if self.compiled is not None and plan.prefix > 0 and skip is None and not eager:
             return self.compiled(tokens, positions, cache, slots, plan, logits)
         return self.model(tokens, positions, cache, slots, plan, self.backend, logits, skip)
 
