@@ -208,7 +208,7 @@ def test_pool_update_rule_matches_the_official_update_token_map():
 class PositionModel:
     """A stand-in engine whose greedy prediction at position p is token 100 + p + 1, whatever the context."""
 
-    backend, device, static_shapes = "sdpa", torch.device("cpu"), False
+    backend, step_backend, device, static_shapes = "sdpa", "sdpa", torch.device("cpu"), False
 
     def __init__(self):
         self.calls = []

@@ -280,12 +280,12 @@ class StepShapes:
         return "retrieval" if self.method._rkv is not None and cache is self.method._rkv[1] else "full"
 
     def wrap(self, forward):
-        def record(cache, tokens, positions, slots, plan, logits="all", skip=None):
-            if self.on and plan.prefix > 0:
+        def record(cache, tokens, positions, slots, plan, logits="all", skip=None, eager=False):
+            if self.on and plan.prefix > 0 and not eager:  # eager: the draft's chunked prefill
                 rows = {"all": len(tokens), "last": 1}[logits] if isinstance(logits, str) else len(logits)
                 shape = (len(tokens), len(positions), len(slots), rows)
                 self.seen.setdefault(self.kind(cache), set()).add(shape)
-            return forward(cache, tokens, positions, slots, plan, logits, skip)
+            return forward(cache, tokens, positions, slots, plan, logits, skip, eager)
 
         return record
 
