@@ -274,7 +274,7 @@ def seed_everything(seed: int) -> None:
 def print_summary(summary: dict, random_model: bool) -> None:
     keys = ["model", "method", "task", "n_samples", "n_turns", "n_failed", "new_tokens", "tau", "tau_request",
             "tokens_per_s", "speedup", "speedup_mean", "speedup_min", "speedup_max", "peak_mem_mb",
-            "exact_match_rate", "dtype", "device_name", "warmup_s", "run_dir"]
+            "exact_match_rate", "dtype", "device_name", "warmup_s", "compile_s", "run_dir"]
     width = max(map(len, keys))
     lines = ["", "== fafo-bench summary =="]
     for k in keys:
