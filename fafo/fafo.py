@@ -185,7 +185,8 @@ class FAFOState:
             self.rows = (1 + stream_last).to(dev)
             self.masks = [(fumble, step_block_mask(fumble) if flex else None),
                           (verify, step_block_mask(verify) if flex else None)]
-        self.region_mask = length_block_mask(self.region_len_t, n * k, capacity) if flex else None
+        eager_flex = flex and self.engine.compiled is None  # compiled steps keep their own region mask
+        self.region_mask = length_block_mask(self.region_len_t, n * k, capacity) if eager_flex else None
 
     @property
     def buffer_bytes(self) -> int:
