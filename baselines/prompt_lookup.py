@@ -1,0 +1,98 @@
+"""Prompt Lookup Decoding (Saxena, 2023, https://github.com/apoorvumang/prompt-lookup-decoding; in transformers as
+``generate(prompt_lookup_num_tokens=...)``, in vLLM as the ``ngram`` speculator).
+
+The draft is copied from the text itself: the last ``n`` tokens of the context (prompt + committed tokens,
+the current token included) are searched for earlier in the context, for ``n = max_ngram`` down to
+``min_ngram``; the first (leftmost) earlier occurrence of the largest ``n`` that has one gives the draft, the
+up to ``num_tokens`` tokens that followed it (a chain), cut before the first stop id. No match: one vanilla step.
+This is transformers' ``PromptLookupCandidateGenerator.get_candidates`` (5.x) rule exactly; we keep a dict from
+every n-gram to its first start position, updated as the text grows, instead of re-scanning the context.
+
+Defaults: ``num_tokens`` 10 (transformers' ``prompt_lookup_num_tokens`` in its docs and Spec-Bench's
+``inference_pld.py``), ``max_ngram`` 3 (the original repository and Spec-Bench; transformers' own default
+``max_matching_ngram_size`` is 2, set ``method.max_ngram=2`` to match it).
+
+Verification: one forward over the chain, greedy longest matching prefix plus the bonus token (transformers'
+assisted decoding), or the exact deterministic-guess rule under sampling (``baselines/tree_drafting.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from baselines.tree_drafting import DraftState, TreeDrafter, chain
+from fafo.errors import ConfigError
+from fafo.tree import DraftTree
+
+
+class NgramIndex:
+    """Every n-gram (``min_n <= n <= max_n``) of a growing token list -> its first start position."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self.first: dict[tuple[int, ...], int] = {}
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            self.tokens.append(int(t))
+            end = len(self.tokens)
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self.first.setdefault(tuple(self.tokens[end - n:]), end - n)
+
+    def lookup(self, num_tokens: int, eos_ids=()) -> list[int]:
+        """The continuation of the leftmost earlier occurrence of the longest matching suffix n-gram."""
+        L = len(self.tokens)
+        # transformers: ngram sizes from min(max_n, L - 1) down to 1 (here down to min_n)
+        for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
+            start = self.first.get(tuple(self.tokens[L - n:]))
+            if start is None or start + n >= L:  # only the suffix itself: no earlier occurrence
+                continue
+            draft = self.tokens[start + n: start + n + num_tokens]
+            for i, t in enumerate(draft):  # transformers drops the candidates from the first EOS on
+                if t in eos_ids:
+                    draft = draft[:i]
+                    break
+            return draft  # transformers stops at the first match even when the EOS cut empties it
+        return []
+
+
+class _PLDState(DraftState):
+    def __init__(self, cfg: PromptLookupDecoder, prompt: list[int], eos_ids):
+        self.cfg, self.eos = cfg, tuple(eos_ids)
+        self.index = NgramIndex(cfg.min_ngram, cfg.max_ngram)
+        self.index.extend(prompt)
+
+    def draft(self, context: list[int], max_depth: int) -> DraftTree:
+        self.index.extend(context[len(self.index.tokens):])
+        return chain(context[-1], self.index.lookup(self.cfg.num_tokens, self.eos), max_depth)
+
+
+@dataclass
+class PromptLookupDecoder(TreeDrafter):
+    """Prompt Lookup Decoding (see the module docstring).
+
+    Attributes:
+        num_tokens: most draft tokens per step (transformers' ``prompt_lookup_num_tokens``).
+        max_ngram: longest n-gram matched (transformers' ``max_matching_ngram_size``).
+        min_ngram: shortest n-gram matched (transformers and the original: 1).
+    """
+
+    num_tokens: int = 10
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self):
+        for name in ("num_tokens", "max_ngram", "min_ngram"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"method.{name}={value!r} must be an integer >= 1")
+        if self.min_ngram > self.max_ngram:
+            raise ConfigError(f"method.min_ngram={self.min_ngram} is above method.max_ngram={self.max_ngram}; "
+                              "set min_ngram <= max_ngram")
+
+    def start(self, engine, prompt_ids, eos_ids) -> DraftState:
+        return _PLDState(self, prompt_ids, eos_ids)
+
+    def max_tree(self) -> int:
+        return 1 + self.num_tokens

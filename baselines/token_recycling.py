@@ -1,0 +1,118 @@
+"""Token Recycling (Luo et al., ACL 2025, "Turning Trash into Treasure: Accelerating Inference of Large Language
+Models with Token Recycling", https://arxiv.org/abs/2408.08696), re-implemented from Luowaterbi/TokenRecycling
+(``evaluation/inference_recycling.py`` ``recycling_forward``, ``model/recycling/tree_template_.py``).
+
+* **Adjacency matrix** ``M`` ``[V, topk]``: row ``t`` holds the target's top-``topk`` next tokens the last time
+  ``t`` was an input of a verification forward. It starts as zeros (official) and is overwritten after every
+  verification with the top-``topk`` of EVERY tree node's logits (accepted or not: the "recycled" tokens).
+  It persists across the samples of a run (official: one matrix for the whole evaluation) unless
+  ``reset_per_sample``. The prefill does not update it (official).
+* **Draft tree**: a static template of 80 nodes (version ``2.2.2``), each node a path of ranks; node
+  ``(r_1, ..., r_d)`` carries ``M[token of (r_1, ..., r_{d-1}), r_d]``, filled breadth-first from the root (the
+  current token). Depth <= 6.
+* **Verify**: one forward over the tree with the ancestor mask (``fafo/tree.py``); the longest accepted path plus
+  the bonus token; accepted KV compacted into place.
+
+Where we differ (documented choices): sibling nodes carrying the same token are merged (the official tree keeps
+duplicates, e.g. the all-zero rows at the start; they see the same context, so the accepted path and the matrix
+update are the same, and the tree is smaller); when two different nodes carry the same token, the matrix row is
+written by the later node in tree order (official: an index_put with duplicate indices, unspecified on CUDA);
+trees are cut at the tokens left to generate. Under ``engine.static_shapes`` the tree is padded to 81 nodes.
+Sampling: the tree is a set of deterministic guesses, verified exactly (``baselines/tree_drafting.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from baselines.tree_drafting import DraftState, TreeDrafter
+from fafo.errors import ConfigError
+from fafo.tree import DraftTree
+
+# official tree_template_.py, version "2.2.2": each node is its path of ranks below the root
+TEMPLATES = {
+    "2.2.2": [
+        [0], [1], [2], [3], [4], [5], [6], [7],
+        [0, 0], [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [0, 7], [1, 0], [1, 1], [1, 2], [1, 3], [2, 0],
+        [2, 1], [2, 2], [3, 0], [3, 1], [4, 0], [5, 0], [6, 0], [7, 0],
+        [0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 0, 3], [0, 0, 4], [0, 0, 5], [0, 0, 6], [0, 0, 7], [0, 1, 0],
+        [0, 1, 1], [0, 1, 2], [0, 2, 0], [0, 2, 1], [0, 3, 0], [0, 4, 0], [0, 5, 0], [0, 6, 0], [0, 7, 0],
+        [1, 0, 0], [1, 0, 1], [1, 1, 0], [2, 0, 0], [3, 0, 0], [4, 0, 0], [5, 0, 0],
+        [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 3], [0, 0, 0, 4], [0, 0, 1, 0], [0, 0, 1, 1],
+        [0, 0, 2, 0], [0, 0, 3, 0], [0, 0, 4, 0], [0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0],
+        [3, 0, 0, 0],
+        [0, 0, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 2], [0, 0, 0, 1, 0], [0, 0, 0, 2, 0], [0, 0, 1, 0, 0],
+        [0, 1, 0, 0, 0], [1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1], [0, 0, 0, 1, 0, 0],
+    ],
+}
+
+
+def template_tree(template: list[list[int]], root: int, adjacency: torch.Tensor, max_depth: int) -> DraftTree:
+    """The draft tree: template node ``path`` carries ``adjacency[token of path[:-1], path[-1]]`` (BFS order;
+    identical siblings merged); nodes deeper than ``max_depth`` are dropped."""
+    tree = DraftTree.root(root)
+    node_of = {(): 0}
+    for path in template:
+        if len(path) > max_depth:
+            continue
+        parent = node_of[tuple(path[:-1])]
+        node_of[tuple(path)] = tree.add(parent, int(adjacency[tree.tokens[parent], path[-1]]))
+    return tree
+
+
+class _TRState(DraftState):
+    def __init__(self, cfg: TokenRecyclingDecoder):
+        self.cfg = cfg
+
+    def draft(self, context: list[int], max_depth: int) -> DraftTree:
+        return template_tree(TEMPLATES[self.cfg.tree], context[-1], self.cfg.adjacency, max_depth)
+
+    def observe(self, tree: DraftTree, logits: torch.Tensor, new: list[int]) -> None:
+        top = logits.topk(self.cfg.topk, dim=-1).indices.cpu()  # [len(tree), topk]
+        # later rows win for repeated tokens (assignment with duplicate indices keeps the last on CPU)
+        self.cfg.adjacency[torch.tensor(tree.tokens)] = top
+
+
+@dataclass
+class TokenRecyclingDecoder(TreeDrafter):
+    """Token Recycling (see the module docstring). Official defaults: ``--output-id-topk 8``, ``--tree_version
+    2.2.2``.
+
+    Attributes:
+        topk: candidates kept per token in the adjacency matrix (the template uses ranks 0..7, so >= 8).
+        tree: the static tree template's version.
+        reset_per_sample: start every generation from a zero matrix (official: one matrix per run).
+    """
+
+    topk: int = 8
+    tree: str = "2.2.2"
+    reset_per_sample: bool = False
+
+    def __post_init__(self):
+        if self.tree not in TEMPLATES:
+            raise ConfigError(f"method.tree={self.tree!r} is not a known template; use one of {sorted(TEMPLATES)}")
+        need = 1 + max(r for path in TEMPLATES[self.tree] for r in path)
+        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < need:
+            raise ConfigError(f"method.topk={self.topk!r} must be an integer >= {need} (template {self.tree} "
+                              f"uses ranks up to {need - 1})")
+        if not isinstance(self.reset_per_sample, bool):
+            raise ConfigError(f"method.reset_per_sample={self.reset_per_sample!r} must be true or false")
+        self.adjacency: torch.Tensor | None = None
+
+    def setup(self, engine) -> None:
+        self.adjacency = None
+
+    def start(self, engine, prompt_ids, eos_ids) -> DraftState:
+        vocab = engine.model.args.vocab_size
+        if self.adjacency is None or self.reset_per_sample or self.adjacency.shape[0] != vocab:
+            self.adjacency = torch.zeros(vocab, self.topk, dtype=torch.long)
+        return _TRState(self)
+
+    def max_tree(self) -> int:
+        return 1 + len(TEMPLATES[self.tree])
+
+    def buffer_bytes(self) -> int:
+        return 0 if self.adjacency is None else self.adjacency.numel() * self.adjacency.element_size()

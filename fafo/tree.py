@@ -1,0 +1,184 @@
+"""Draft token trees: building, verification in one forward, accepted-path extraction and KV compaction.
+
+One helper for every tree-drafting method (Prompt Lookup's chains, Token Recycling's adjacency trees,
+SuffixDecoding's suffix trees, SAM-Decoding, LongSpec's beam trees). A tree is rooted at the *current* token
+``t0`` (the last committed token, whose KV is not cached yet) sitting at position ``N``, where ``N`` is the number
+of committed KV entries (slots ``[0, N)``). Node ``i`` has a parent ``parents[i] < i`` and sits at position
+``N + depth[i]``; its KV goes to slot ``N + i``. The target verifies the whole tree in one forward (prefix
+attention over slots ``[0, N)`` merged with the step's ancestor mask, :mod:`fafo.engine.attention`), then the
+longest root path whose every token is the target's choice at its parent is accepted, plus the bonus token (the
+target's choice after the path's last node). The accepted nodes' KV is moved to slots ``N+1, N+2, ...`` (the
+root's is already at ``N``), so after a step ``N += len(accepted)`` and the bonus token is the next root.
+
+Under ``engine.static_shapes`` (compiled steps) a tree is padded to a fixed size with nodes that repeat the root
+at position ``N`` and see only themselves: the real nodes' logits are those of the unpadded tree.
+
+Greedy acceptance is exact (token-identical to vanilla). Sampled acceptance treats the tree as deterministic
+guesses (no draft distribution): at each node the children are tried with Lookahead's exact rule
+(:meth:`fafo.sampling.Sampling.accept_deterministic`), so the output law is the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fafo.engine.attention import AttentionPlan
+from fafo.engine.engine import Engine
+from fafo.sampling import Sampling
+
+
+@dataclass
+class DraftTree:
+    """A token tree; node 0 is the root (the current token).
+
+    Attributes:
+        tokens: token id of each node.
+        parents: parent index of each node (-1 for the root); a parent always precedes its children.
+    """
+
+    tokens: list[int]
+    parents: list[int] = field(default_factory=lambda: [-1])
+    _children: dict = field(default_factory=dict, repr=False)  # (parent, token) -> node, for de-duplication
+
+    @classmethod
+    def root(cls, token: int) -> "DraftTree":
+        return cls([int(token)], [-1])
+
+    @classmethod
+    def from_paths(cls, root: int, paths, max_nodes: int | None = None) -> "DraftTree":
+        """A trie of token paths hanging below ``root`` (shared prefixes share nodes), in the paths' order,
+        stopping once ``max_nodes`` nodes (root included) are placed."""
+        tree = cls.root(root)
+        for path in paths:
+            tree.add_path(path, max_nodes=max_nodes)
+        return tree
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int) -> int:
+        """The child of ``parent`` with ``token`` (created if new); returns its index."""
+        key = (parent, int(token))
+        if key not in self._children:
+            self._children[key] = len(self.tokens)
+            self.tokens.append(int(token))
+            self.parents.append(parent)
+        return self._children[key]
+
+    def add_path(self, path, parent: int = 0, max_nodes: int | None = None) -> list[int]:
+        """Insert ``path`` below ``parent``; returns the nodes it occupies (cut short at ``max_nodes``)."""
+        nodes = []
+        for t in path:
+            if max_nodes is not None and (parent, int(t)) not in self._children and len(self) >= max_nodes:
+                break
+            parent = self.add(parent, t)
+            nodes.append(parent)
+        return nodes
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    @property
+    def depths(self) -> list[int]:
+        depth = [0] * len(self)
+        for i in range(1, len(self)):
+            depth[i] = depth[self.parents[i]] + 1
+        return depth
+
+    # ------------------------------------------------------------------ the verification forward
+    def mask(self, size: int | None = None, device=None) -> torch.Tensor:
+        """``[size, size]`` bool: node i sees itself and its ancestors; padding nodes (``i >= len``) see only
+        themselves and no real node sees them."""
+        size = size or len(self)
+        mask = torch.eye(size, dtype=torch.bool)
+        for i in range(1, len(self)):  # parents precede children: a row extends its parent's row
+            mask[i, : len(self)] |= mask[self.parents[i], : len(self)]
+        return mask.to(device)
+
+    def inputs(self, N: int, size: int | None = None, device=None):
+        """The forward's tokens ``[size]`` (list), positions ``[size]`` and step mask ``[size, size]``, with the
+        root at position ``N``, padded to ``size >= len(self)`` nodes."""
+        size = size or len(self)
+        pad = size - len(self)
+        if pad < 0:
+            raise ValueError(f"a tree of {len(self)} nodes does not fit {size}")
+        positions = torch.tensor(self.depths + [0] * pad, device=device) + N
+        return self.tokens + [self.tokens[0]] * pad, positions, self.mask(size, device)
+
+    # ------------------------------------------------------------------ acceptance
+    def accept_greedy(self, preds: list[int]) -> list[int]:
+        """Accepted nodes below the root given the target's argmax ``preds[i]`` after each node (children of a
+        node carry distinct tokens, so the path is unique)."""
+        path, node = [], 0
+        while True:
+            nxt = self._children.get((node, preds[node]))
+            if nxt is None:
+                return path
+            path.append(nxt)
+            node = nxt
+
+    def accept_sampled(self, logits: torch.Tensor, sampling: Sampling, generator=None, history=None,
+                       limit: int | None = None) -> tuple[list[int], list[int]]:
+        """Exact sampled verification of the tree as deterministic guesses.
+
+        Args:
+            logits: ``[>= len, V]`` the target's logits after each node.
+            history: token ids before the root's successor (read only with a repetition penalty).
+            limit: most tokens emitted.
+        Returns:
+            (accepted nodes below the root, emitted tokens = their tokens + one drawn token).
+        """
+        path, out, node = [], [], 0
+        limit = limit or len(self) + 1
+        while len(out) < limit:
+            hist = list(history) + out if sampling.uses_history and history is not None else None
+            p = sampling.probs(logits[node].float(), hist)
+            kids = self.children(node)
+            t, ok = sampling.accept_deterministic(p, [self.tokens[c] for c in kids], generator)
+            out.append(t)
+            if not ok:
+                break
+            node = self._children[(node, t)]
+            path.append(node)
+        return path, out
+
+
+def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None) -> torch.Tensor:
+    """One target forward over the tree (root at position/slot ``N``); returns ``[len(tree), V]`` logits.
+
+    Node i's KV is written to slot ``N + i`` (the caller's cache must have ``N + size`` slots)."""
+    size = size or len(tree)
+    tokens, positions, mask = tree.inputs(N, size, engine.device)
+    slots = torch.arange(N, N + size, device=engine.device)
+    logits = engine.forward(cache, tokens, positions, slots, AttentionPlan(prefix=N, step_mask=mask), logits="all")
+    return logits[0, : len(tree)]
+
+
+def commit_path(cache, N: int, path: list[int]) -> None:
+    """Move the accepted nodes' KV from slots ``N + node`` to ``N + 1, N + 2, ...`` (no-op when in place)."""
+    if path and path != list(range(1, len(path) + 1)):
+        device = cache.keys[0].device
+        src = torch.tensor(path, device=device) + N
+        cache.move(src, torch.arange(N + 1, N + 1 + len(path), device=device))
+
+
+def greedy_tree_step(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None
+                     ) -> tuple[list[int], list[int]]:
+    """Verify ``tree`` greedily and compact its accepted KV; returns (accepted nodes, new tokens incl. bonus).
+
+    After it, the committed KV holds ``N + len(new)`` entries and ``new[-1]`` is the next root."""
+    preds = verify_tree(engine, cache, tree, N, size).argmax(-1).tolist()  # the step's one host sync
+    path = tree.accept_greedy(preds)
+    commit_path(cache, N, path)
+    return path, [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
+
+
+def sampled_tree_step(engine: Engine, cache, tree: DraftTree, N: int, sampling: Sampling, generator=None,
+                      history=None, size: int | None = None) -> tuple[list[int], list[int]]:
+    """:func:`greedy_tree_step` under sampling (exact, see :meth:`DraftTree.accept_sampled`)."""
+    logits = verify_tree(engine, cache, tree, N, size)
+    path, new = tree.accept_sampled(logits, sampling, generator, history)
+    commit_path(cache, N, path)
+    return path, new

@@ -1,0 +1,115 @@
+"""Spec-Bench (Xia et al., ACL 2024 Findings, https://arxiv.org/abs/2401.07851; hemingkx/Spec-Bench): 480
+questions in 6 categories, the leaderboard workload of speculative decoding.
+
+Source: the release file ``data/spec_bench/question.jsonl`` (fields ``question_id`` 81-560, ``category``,
+``turns``, optional ``reference``) via ``task.data_path`` (there is no hub copy; the path is required). Rows
+81-160 are MT-Bench (8 fine categories, 2 turns each), then 80 each of ``translation``, ``summarization``,
+``qa``, ``math_reasoning`` and ``rag`` (one turn). A sample's ``category`` is its Spec-Bench subtask, the key
+of the leaderboard's columns (``evaluation/speed.py``): ``mt_bench`` (Multi-turn Conversation), ``translation``,
+``summarization``, ``qa`` (Question Answering), ``math_reasoning`` (Mathematical Reasoning), ``rag``
+(Retrieval-aug. Generation); ``task.categories`` keeps only some.
+
+Prompts (Spec-Bench ``evaluation/eval.py``): every turn is a chat turn, turn 2 replays the model's own turn-1
+answer; ``max_new_tokens`` 1024 per turn, greedy. ``task.template=model`` renders the tokenizer's chat template
+(our convention for every chat task); ``task.template=vicuna`` renders FastChat's ``vicuna_v1.1`` conversation
+as Spec-Bench does for its Vicuna-7B-v1.3 leaderboard (``"<system> USER: q1 ASSISTANT: a1</s>USER: q2
+ASSISTANT:"``, tokenized with the tokenizer's BOS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from fafo.errors import ConfigError
+from tasks.base import Sample, check_turn, conversation
+from tasks.sources import DataTask, str_list
+
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SUBTASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")  # leaderboard columns
+SUBTASK_NAMES = {"mt_bench": "Multi-turn Conversation", "translation": "Translation",
+                 "summarization": "Summarization", "qa": "Question Answering",
+                 "math_reasoning": "Mathematical Reasoning", "rag": "Retrieval-aug. Generation"}
+VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+                 "helpful, detailed, and polite answers to the user's questions.")
+TEMPLATES = ("model", "vicuna")
+
+
+def subtask(category: str) -> str:
+    """Spec-Bench's subtask of a row's ``category`` (``speed.py``: the 8 MT-Bench categories are ``mt_bench``)."""
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
+
+
+def vicuna_prompt(messages: list[dict[str, str]], system: str | None = None) -> str:
+    """FastChat ``vicuna_v1.1``: ``system + " "``, then ``"USER: m "`` / ``"ASSISTANT: m</s>"``, then
+    ``"ASSISTANT:"``."""
+    text = (system if system is not None else VICUNA_SYSTEM) + " "
+    for m in messages:
+        if m["role"] == "user":
+            text += f"USER: {m['content']} "
+        elif m["role"] == "assistant":
+            text += f"ASSISTANT: {m['content']}</s>"
+    return text + "ASSISTANT:"
+
+
+@dataclass
+class SpecBenchTask(DataTask):
+    """Spec-Bench (see the module docstring).
+
+    Args:
+        categories: keep only these subtasks (``mt_bench``, ``translation``, ``summarization``, ``qa``,
+            ``math_reasoning``, ``rag``); null keeps all six.
+        template: ``model`` (the tokenizer's chat template) or ``vicuna`` (FastChat's, as Spec-Bench).
+    """
+
+    name: str = "spec_bench"
+    max_new_tokens: int = 1024
+    categories: Any = None
+    template: str = "model"
+
+    RELEASE: ClassVar[str] = "hemingkx/Spec-Bench's data/spec_bench/question.jsonl"
+    PATTERNS: ClassVar[tuple[str, ...]] = ("question.jsonl", "*/question.jsonl", "*/*/question.jsonl", "*.jsonl")
+
+    def _categories(self) -> list[str] | None:
+        if self.categories is None:
+            return None
+        cats = [self.categories] if isinstance(self.categories, str) else list(self.categories)
+        unknown = [c for c in cats if c not in SUBTASKS]
+        if unknown or not cats:
+            raise ConfigError(f"task.categories={cats!r} has unknown subtasks {unknown}; use some of "
+                              f"{', '.join(SUBTASKS)} (or null for all)")
+        return cats
+
+    def validate(self) -> None:
+        self._categories()
+        if self.template not in TEMPLATES:
+            raise ConfigError(f"task.template={self.template!r} is not supported; use one of {', '.join(TEMPLATES)}")
+        if not self.data_path:
+            raise ConfigError("task spec_bench reads Spec-Bench's release file, which has no hub copy; set "
+                              "task.data_path=/path/to/Spec-Bench/data/spec_bench/question.jsonl")
+
+    def load_samples(self) -> list[Sample]:
+        keep = self._categories()
+        samples = []
+        for i, r in enumerate(self.records()):
+            turns = str_list(self.value(r, i, "turns"))
+            if turns is None:
+                raise self.bad_record(i, "has `turns` that is not a non-empty list of strings")
+            cat = subtask(str(self.value(r, i, "category")))
+            if cat not in SUBTASKS:
+                raise self.bad_record(i, f"has category {cat!r}, not a Spec-Bench category")
+            if keep is not None and cat not in keep:
+                continue
+            samples.append(Sample(id=str(self.value(r, i, "question_id")), category=cat, turns=turns,
+                                  followup="own", references=[str(x) for x in r.get("reference") or []]))
+        if not samples:
+            raise ConfigError(f"task.categories={keep} keeps no row of {self.source()}; use categories it has")
+        return samples
+
+    def prompt_ids(self, tokenizer: Any, sample: Sample, turn: int, answers: list[str]) -> list[int]:
+        if self.template == "model":
+            return super().prompt_ids(tokenizer, sample, turn, answers)
+        check_turn(sample, turn, answers)
+        messages = [m for m in conversation(sample, turn, answers) if m["role"] != "system"]
+        text = vicuna_prompt(messages, sample.system)
+        return list(tokenizer(text, add_special_tokens=True).input_ids)

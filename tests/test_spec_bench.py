@@ -1,0 +1,106 @@
+"""task=spec_bench (Spec-Bench's question.jsonl in its released format), per-subtask tables, experiment=specbench,
+and the draftless methods through the real CLI."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from fafo.engine.tiny_tokenizer import build_tiny_tokenizer
+from fafo.errors import ConfigError
+from tasks.spec_bench import SUBTASKS, SpecBenchTask, vicuna_prompt
+from tests.test_runner import make_cfg, run_cli
+
+MT = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
+
+
+def write_question_jsonl(path: Path, per_category: int = 1) -> Path:
+    """A Spec-Bench-shaped question.jsonl: MT-Bench rows (2 turns, 8 fine categories) then the 5 one-turn subtasks,
+    question ids 81.. in file order, `reference` where the release has one."""
+    rows, qid = [], 81
+    for i in range(per_category):
+        for cat in MT[: max(1, per_category)]:
+            rows.append({"question_id": qid, "category": cat, "turns": [f"Write about {cat} {i}.", "Now shorter."]})
+            qid += 1
+    for cat in SUBTASKS[1:]:
+        for i in range(per_category):
+            row = {"question_id": qid, "category": cat, "turns": [f"{cat} question {i}: repeat 1, 2, 3, 1, 2, 3"]}
+            if cat != "qa":
+                row["reference"] = [f"answer {i}"]
+            rows.append(row)
+            qid += 1
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_loads_release_format_with_subtask_categories(tmp_path):
+    data = write_question_jsonl(tmp_path / "question.jsonl", per_category=2)
+    samples = SpecBenchTask(data_path=str(tmp_path)).samples()  # a directory holding question.jsonl works too
+    cats = [s.category for s in samples]
+    assert cats == ["mt_bench"] * 4 + [c for c in SUBTASKS[1:] for _ in range(2)]
+    assert samples[0].id == "81" and len(samples[0].turns) == 2 and samples[0].followup == "own"
+    assert [s.category for s in SpecBenchTask(data_path=str(data), categories=["rag", "qa"]).samples()] == \
+        ["qa", "qa", "rag", "rag"]
+
+
+def test_prompts_model_template_and_vicuna(tmp_path):
+    tok = build_tiny_tokenizer()
+    data = write_question_jsonl(tmp_path / "question.jsonl")
+    task = SpecBenchTask(data_path=str(data))
+    s = task.samples()[0]
+    turn2 = tok.decode(task.prompt_ids(tok, s, 1, ["  my answer "]))
+    assert "Write about writing 0." in turn2 and "my answer" in turn2 and turn2.count("Now shorter.") == 1
+    vic = SpecBenchTask(data_path=str(data), template="vicuna")
+    text = tok.decode(vic.prompt_ids(tok, s, 1, [" my answer "]))
+    assert text.endswith("USER: Write about writing 0. ASSISTANT: my answer</s>USER: Now shorter. ASSISTANT:")
+    assert vicuna_prompt([{"role": "user", "content": "hi"}]).startswith("A chat between a curious user")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({}, "task.data_path"), ({"categories": ["poetry"]}, "task.categories"), ({"template": "llama"}, "task.template"),
+])
+def test_bad_settings_are_one_clear_error(tmp_path, kwargs, match):
+    data = write_question_jsonl(tmp_path / "question.jsonl")
+    kwargs = {"data_path": str(data), **kwargs} if match != "task.data_path" else kwargs
+    with pytest.raises(ConfigError, match=match):
+        SpecBenchTask(**kwargs).samples()
+
+
+def test_specbench_experiment_composes(tmp_path):
+    cfg = make_cfg(tmp_path, "experiment=specbench")
+    assert cfg.model.name == "vicuna-7b-v1.3" and cfg.task.name == "spec_bench" and cfg.task.template == "vicuna"
+    assert cfg.paper.table == "specbench"
+    rows = list(csv.DictReader(open(Path(__file__).resolve().parents[1] / "results/paper/specbench.csv")))
+    assert {r["value"] for r in rows} == {*SUBTASKS, "overall"}
+    recycling = {r["value"]: r for r in rows if r["method"] == "token-recycling"}
+    assert (recycling["overall"]["speedup"], recycling["overall"]["tau"]) == ("2.22", "2.73")
+
+
+def test_cli_runs_every_draftless_method_on_spec_bench_with_per_subtask_table(tmp_path):
+    """The real CLI: a 4-method sweep over a Spec-Bench file on the tiny model; exact, rows per subtask, and
+    make_tables splits the runs per subtask beside the leaderboard."""
+    data = write_question_jsonl(tmp_path / "question.jsonl")
+    out = tmp_path / "runs"
+    proc = run_cli("-m", "method=prompt_lookup,token_recycling,suffix_decoding,sam_decoding", "task=spec_bench",
+                   f"task.data_path={data}", "bench.max_new_tokens=12",
+                   f"bench.output_dir={out}", "wandb.mode=disabled", "bench.progress=false", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = sorted(out.glob("*/spec_bench/*/*/summary.json"))
+    assert len(summaries) == 4
+    for s in summaries:
+        summary = json.loads(s.read_text())
+        assert summary["exact_match_rate"] == 1.0 and summary["n_samples"] == 6
+        with open(s.parent / "samples.csv", newline="") as f:
+            assert {r["category"] for r in csv.DictReader(f)} == set(SUBTASKS)
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from make_tables import make_table, to_markdown
+
+    table = make_table([out], "specbench")
+    md = to_markdown(table)
+    assert "Translation ours" in md and "Retrieval-aug. Generation ours" in md and "2.22" in md
+    ours = [c for (row, col), c in table.cells.items() if c.ours is not None]
+    assert {col[2] for (row, col), c in table.cells.items() if c.ours is not None} == {*SUBTASKS, "overall"}
+    assert len(ours) == 4 * 7

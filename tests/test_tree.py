@@ -1,0 +1,67 @@
+"""The shared tree helper (fafo/tree.py): masks, acceptance, KV compaction, and a tree-drafting loop on it that is
+token-identical to vanilla greedy."""
+
+import random
+
+import pytest
+import torch
+
+from baselines.vanilla import VanillaDecoder
+from fafo.tree import DraftTree, greedy_tree_step, verify_tree
+
+
+def test_trie_dedupes_and_masks_ancestors():
+    tree = DraftTree.from_paths(7, [[1, 2, 3], [1, 2, 4], [5]])
+    assert tree.tokens == [7, 1, 2, 3, 4, 5] and tree.parents == [-1, 0, 1, 2, 2, 0]
+    assert tree.depths == [0, 1, 2, 3, 3, 1]
+    m = tree.mask(size=8)
+    assert m[4].tolist() == [True, True, True, False, True, False, False, False]  # ancestors + itself
+    assert m[6].tolist() == [False] * 6 + [True, False] and not m[:6, 6:].any()  # padding: self only
+    assert tree.accept_greedy([1, 2, 4, 0, 0, 0]) == [1, 2, 4]
+    assert tree.accept_greedy([5, 0, 0, 0, 0, 9]) == [5]
+    assert tree.accept_greedy([3, 0, 0, 0, 0, 0]) == []
+    capped = DraftTree.from_paths(7, [[1, 2, 3], [1, 2, 4], [5]], max_nodes=4)
+    assert capped.tokens == [7, 1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["llama_mha", "qwen2_gqa"])
+def test_tree_logits_equal_sequential_decoding(engine, name):
+    """A node's logits equal those of decoding its root path token by token (prefix + tree attention exact)."""
+    eng = engine(name)
+    ids = eng.tokenizer("The quick brown fox").input_ids
+    tree = DraftTree.from_paths(ids[-1], [[11, 12, 13], [11, 14], [15, 16]])
+    cache = eng.cache(len(ids) + 16)
+    eng.prefill(cache, ids[:-1])
+    got = verify_tree(eng, cache, tree, len(ids) - 1, size=9)  # padded
+    for node, path in ((3, [11, 12, 13]), (4, [11, 14]), (6, [15, 16])):
+        seq = ids + path
+        c2 = eng.cache(len(seq) + 16)
+        want = eng.prefill(c2, seq, logits="all")[0, -1]
+        torch.testing.assert_close(got[node], want, rtol=1e-5, atol=1e-5)
+
+
+def _oracle_tree_generate(eng, ids, max_new, truth, rng):
+    """Trees mixing the true continuation (cut at a random depth) with random distractor branches."""
+    cache = eng.cache(len(ids) + max_new + 64)
+    last = eng.prefill(cache, ids)[0, -1]
+    out, N = [int(last.argmax())], len(ids)
+    while len(out) < max_new:
+        pos = len(out)
+        good = truth[pos: pos + rng.randint(0, 5)]
+        paths = [[rng.randrange(eng.model.args.vocab_size) for _ in range(3)] for _ in range(3)]
+        paths.insert(rng.randrange(4), good)
+        tree = DraftTree.from_paths(out[-1], paths)
+        _, new = greedy_tree_step(eng, cache, tree, N, size=len(tree) + rng.randint(0, 3))
+        N += len(new)
+        out += new
+    return out[:max_new]
+
+
+@pytest.mark.parametrize("name", ["llama_mha", "llama_gqa", "qwen2_gqa"])
+def test_tree_steps_are_lossless_and_compact_kv(engine, name):
+    eng = engine(name)
+    rng = random.Random(0)
+    for text in ("Once upon a time", "def f(x):\n    return"):
+        ids = eng.tokenizer(text).input_ids
+        ref = VanillaDecoder().generate(eng, ids, 30).tokens
+        assert _oracle_tree_generate(eng, ids, 30, ref, rng) == ref
