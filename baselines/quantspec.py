@@ -1,0 +1,277 @@
+"""QuantSpec: self-speculative decoding with a hierarchical 4/8-bit KV cache (Tiwari et al., 2025,
+https://arxiv.org/abs/2502.10424), greedy.
+
+The target model drafts for itself: ``gamma`` tokens, one forward each, reading the **INT4 view** of the cache
+(upper 4-bit planes) with its MLP weights in 4 bits, then one verification forward of the target over
+``[current | drafts]`` commits the longest argmax-matching prefix plus the target's next token. One cache serves
+both (:mod:`baselines.quantspec_cache`: packed upper/lower planes, per-group min/scale, a full-precision buffer of
+the most recent ``G..2G`` committed tokens; keys per channel over ``G`` tokens, values per token). The first
+author's code (``rishabh-16/QuantSpec``) was read to learn the layout; this is our own implementation.
+
+``target`` says what the verifier reads:
+
+* ``int8kv`` (the paper): the INT8 view (upper + lower planes) plus the buffer. Exact against an autoregressive
+  decoder on the same INT8 cache (:class:`QuantSpecDecoder` with ``gamma: 0`` -- :class:`Int8KVReference`), not
+  against full-precision vanilla: the INT8 cache changes the target's own logits (the paper's WikiText-2
+  perplexity 6.4595 -> 6.4696). Memory: the cache is ~half of fp16 (a quarter of fp32) plus the buffer.
+* ``fp16``: the verifier reads a full-precision cache (the engine's), kept beside the draft's upper planes:
+  token-identical to vanilla greedy, no memory saving (it adds the planes and the 4-bit weights).
+
+Choices where the paper is silent or this harness differs (documented in place):
+
+* Draft weights: round-to-nearest asymmetric 4 bits, ``weight_group`` inputs per group, MLP only (the paper uses
+  GPTQ checkpoints through Marlin; attention projections stay full precision as in the code); dequantized per call
+  in plain PyTorch (``resident_weights: true`` keeps them dequantized: same values, CPU speed, full-precision
+  memory). ``weight_bits: null`` keeps the draft's MLP in full precision (KV quantization only).
+* Prefill attends in full precision; the prompt's KV then fills the planes and the buffer. The quantized span a
+  query sees depends on its position only (``nq(p)``, see the cache module), so drafts, verification and the
+  INT8-KV autoregressive reference read the same view at every position.
+* Drafting stops early at an EOS or when the remaining budget is reached; alpha is accepted / drafted tokens.
+* Greedy only (the paper's setting). Plain PyTorch on every device: no Triton kernels, steps run eagerly.
+* With ``target: int8kv`` the engine's shared full-precision cache is released when steps are not compiled, so
+  the counted (CPU) and allocated (CUDA) peak memory is this method's own.
+
+``extras``: ``alpha`` (per-token acceptance: accepted / drafted, the paper's "acceptance rate"), ``draft_forwards``,
+``drafted``, ``accepted``, ``kv_bytes`` (KV storage: planes + buffer, or the full cache + planes for fp16),
+``weight_bytes`` (4-bit draft MLPs), ``buffer_bytes`` (what the runner adds to the engine's cache for peak
+memory), ``fp_tokens_min`` / ``fp_tokens_max`` (committed full-precision tokens after each commit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from baselines.quantspec_cache import Int4MLP, QuantKVCache, quantized_count, swapped_mlps
+from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.engine.attention import causal_plan
+from fafo.engine.engine import Engine
+from fafo.errors import ConfigError
+from fafo.sampling import Sampling
+
+TARGETS = ("int8kv", "fp16")
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"method.{name}={value!r} must be an integer >= {low}")
+
+
+@dataclass
+class QuantSpecDecoder(Decoder):
+    """QuantSpec, greedy (paper defaults: G = 128, gamma 6 of its best 4-6, 4-bit draft MLP weights).
+
+    Attributes:
+        gamma: draft tokens per verification (0: no draft, an autoregressive decoder on the same cache).
+        target: ``int8kv`` (the verifier reads the INT8 view, the paper) or ``fp16`` (full-precision cache for
+            the verifier: lossless against vanilla, no memory saving).
+        group_size: ``G``: tokens per key group; the buffer holds G..2G recent tokens. Must exceed gamma + 1.
+        weight_bits: 4 (the draft's MLP weights in 4 bits, round-to-nearest) or null (full precision).
+        weight_group: inputs per 4-bit weight group (paper: 128). Even.
+        resident_weights: keep the draft's 4-bit MLP weights dequantized in memory (identical values, much faster
+            in plain PyTorch on CPU, but their full-precision bytes count in ``weight_bytes``); false = dequantize
+            per forward from the packed codes (the memory the paper's int4 kernels need).
+        chunk_size: quantized tokens dequantized at a time in attention (rounded down to whole groups).
+    """
+
+    gamma: int = 6
+    target: str = "int8kv"
+    group_size: int = 128
+    weight_bits: int | None = 4
+    weight_group: int = 128
+    resident_weights: bool = False
+    chunk_size: int = 1024
+    _mlps: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _kv: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        _check_int("gamma", self.gamma, 0)
+        _check_int("group_size", self.group_size, 2)
+        _check_int("chunk_size", self.chunk_size, 1)
+        if self.target not in TARGETS:
+            raise ConfigError(f"method.target={self.target!r} must be one of {', '.join(TARGETS)} (int8kv = the "
+                              "paper's INT8 verifier, fp16 = full-precision verifier, lossless against vanilla)")
+        if self.group_size % 2 or self.gamma + 1 >= self.group_size:
+            raise ConfigError(f"method.group_size={self.group_size} must be even and larger than method.gamma + 1 "
+                              f"= {self.gamma + 1} (a step may cross at most one group boundary)")
+        if self.weight_bits not in (None, 4):
+            raise ConfigError(f"method.weight_bits={self.weight_bits!r} must be 4 (RTN 4-bit draft MLP) or null")
+        _check_int("weight_group", self.weight_group, 2)
+        if self.weight_group % 2:
+            raise ConfigError(f"method.weight_group={self.weight_group} must be even (two codes per byte)")
+        if not isinstance(self.resident_weights, bool):
+            raise ConfigError(f"method.resident_weights={self.resident_weights!r} must be true or false")
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        if not sampling.greedy:
+            raise ConfigError("method=quantspec decodes greedily (the paper's setting); use sampling=greedy")
+
+    def check_target(self, hf_config, tokenizer) -> None:
+        heads = hf_config.num_attention_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        if head_dim % 2:
+            raise ConfigError(f"method=quantspec needs an even head_dim (two 4-bit codes per byte); the model has "
+                              f"{head_dim}")
+
+    def extra_slots(self, max_new_tokens: int) -> int:
+        return self.gamma + 1  # [current | drafts] past the committed tokens
+
+    # ---------------------------------------------------------------- state reused across generations
+    def _draft_mlps(self, engine: Engine):
+        """The 4-bit MLPs of the draft, built once per engine (None: full-precision draft MLPs)."""
+        if self.weight_bits is None or self.gamma == 0:
+            return None
+        if self._mlps is None or self._mlps[0] is not engine:
+            self._mlps = (engine, [Int4MLP(b.mlp, self.weight_group, self.resident_weights)
+                                   for b in engine.model.model.layers])
+        return self._mlps[1]
+
+    def _cache(self, engine: Engine, capacity: int, full) -> QuantKVCache:
+        """The quantized cache, reallocated only when a generation needs more positions (like ``engine.cache``)."""
+        kv = self._kv[1] if self._kv is not None and self._kv[0] is engine else None
+        if kv is None or kv.capacity < capacity or (kv.full is None) != (full is None):
+            self._kv = None  # free the old one first
+            a = engine.model.args
+            kv = QuantKVCache(a.n_layers, 1, a.n_kv_heads, a.head_dim, capacity, self.group_size, self.gamma + 1,
+                              engine.dtype, engine.device, lower=self.target == "int8kv", full=full,
+                              chunk=self.chunk_size)
+            self._kv = (engine, kv)
+        kv.full = full
+        kv.reset()
+        return kv
+
+    # ---------------------------------------------------------------- decoding
+    @torch.inference_mode()
+    def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
+                 sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
+        if sampling is not None:
+            self.check_sampling(sampling)
+        clock = clock or NullClock()
+        prompt = list(prompt_ids)
+        N = len(prompt)
+        capacity = N + max_new_tokens + self.extra_slots(max_new_tokens)
+        full = None
+        if self.target == "fp16":
+            full = engine.cache(capacity)
+        elif engine.compiled is None:
+            engine._cache = None  # not used: release it, so peak memory is this method's own
+        kv = self._cache(engine, capacity, full)
+        mlps = self._draft_mlps(engine)
+        stats = {"draft_forwards": 0, "drafted": 0, "accepted": 0, "fp_min": None, "fp_max": None}
+
+        def track(n):  # committed full-precision tokens
+            fp = n - kv.nq
+            stats["fp_min"] = fp if stats["fp_min"] is None else min(stats["fp_min"], fp)
+            stats["fp_max"] = fp if stats["fp_max"] is None else max(stats["fp_max"], fp)
+
+        # prefill (full-precision attention), then the prompt's KV goes to the planes and the buffer
+        idx = list(range(N))
+        kv.prefill_to(N)
+        if full is not None:
+            logits = engine.forward(full, prompt, idx, idx, causal_plan(0), logits="last", eager=True)
+            kv.quantize_full_prefix()
+        else:
+            kv.view = "int8"
+            logits = engine.forward(kv, prompt, idx, idx, causal_plan(0), logits="last", eager=True)
+        cur = int(logits[0, -1].argmax())
+        clock.mark("prefill")
+        track(N)
+        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
+        accept_lengths: list[int] = []
+        while not finished:
+            want = min(self.gamma, max_new_tokens - len(tokens) - 1)  # drafts past the budget would be cut
+            drafts: list[int] = []
+            if want > 0:
+                kv.view = "int4"
+                with swapped_mlps(engine.model, mlps):
+                    t = cur
+                    while len(drafts) < want and t not in eos_ids:
+                        p = N + len(drafts)  # the draft writes its own KV to scratch slot p (verify rewrites it)
+                        out = engine.forward(kv, [t], [p], [p], causal_plan(p), logits="last", eager=True)
+                        t = int(out[0, -1].argmax())
+                        drafts.append(t)
+                stats["draft_forwards"] += len(drafts)
+            feed = [cur] + drafts
+            pos = list(range(N, N + len(feed)))
+            if full is not None:
+                out = engine.forward(full, feed, pos, pos, causal_plan(N), logits="all", eager=True)
+            else:
+                kv.view = "int8"
+                out = engine.forward(kv, feed, pos, pos, causal_plan(N), logits="all", eager=True)
+            y = out[0].argmax(-1).tolist()
+            a = 0
+            while a < len(drafts) and drafts[a] == y[a]:
+                a += 1
+            stats["drafted"] += len(drafts)
+            stats["accepted"] += a
+            new = drafts[:a] + [y[a]]
+            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
+            accept_lengths.append(len(tokens) - sum(accept_lengths) - 1)
+            if not finished:  # [cur | accepted drafts] now have final KV; rejected drafts' slots are scratch
+                N += a + 1
+                cur = new[-1]
+                kv.advance(N)
+                track(N)
+        return Generation(tokens, accept_lengths, len(accept_lengths), self._extras(engine, kv, mlps, stats))
+
+    def _extras(self, engine: Engine, kv: QuantKVCache, mlps, stats: dict) -> dict:
+        weight_bytes = sum(m.nbytes for m in mlps) if mlps is not None else 0
+        full_bytes = kv.full.nbytes if kv.full is not None else 0
+        return {
+            "alpha": stats["accepted"] / stats["drafted"] if stats["drafted"] else None,
+            "draft_forwards": stats["draft_forwards"],
+            "drafted": stats["drafted"],
+            "accepted": stats["accepted"],
+            "quantized_tokens": kv.nq,
+            "fp_tokens_min": stats["fp_min"],
+            "fp_tokens_max": stats["fp_max"],
+            "kv_bytes": kv.nbytes + full_bytes,
+            "weight_bytes": weight_bytes,
+            "buffer_bytes": kv.nbytes + weight_bytes,  # the runner adds the engine's cache (fp16: the full one)
+        }
+
+
+@dataclass
+class Int8KVReference(Decoder):
+    """The reference for ``target: int8kv``: autoregressive greedy decoding on QuantSpec's INT8 cache
+    (``kv: int8``, QuantSpecDecoder with gamma 0 and no draft), or plain vanilla (``kv: fp``).
+
+    Set it as ``bench.reference`` (the ``experiment=quantspec_table3`` preset does): ``exact_match`` is then
+    exactness against the INT8-KV autoregressive decoder; with ``kv: fp`` it is agreement with full-precision
+    vanilla (and speedups are over vanilla, as the paper's).
+
+    Attributes:
+        kv: ``int8`` or ``fp``.
+        group_size: the method's ``G`` (same view at every position).
+        chunk_size: as the method's.
+    """
+
+    kv: str = "int8"
+    group_size: int = 128
+    chunk_size: int = 1024
+    _inner: Decoder | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.kv not in ("int8", "fp"):
+            raise ConfigError(f"bench.reference.kv={self.kv!r} must be int8 (INT8-KV autoregressive) or fp (vanilla)")
+        if self.kv == "int8":
+            self._inner = QuantSpecDecoder(gamma=0, target="int8kv", group_size=self.group_size, weight_bits=None,
+                                           chunk_size=self.chunk_size)
+        else:
+            from baselines.vanilla import VanillaDecoder
+
+            self._inner = VanillaDecoder()
+
+    def check_sampling(self, sampling: Sampling) -> None:
+        self._inner.check_sampling(sampling)
+
+    def extra_slots(self, max_new_tokens: int) -> int:
+        return self._inner.extra_slots(max_new_tokens)
+
+    def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
+                 sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
+        return self._inner.generate(engine, prompt_ids, max_new_tokens, eos_ids, sampling, generator, clock)
+
+
+__all__ = ["QuantSpecDecoder", "Int8KVReference", "quantized_count"]

@@ -1,0 +1,367 @@
+"""QuantSpec's hierarchical 4/8-bit KV cache and its 4-bit draft MLP weights, in plain PyTorch.
+
+Paper: QuantSpec (Tiwari et al., 2025, https://arxiv.org/abs/2502.10424), sections 4.1-4.3; first author's code
+``rishabh-16/QuantSpec`` (``kernels/quantize/``, ``Engine/model_quantspec.py``), read to learn, not copied.
+
+**Hierarchical quantization** of a group ``x`` (min/max over the group, asymmetric)::
+
+    scale = (max - min) / 15            q_hi = clamp(round((x - min) / scale), 0, 15)
+    scale_lo = scale / 16               q_lo = clamp(round((x - min - q_hi * scale) / scale_lo), -8, 7)
+    INT4 view (draft)  = min + q_hi * scale
+    INT8 view (target) = min + q_hi * scale + q_lo * scale_lo
+
+``min`` and ``scale`` are rounded to the cache dtype first and the codes are computed (in float32) from those
+stored values, so a dequantized view is exactly the formula applied to what is stored. A constant group
+(scale 0) gets codes 0 and dequantizes to its value. Keys are grouped per channel over ``G`` tokens, values per
+token over ``head_dim`` (KIVI). Codes are packed two per byte along ``head_dim`` (even element in the low
+nibble); ``q_lo`` is stored as ``q_lo + 8``.
+
+**Storage** (:class:`QuantKVCache`): packed ``uint8`` planes (upper, and lower when the target reads INT8) with
+per-group ``min``/``scale`` for the oldest tokens, plus a full-precision buffer of the most recent ones. Which
+tokens a query sees quantized is a function of its position only: a query at position ``p`` sees tokens
+``[0, nq(p))`` quantized, ``nq(p) = max(0, (p - G) // G * G)``, and ``[nq(p), p]`` in full precision (between
+``G + 1`` and ``2G`` tokens, itself included). So a speculative step and an autoregressive decoder with the same
+cache see the same view at every position (the INT8-KV reference is exact). Stored groups follow the committed
+length ``N``: after each commit the oldest ``G`` buffer tokens are quantized while ``nq(N)`` says so, leaving
+``G <= N - nq < 2G`` committed full-precision tokens; rejected draft tokens only ever sit in the buffer. Within a
+step a query may be one group ahead of the stored planes: that group is quantized on the fly from the buffer
+(the same function, hence the same values as once stored).
+
+Attention over the quantized part dequantizes ``chunk`` tokens at a time and merges the partial results by
+log-sum-exp with the buffer and the step's own tokens, so no full-length dequantized copy is ever built.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# ---------------------------------------------------------------------------------------------- quantization
+def quantize(x: torch.Tensor, dim: int, lower: bool = True):
+    """Hierarchical quantization of ``x`` in groups reduced over ``dim`` (see the module docstring).
+
+    Returns ``(q_hi, q_lo, mn, scale)``: codes as uint8 (``q_hi`` in 0..15, ``q_lo + 8`` in 0..15, or ``None``
+    when ``lower`` is false), ``mn`` and ``scale`` in ``x.dtype`` with ``dim`` kept as size 1.
+    """
+    mn = x.amin(dim, keepdim=True)
+    scale = ((x.amax(dim, keepdim=True).float() - mn.float()) / 15).to(x.dtype)
+    m, s = mn.float(), scale.float()
+    safe = torch.where(s > 0, s, torch.ones_like(s))  # a constant group: codes 0, dequantizes to mn
+    xf = x.float()
+    q_hi = torch.where(s > 0, ((xf - m) / safe).round().clamp(0, 15), torch.zeros_like(xf))
+    q_lo = None
+    if lower:
+        q_lo = torch.where(s > 0, ((xf - m - q_hi * s) / (safe / 16)).round().clamp(-8, 7), torch.zeros_like(xf))
+        q_lo = (q_lo + 8).to(torch.uint8)
+    return q_hi.to(torch.uint8), q_lo, mn, scale
+
+
+def dequantize(q_hi, q_lo, mn, scale, dtype) -> torch.Tensor:
+    """INT4 view (``q_lo is None``) or INT8 view of unpacked codes; ``mn``/``scale`` broadcast to the codes."""
+    m, s = mn.float(), scale.float()
+    out = m + q_hi.float() * s
+    if q_lo is not None:
+        out = out + (q_lo.float() - 8) * (s / 16)
+    return out.to(dtype)
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """[..., 2n] uint8 codes in 0..15 -> [..., n] bytes (element 2i in the low nibble, 2i+1 in the high one)."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack`: [..., n] bytes -> [..., 2n] codes."""
+    return torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
+
+
+# ---------------------------------------------------------------------------------------------- attention
+def _attention_lse(qg, k, v, mask, scale):
+    """qg: [B, Hkv, g, Q, D]; k, v: [B, Hkv, K, D]; mask: [Q, K] bool or None -> (out f32, lse f32 [.., Q])."""
+    scores = torch.matmul(qg, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, Hkv, g, Q, K]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.clamp_min(torch.finfo(torch.float32).min)[..., None])
+    return torch.matmul(probs.to(v.dtype), v[:, :, None]).float(), lse
+
+
+def _merge(acc, part):
+    """Log-sum-exp merge of two partial attentions over disjoint key sets ((out, lse) pairs)."""
+    if acc is None:
+        return part
+    (o1, l1), (o2, l2) = acc, part
+    lse = torch.logaddexp(l1, l2)
+    w1 = torch.exp(l1 - lse).nan_to_num(0.0)[..., None]
+    w2 = torch.exp(l2 - lse).nan_to_num(0.0)[..., None]
+    return o1 * w1 + o2 * w2, lse
+
+
+def quantized_count(position: int, group: int) -> int:
+    """``nq(p)``: tokens a query at ``position`` reads quantized (whole groups, at least ``G`` recent left)."""
+    return max(0, (position - group) // group * group)
+
+
+# ---------------------------------------------------------------------------------------------- the cache
+class QuantKVCache:
+    """Packed hierarchical planes + a full-precision buffer; the model calls :meth:`attend` in every layer.
+
+    Args:
+        n_layers, batch, n_kv_heads, head_dim: the model's KV geometry (``head_dim`` even).
+        capacity: positions this cache must serve (prompt + new tokens + a step's scratch).
+        group: ``G`` (tokens per key group; also the buffer's unit).
+        scratch: step tokens past the committed ones (``gamma + 1``).
+        lower: keep the lower planes (the target reads INT8); false when the target keeps a full cache.
+        full: ``target: fp16``: the target's full-precision :class:`~fafo.engine.cache.KVCache` (slot =
+            position) doubles as the buffer, and this object only adds the upper planes for the draft.
+        chunk: tokens of the quantized part dequantized at a time in attention.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, capacity: int, group: int,
+                 scratch: int, dtype: torch.dtype, device, lower: bool = True, full=None, chunk: int = 1024):
+        if head_dim % 2:
+            raise ValueError(f"head_dim={head_dim} must be even to pack two 4-bit codes per byte")
+        self.group, self.lower, self.full, self.dtype = group, lower, full, dtype
+        self.chunk = max(group, chunk // group * group)
+        self.capacity = capacity
+        self.max_quantized = quantized_count(capacity, group)
+        B, H, D, T, G = batch, n_kv_heads, head_dim, self.max_quantized, group
+
+        def planes(*shape):
+            return [torch.zeros(shape, dtype=torch.uint8, device=device) for _ in range(n_layers)]
+
+        def floats(*shape):
+            return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+
+        self.k_hi, self.v_hi = planes(B, H, T, D // 2), planes(B, H, T, D // 2)  # [B, Hkv, T, D/2]
+        self.k_lo = planes(B, H, T, D // 2) if lower else None
+        self.v_lo = planes(B, H, T, D // 2) if lower else None
+        self.k_min, self.k_scale = floats(B, H, T // G, D), floats(B, H, T // G, D)  # per channel per group
+        self.v_min, self.v_scale = floats(B, H, T, 1), floats(B, H, T, 1)  # per token
+        self.buf_len = 2 * G + scratch  # committed fp tokens stay < 2G between steps, plus a step's tokens
+        if full is None:
+            self.k_buf, self.v_buf = floats(B, H, self.buf_len, D), floats(B, H, self.buf_len, D)
+        self.nq = 0  # stored quantized tokens (a multiple of G)
+        self.view = "int8" if lower else "int4"  # what attend() reads: the decoder flips it per forward
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this object holds (the full cache of ``target: fp16`` is not counted here)."""
+        ts = self.k_hi + self.v_hi + self.k_min + self.k_scale + self.v_min + self.v_scale
+        if self.lower:
+            ts = ts + self.k_lo + self.v_lo
+        if self.full is None:
+            ts = ts + self.k_buf + self.v_buf
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    # ------------------------------------------------------------------ storage
+    def reset(self) -> None:
+        self.nq = 0
+
+    def _store_groups(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Quantize whole groups of full-precision k, v ([B, Hkv, n*G, D]) into positions [start, start + n*G)."""
+        B, H, n, D = k.shape
+        G, end = self.group, start + n
+        kq_hi, kq_lo, kmn, ksc = quantize(k.view(B, H, n // G, G, D), dim=3, lower=self.lower)
+        vq_hi, vq_lo, vmn, vsc = quantize(v, dim=3, lower=self.lower)
+        self.k_hi[layer][:, :, start:end] = pack(kq_hi.view(B, H, n, D))
+        self.v_hi[layer][:, :, start:end] = pack(vq_hi)
+        if self.lower:
+            self.k_lo[layer][:, :, start:end] = pack(kq_lo.view(B, H, n, D))
+            self.v_lo[layer][:, :, start:end] = pack(vq_lo)
+        self.k_min[layer][:, :, start // G:end // G] = kmn[:, :, :, 0]
+        self.k_scale[layer][:, :, start // G:end // G] = ksc[:, :, :, 0]
+        self.v_min[layer][:, :, start:end] = vmn
+        self.v_scale[layer][:, :, start:end] = vsc
+
+    def _fp(self, layer: int, lo: int, hi: int):
+        """Full-precision K, V of positions [lo, hi) (lo >= nq)."""
+        if self.full is not None:
+            return self.full.keys[layer][:, :, lo:hi], self.full.values[layer][:, :, lo:hi]
+        return self.k_buf[layer][:, :, lo - self.nq:hi - self.nq], self.v_buf[layer][:, :, lo - self.nq:hi - self.nq]
+
+    def _write(self, layer: int, slots: torch.Tensor, k, v) -> None:
+        """Write a step's KV at positions ``slots`` (contiguous); in a prefill the first ``nq`` go to the planes."""
+        n = slots.shape[0]
+        first = int(slots[0])
+        cut = min(n, max(0, self.nq - first))  # tokens below nq: only a prefill writes them
+        if cut:
+            if first != 0:
+                raise RuntimeError("quantspec: only a prefill may write positions below the quantized count")
+            self._store_groups(layer, 0, k[:, :, :cut], v[:, :, :cut])
+        if self.full is not None:
+            self.full.write(layer, slots[cut:n], k[:, :, cut:n], v[:, :, cut:n])
+        elif cut < n:
+            idx = slots[cut:n] - self.nq
+            if int(idx[-1]) >= self.buf_len:
+                raise RuntimeError(f"quantspec: buffer overflow ({int(idx[-1]) + 1} > {self.buf_len} slots)")
+            self.k_buf[layer].index_copy_(2, idx, k[:, :, cut:n])
+            self.v_buf[layer].index_copy_(2, idx, v[:, :, cut:n])
+
+    def prefill_to(self, n_prompt: int) -> None:
+        """Before a prefill of ``n_prompt`` tokens: its first ``nq(n_prompt)`` tokens are stored quantized."""
+        self.nq = quantized_count(n_prompt, self.group)
+        if self.nq > self.max_quantized:
+            raise RuntimeError(f"quantspec: a {n_prompt}-token prompt exceeds the cache capacity {self.capacity}")
+
+    def quantize_full_prefix(self) -> None:
+        """``target: fp16`` after the target's prefill into the full cache: quantize its first ``nq`` tokens."""
+        for layer in range(len(self.k_hi)):
+            if self.nq:
+                k, v = self.full.keys[layer][:, :, :self.nq], self.full.values[layer][:, :, :self.nq]
+                self._store_groups(layer, 0, k, v)
+
+    def advance(self, committed: int) -> None:
+        """After a commit (``committed`` tokens have final KV): quantize the oldest buffer groups while
+        ``nq(committed)`` asks for them; the buffer keeps ``G <= committed - nq < 2G`` tokens."""
+        G = self.group
+        while self.nq < quantized_count(committed, G):
+            for layer in range(len(self.k_hi)):
+                k, v = self._fp(layer, self.nq, self.nq + G)
+                self._store_groups(layer, self.nq, k, v)
+                if self.full is None:  # shift the buffer left by one group
+                    for buf in (self.k_buf[layer], self.v_buf[layer]):
+                        buf[:, :, :-G] = buf[:, :, G:].clone()
+            self.nq += G
+
+    # ------------------------------------------------------------------ reading
+    def _dequant(self, layer: int, lo: int, hi: int, lower: bool):
+        """K, V of stored positions [lo, hi) (whole groups) in the INT4 or INT8 view: [B, Hkv, hi - lo, D]."""
+        G = self.group
+        B, H, _, D2 = self.k_hi[layer].shape
+        n = hi - lo
+        k_lo = unpack(self.k_lo[layer][:, :, lo:hi]) if lower else None
+        k = dequantize(unpack(self.k_hi[layer][:, :, lo:hi]).view(B, H, n // G, G, 2 * D2),
+                       None if k_lo is None else k_lo.view(B, H, n // G, G, 2 * D2),
+                       self.k_min[layer][:, :, lo // G:hi // G, None], self.k_scale[layer][:, :, lo // G:hi // G, None],
+                       self.dtype).view(B, H, n, 2 * D2)
+        v = dequantize(unpack(self.v_hi[layer][:, :, lo:hi]), unpack(self.v_lo[layer][:, :, lo:hi]) if lower else None,
+                       self.v_min[layer][:, :, lo:hi], self.v_scale[layer][:, :, lo:hi], self.dtype)
+        return k, v
+
+    def _fake(self, k, v, lower: bool):
+        """One group quantized and dequantized on the fly (the group a query is ahead of the stored planes)."""
+        B, H, n, D = k.shape
+        kh, kl, kmn, ksc = quantize(k.view(B, H, 1, n, D), dim=3, lower=lower)
+        vh, vl, vmn, vsc = quantize(v, dim=3, lower=lower)
+        return dequantize(kh, kl, kmn, ksc, self.dtype).view(B, H, n, D), dequantize(vh, vl, vmn, vsc, self.dtype)
+
+    def attend(self, layer: int, q, k, v, slots, plan, scale: float) -> torch.Tensor:
+        """The model's attention hook (see :meth:`fafo.engine.model.Attention.forward`).
+
+        q: [B, Hq, Q, D] post-RoPE; k, v: [B, Hkv, Q, D]; the step is a causal chain: query ``i`` is at position
+        ``plan.prefix + i`` and sees positions ``[0, prefix + i]``. Returns [B, Hq, Q, D].
+        """
+        if plan.prefix_lens is not None or plan.region_from is not None or plan.step_mask is not None:
+            raise NotImplementedError("quantspec's cache serves causal chains only (no masks or regions)")
+        if slots is not None:
+            self._write(layer, slots, k, v)
+        B, Hq, Q, D = q.shape
+        Hkv, P, G = k.shape[1], plan.prefix, self.group
+        if P == 0:  # prefill: full-precision causal attention over the prompt
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=Hq != Hkv)
+        lower = self.view == "int8"
+        if lower and not self.lower:
+            raise RuntimeError("quantspec: the INT8 view needs the lower planes")
+        qg = q.view(B, Hkv, Hq // Hkv, Q, D)
+        pos = torch.arange(P, P + Q, device=q.device)
+        nq_q = ((pos - G).div(G, rounding_mode="floor") * G).clamp_min(0)  # [Q] nq(p) per query
+        if int(nq_q[0]) < self.nq or int(nq_q[-1]) > self.nq + G:
+            raise RuntimeError(f"quantspec: stored planes ({self.nq}) out of step with positions {P}..{P + Q - 1}")
+        acc = None
+        for lo in range(0, self.nq, self.chunk):  # stored quantized tokens, seen by every query
+            kc, vc = self._dequant(layer, lo, min(self.nq, lo + self.chunk), lower)
+            acc = _merge(acc, _attention_lse(qg, kc, vc, None, scale))
+        ahead = nq_q > self.nq  # [Q] queries that read the next group quantized too
+        if bool(ahead.any()):
+            kf, vf = self._fake(*self._fp(layer, self.nq, self.nq + G), lower)
+            acc = _merge(acc, _attention_lse(qg, kf, vf, ahead[:, None].expand(Q, G), scale))
+        if P > self.nq:  # full precision [nq, P); a query ahead skips the group it reads quantized
+            kb, vb = self._fp(layer, self.nq, P)
+            mask = torch.arange(self.nq, P, device=q.device)[None, :] >= nq_q[:, None]  # [Q, P - nq]
+            acc = _merge(acc, _attention_lse(qg, kb, vb, None if not bool(ahead.any()) else mask, scale))
+        causal = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
+        acc = _merge(acc, _attention_lse(qg, k, v, causal, scale))
+        return acc[0].view(B, Hq, Q, D).to(q.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- 4-bit weights
+class Int4Linear(nn.Module):
+    """A bias-free linear layer with round-to-nearest asymmetric 4-bit weights, ``group`` inputs per group.
+
+    Storage: ``[out, in_pad / 2]`` uint8 codes + ``[out, in_pad / group]`` min and scale (``in_pad``: the input
+    size padded with zeros to whole groups). The weight is dequantized per call (plain PyTorch), or once and kept
+    (:meth:`keep_dequantized`: the same values, faster on CPU, full-precision memory).
+    """
+
+    def __init__(self, weight: torch.Tensor, group: int = 128):
+        super().__init__()
+        out_f, in_f = weight.shape
+        self.in_features, self.group = in_f, min(group, in_f + in_f % 2)
+        pad = -in_f % self.group
+        w = F.pad(weight.detach(), (0, pad)).view(out_f, -1, self.group)  # [out, n_groups, group]
+        q, _, mn, scale = quantize(w, dim=2, lower=False)
+        self.register_buffer("codes", pack(q.view(out_f, -1)))
+        self.register_buffer("mn", mn)
+        self.register_buffer("scale", scale)
+        self.resident: torch.Tensor | None = None  # the dequantized weight, kept only when asked (keep_dequantized)
+
+    def keep_dequantized(self) -> None:
+        """Keep the dequantized weight resident: plain-PyTorch speed, full-precision bytes (counted in nbytes)."""
+        self.resident = self.weight()
+
+    @property
+    def nbytes(self) -> int:
+        ts = (self.codes, self.mn, self.scale) + ((self.resident,) if self.resident is not None else ())
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    def weight(self) -> torch.Tensor:
+        if self.resident is not None:
+            return self.resident
+        out_f = self.codes.shape[0]
+        q = unpack(self.codes).view(out_f, -1, self.group)
+        return dequantize(q, None, self.mn, self.scale, self.mn.dtype).view(out_f, -1)[:, : self.in_features]
+
+    def forward(self, x):
+        return F.linear(x, self.weight())
+
+
+class Int4MLP(nn.Module):
+    """The draft's MLP: the target's gated MLP with 4-bit gate/up/down weights."""
+
+    def __init__(self, mlp: nn.Module, group: int, resident: bool = False):
+        super().__init__()
+        self.gate_proj = Int4Linear(mlp.gate_proj.weight, group)
+        self.up_proj = Int4Linear(mlp.up_proj.weight, group)
+        self.down_proj = Int4Linear(mlp.down_proj.weight, group)
+        if resident:
+            for lin in (self.gate_proj, self.up_proj, self.down_proj):
+                lin.keep_dequantized()
+
+    @property
+    def nbytes(self) -> int:
+        return self.gate_proj.nbytes + self.up_proj.nbytes + self.down_proj.nbytes
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@contextmanager
+def swapped_mlps(model, mlps: list[nn.Module] | None):
+    """Run ``model`` with its blocks' MLPs replaced by ``mlps`` (None: unchanged); restored on exit."""
+    if mlps is None:
+        yield
+        return
+    blocks = list(model.model.layers)
+    saved = [b.mlp for b in blocks]
+    try:
+        for b, m in zip(blocks, mlps):
+            b.mlp = m
+        yield
+    finally:
+        for b, m in zip(blocks, saved):
+            b.mlp = m
