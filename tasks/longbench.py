@@ -1,4 +1,5 @@
-"""LongBench (v1) subsets: multi_news, lcc, trec, qasper, 2wikimqa, narrativeqa (THUDM/LongBench ``pred.py``).
+"""LongBench (v1) subsets: multi_news, lcc, trec, qasper, 2wikimqa, narrativeqa, gov_report, qmsum, repobench-p
+(THUDM/LongBench ``pred.py``).
 
 Source. ``THUDM/LongBench`` on the hub is **script-based** (``LongBench.py`` + ``data.zip``), which
 ``datasets >= 4`` no longer runs ("Dataset scripts are no longer supported"). The default reads the parquet
@@ -79,10 +80,29 @@ DATASET2PROMPT = {
         "Please complete the code given below. \n"
         "{context}Next line of code:\n"
     ),
+    "gov_report": (
+        "You are given a report by a government agency. Write a one-page summary of the report.\n\n"
+        "Report:\n{context}\n\n"
+        "Now, write a one-page summary of the report.\n\n"
+        "Summary:"
+    ),
+    "qmsum": (
+        "You are given a meeting transcript and a query containing a question or instruction. Answer the query in "
+        "one or more sentences.\n\n"
+        "Transcript:\n{context}\n\n"
+        "Now, answer the query based on the above meeting transcript in one or more sentences.\n\n"
+        "Query: {input}\n"
+        "Answer:"
+    ),
+    "repobench-p": (
+        "Please complete the code given below. \n"
+        "{context}{input}Next line of code:\n"
+    ),
 }
 
 # LongBench/config/dataset2maxlen.json, for these subsets.
-DATASET2MAXLEN = {"narrativeqa": 128, "qasper": 128, "2wikimqa": 32, "multi_news": 512, "trec": 64, "lcc": 64}
+DATASET2MAXLEN = {"narrativeqa": 128, "qasper": 128, "2wikimqa": 32, "multi_news": 512, "trec": 64, "lcc": 64,
+                  "gov_report": 512, "qmsum": 512, "repobench-p": 64}
 
 # pred.py: "chat models are better off without build prompts on these tasks".
 RAW_SUBSETS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
@@ -96,6 +116,7 @@ class LongBenchTask(DataTask):
         subset: one of multi_news, lcc, trec, qasper, 2wikimqa, narrativeqa.
         max_new_tokens: null = the subset's ``dataset2maxlen`` budget.
         max_input_tokens: LongBench's ``model2maxlen`` for the model (null = no truncation).
+        min_input_tokens: keep only prompts with more tokens than this (LongSpec's ``1200 < length``; null = all).
     """
 
     name: str = "longbench"
@@ -104,6 +125,7 @@ class LongBenchTask(DataTask):
     hub_id: str = "Xnhyacinth/LongBench"
     hub_config: str | None = None  # null = the subset name
     split: str = "test"
+    min_input_tokens: int | None = None
 
     TRUNCATION: ClassVar[str] = "middle, in target-tokenizer tokens, before the chat template (LongBench pred.py)"
     RELEASE: ClassVar[str] = "THUDM/LongBench's data.zip (data/{subset}.jsonl)"
@@ -123,6 +145,9 @@ class LongBenchTask(DataTask):
         if self.subset not in DATASET2PROMPT:
             raise ConfigError(f"task.subset={self.subset!r} is not supported; use one of "
                               f"{', '.join(DATASET2PROMPT)}")
+        m = self.min_input_tokens
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
+            raise ConfigError(f"task.min_input_tokens={m!r} must be null or an integer >= 0")
 
     def load_samples(self) -> list[Sample]:
         template = DATASET2PROMPT[self.subset]
@@ -140,6 +165,13 @@ class LongBenchTask(DataTask):
                 references=[str(a) for a in answers],
             ))
         return samples
+
+    def usable(self, tokenizer: Any, sample: Sample) -> bool:
+        """With ``min_input_tokens``: the formatted (truncated) prompt has more tokens than it."""
+        if self.min_input_tokens is None or tokenizer is None:
+            return True
+        text = self.memo(tokenizer, ("prompt", sample.id), lambda: self.truncated_prompt(tokenizer, sample))
+        return len(tokenizer(text, truncation=False).input_ids) > self.min_input_tokens
 
     def truncated_prompt(self, tokenizer: Any, sample: Sample) -> str:
         """The formatted prompt, middle-truncated to ``max_input_tokens`` tokens as ``pred.py`` does."""

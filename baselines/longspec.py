@@ -1,0 +1,236 @@
+"""LongSpec: a trained one-layer draft over the target's own KV cache, beam-tree drafting, hybrid tree attention.
+
+LongSpec (Yang et al., 2025, https://arxiv.org/abs/2502.17421), following ``sail-sg/LongSpec`` @ 15e4998
+(``longspec/test/llama_glide.py``: ``tree_spec_generate``, ``spec_generate``). NOT draftless: it needs a draft
+trained for the target (released ``sail/longspec-*`` drafts, or ``scripts/train_longspec_draft.py``). The draft is
+:class:`~baselines.longspec_draft.GlideLayer`; its cross-attention reads the target's last-layer KV in place.
+
+One round, with ``N`` committed target KV entries and the root (the last committed token, no KV yet) at ``N``:
+
+1. *Catch-up*: the tokens committed since the draft's last round (positions ``D..N``, the root last) get their
+   draft self-attention k/v; only the root's row runs through the layer (its logits start the tree).
+2. *Dynamic beam tree* (official beam branch): level 1 = the root's top ``tree_shape[0]`` tokens; level l+1 = the
+   top ``tree_shape[l]`` (node, token) pairs by cumulative draft log-probability over all level-l nodes. Each level
+   is one draft forward over its nodes (tree mask over the draft's own window + catch-up + ancestors; cross-
+   attention over all ``N`` target entries); the last level is not run. Low-scoring branches simply get no
+   children (nothing is removed). ``mode=chain`` is the official ``spec_generate``: ``gamma`` greedy draft tokens,
+   i.e. the tree ``[1] * gamma``.
+3. *Verification*: one target forward over the tree (:func:`fafo.tree.verify_tree`). The engine's attention is
+   the paper's hybrid tree attention: unmasked attention over the cached prefix merged by log-sum-exp with masked
+   attention among the tree tokens (:mod:`fafo.engine.attention`); the accepted path's KV is compacted in place.
+4. The catch-up k/v enter the draft's window ring (:class:`~baselines.longspec_draft.WindowCache`).
+
+Greedy acceptance is token-identical to vanilla. Sampling (T > 0): the beam tree's candidates are deterministic
+top-k choices, not draws from the draft's q, so the official ``verify_stochastic`` (ratio p/q with uniformly chosen
+siblings, as SpecInfer's rule for i.i.d. draws) is not exact for them; we verify the tree with the exact rule for
+deterministic guesses (:meth:`fafo.tree.DraftTree.accept_sampled`), lossless in distribution.
+
+Deviations from the release, each exact or neutral: the draft keeps only its window (the release allocates the
+whole sequence and masks); the target's accepted KV is moved in every layer (the release moves the last layer only
+and re-feeds accepted tokens to the target next round, which is the same maths); the draft's prompt "prefill"
+computes only k/v of the last ``window`` prompt tokens (one layer: nothing else is ever read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from omegaconf import OmegaConf
+
+from baselines.longspec_draft import (WindowCache, check_shapes, load_draft, new_draft, read_draft_config,
+                                     resolve_draft, window_mask)
+from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.engine.engine import Engine
+from fafo.errors import ConfigError
+from fafo.sampling import Sampling
+from fafo.tree import DraftTree, greedy_tree_step, sampled_tree_step
+
+
+def _default_draft() -> dict:
+    return {"path": "sail/longspec-vicuna-7b-v1.5-16k", "revision": None, "random_seed": None}
+
+
+@dataclass
+class LongSpecDecoder(Decoder):
+    """LongSpec with a released-format draft (greedy and sampling).
+
+    Attributes:
+        draft: ``{path, revision}`` (hub id or directory of a LongSpec draft), or ``{random_seed: s}`` with
+            ``path: null`` for a randomly initialised draft (smoke tests only: near-zero acceptance).
+        mode: ``tree`` (dynamic beam tree of ``tree_shape``) or ``chain`` (``gamma`` greedy draft tokens).
+        tree_shape: beam width per draft level (paper/official default [4, 16, 16, 16, 16]).
+        gamma: chain length in ``chain`` mode (official ``spec_generate`` default 4).
+        window: the draft's self-attention window (official 512): a query at p sees its keys at p-window..p.
+    """
+
+    draft: dict = field(default_factory=_default_draft)
+    mode: str = "tree"
+    tree_shape: list = field(default_factory=lambda: [4, 16, 16, 16, 16])
+    gamma: int = 4
+    window: int = 512
+    _loaded: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _trace: list = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.mode not in ("tree", "chain"):
+            raise ConfigError(f"method.mode={self.mode!r} must be tree (beam tree) or chain (gamma draft tokens)")
+        shape = list(self.tree_shape) if self.tree_shape is not None else []
+        if not shape or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in shape):
+            raise ConfigError(f"method.tree_shape={self.tree_shape!r} must be a non-empty list of integers >= 1, "
+                              "e.g. [4, 16, 16, 16, 16]")
+        self.tree_shape = shape
+        for name in ("gamma", "window"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"method.{name}={v!r} must be an integer >= 1")
+        if not isinstance(self.draft, Mapping):
+            raise ConfigError(f"method.draft={self.draft!r} must be a mapping with path (or random_seed)")
+        self.draft = OmegaConf.to_container(OmegaConf.create(dict(self.draft)), resolve=True)
+        unknown = set(self.draft) - {"path", "revision", "random_seed"}
+        if unknown or bool(self.draft.get("path")) == (self.draft.get("random_seed") is not None):
+            raise ConfigError(f"method.draft={self.draft} needs exactly one of path (a LongSpec draft: hub id or "
+                              "directory) or random_seed (a random draft, smoke tests only), besides revision")
+
+    @property
+    def shape(self) -> list[int]:
+        """Beam widths per level (chain mode: ``[1] * gamma``)."""
+        return self.tree_shape if self.mode == "tree" else [1] * self.gamma
+
+    @property
+    def tree_size(self) -> int:
+        return 1 + sum(self.shape)
+
+    def extra_slots(self, max_new_tokens: int) -> int:
+        return self.tree_size  # the verification writes the tree past the committed tokens
+
+    def check_target(self, hf_config, tokenizer) -> None:
+        """Refuse a draft whose config does not fit the target (before any weights load)."""
+        if self.draft.get("path"):
+            ckpt = resolve_draft(self.draft["path"], self.draft.get("revision"))
+            check_shapes(read_draft_config(ckpt), hf_config, repr(self.draft["path"]))
+
+    def setup(self, engine: Engine) -> None:
+        """Load (or build) the draft on the target's device and dtype, once per target engine."""
+        if self._loaded is not None and self._loaded[0] is engine:
+            return
+        config = engine.model.hf_config
+        if self.draft.get("path"):
+            layer = load_draft(resolve_draft(self.draft["path"], self.draft.get("revision")), config,
+                               engine.dtype, engine.device)
+        else:
+            layer = new_draft(config, self.draft["random_seed"], engine.dtype, engine.device).eval()
+            layer.requires_grad_(False)
+        a = layer.self_attn
+        ring = WindowCache(self.window, a.n_kv_heads, a.head_dim, engine.dtype, engine.device)
+        self._loaded = (engine, layer, ring)
+
+    @property
+    def layer(self):
+        return self._loaded[1]
+
+    @torch.no_grad()  # not inference_mode: the engine caches masks by version counter
+    def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
+                 sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
+        clock = clock or NullClock()
+        self.setup(engine)
+        _, layer, ring = self._loaded
+        samp = sampling if sampling is not None and not sampling.greedy else None
+        P = len(prompt_ids)
+        cache = engine.cache(P + max_new_tokens + self.extra_slots(max_new_tokens))
+        last = engine.prefill(cache, prompt_ids)[0, -1]
+        cur = int(last.argmax()) if samp is None else int(samp.select(last, generator, prompt_ids))
+        # the draft's prompt "prefill": k/v of the last `window` prompt tokens (nothing else is ever read)
+        ring.reset()
+        start = max(0, P - self.window)
+        self._commit(engine, ring, prompt_ids[start:], start)
+        clock.mark("prefill")
+        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
+        N, catch = P, [cur]  # committed target KV entries; tokens at positions N-len(catch)+1..N not in the ring
+        accept_lengths: list[int] = []
+        draft_forwards = 0
+        size = self.tree_size
+        while not finished:
+            tree, ck, cv, n_fwd = self._draft_tree(engine, layer, ring, cache, catch, N)
+            draft_forwards += n_fwd
+            self._commit_kv(ring, ck, cv, N - len(catch) + 1, N, engine.device)
+            pad = size if engine.static_shapes else len(tree)
+            if samp is None:
+                path, new = greedy_tree_step(engine, cache, tree, N, pad)
+            else:
+                hist = list(prompt_ids) + tokens if samp.uses_history else None
+                path, new = sampled_tree_step(engine, cache, tree, N, samp, generator, hist, pad)
+            N += len(new)
+            catch = new
+            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
+            accept_lengths.append(len(tokens) - 1 - sum(accept_lengths))
+        extras = {"draft_forwards": draft_forwards, "draft_window_entries": int((ring.pos >= 0).sum()),
+                  "buffer_bytes": ring.nbytes + sum(p.numel() * p.element_size() for p in layer.parameters())}
+        return Generation(tokens, accept_lengths, len(accept_lengths), extras)
+
+    # ------------------------------------------------------------------------------------------------ drafting
+    def _embed(self, engine: Engine, ids, positions: torch.Tensor):
+        x = engine.model.model.embed_tokens(engine.tensor(ids)[None])  # [1, Q, dim]
+        cos, sin = engine.model.rotary.cos_sin(positions[None], x.dtype)
+        return x, cos, sin
+
+    def _commit(self, engine: Engine, ring: WindowCache, ids, first_pos: int) -> None:
+        if len(ids):
+            pos = torch.arange(first_pos, first_pos + len(ids), device=engine.device)
+            x, cos, sin = self._embed(engine, ids, pos)
+            k, v = self.layer.self_kv(x, cos, sin)
+            ring.append(k, v, pos)
+
+    @staticmethod
+    def _commit_kv(ring: WindowCache, k, v, first: int, last: int, device) -> None:
+        ring.append(k, v, torch.arange(first, last + 1, device=device))
+
+    def _draft_tree(self, engine: Engine, layer, ring: WindowCache, cache, catch: list[int], N: int):
+        """Build the round's beam tree. Returns (tree, catch-up k, catch-up v, draft forwards)."""
+        dev = engine.device
+        c_pos = torch.arange(N - len(catch) + 1, N + 1, device=dev)  # the root is the last catch-up token
+        x, cos, sin = self._embed(engine, catch, c_pos)
+        ck, cv = layer.self_kv(x, cos, sin)  # [1, Hkv, C, D]
+        tk, tv = cache.keys[-1][:, :, :N], cache.values[-1][:, :, :N]  # the target's last layer, in place
+        keys_k, keys_v = [ring.k, ck], [ring.v, cv]
+        key_pos = torch.cat([ring.pos, c_pos])
+        n_fixed = key_pos.numel()  # ring + catch-up: visible to every row by the window rule alone
+        # the root row
+        mask = window_mask(c_pos[-1:], key_pos, self.window)
+        h = layer(x[:, -1:], cos[:, :, -1:], sin[:, :, -1:], ring_cat(keys_k), ring_cat(keys_v), mask, tk, tv)
+        logp = torch.log_softmax(engine.model.lm_head(h)[0].float(), dim=-1)  # [1, V]
+        self._trace = [logp]  # this round's draft log-probabilities per run level (read by tests)
+        tree = DraftTree.root(catch[-1])
+        level_nodes, level_scores = [0], torch.zeros(1, device=dev)
+        forwards = 1
+        for depth, width in enumerate(self.shape, start=1):
+            V = logp.shape[-1]
+            cum = (level_scores[:, None] + logp).reshape(-1)  # [n_nodes * V] cumulative log-probabilities
+            top = cum.topk(min(width, cum.numel()))
+            parents = (top.indices // V).tolist()
+            toks = (top.indices % V).tolist()
+            level_nodes = [tree.add(level_nodes[p], t) for p, t in zip(parents, toks)]
+            level_scores = top.values
+            if depth == len(self.shape):
+                break  # the last level is verified, never run through the draft
+            # one draft forward over this level's nodes: window keys + catch-up + their tree ancestors
+            pos = torch.full((len(level_nodes),), N + depth, device=dev)
+            xn, cosn, sinn = self._embed(engine, toks, pos)
+            nk, nv = layer.self_kv(xn, cosn, sinn)
+            keys_k.append(nk)
+            keys_v.append(nv)
+            key_pos = torch.cat([key_pos, pos])
+            mask = window_mask(pos, key_pos, self.window)
+            anc = tree.mask(device=dev)[level_nodes][:, 1:]  # [n, nodes-1]: ancestors-or-self among tree nodes
+            mask[:, n_fixed:] &= anc
+            h = layer(xn, cosn, sinn, ring_cat(keys_k), ring_cat(keys_v), mask, tk, tv)
+            logp = torch.log_softmax(engine.model.lm_head(h)[0].float(), dim=-1)  # [n, V]
+            self._trace.append(logp)
+            forwards += 1
+        return tree, ck, cv, forwards
+
+
+def ring_cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate key blocks along the sequence axis ([1, Hkv, *, D])."""
+    return torch.cat(parts, dim=2)
