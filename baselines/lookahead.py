@@ -166,6 +166,9 @@ class LookaheadDecoder(Decoder):
         steady = (n - 1) * w + self.guess_set * (n - 1)
         return max([steady] + [(f + 1) * (w + n - 2 - f) for f in range(1, n - 2)])
 
+    def forward_tokens(self) -> tuple[int, ...]:
+        return (self.step_tokens(),)
+
     def extra_slots(self, max_new_tokens: int) -> int:
         # a step writes its KV to slots [P, P + Q) and keeps what it accepts; Q <= step_tokens() also when
         # the guesses are padded to G (engine.static_shapes)

@@ -14,6 +14,9 @@ from fafo.sampling import GREEDY, Sampling
 class VanillaDecoder(Decoder):
     """Greedy (or sampled) decoding, one token per forward, on the shared static cache."""
 
+    def forward_tokens(self) -> tuple[int, ...]:
+        return (1,)
+
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         sampling = sampling or GREEDY

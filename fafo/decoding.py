@@ -62,6 +62,12 @@ class Decoder(ABC):
         """Raise ConfigError if this method cannot run on the target model (e.g. a draft model with another
         vocabulary). Called with the target's transformers config and tokenizer before any weights are loaded."""
 
+    def forward_tokens(self) -> tuple[int, ...] | None:
+        """Tokens in each target forward of one decode step ((1,) for vanilla), or None where it varies (drafts).
+        The run summary reports their sum as ``tokens_per_forward`` and, given ``bench.cost_curve``, the
+        break-even tau (:mod:`fafo.bench.cost_curve`)."""
+        return None
+
     def extra_slots(self, max_new_tokens: int) -> int:
         """Cache slots this method needs beyond ``prompt + max_new_tokens`` (scratch for drafts, windows...)."""
         return 0

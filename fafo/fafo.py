@@ -115,6 +115,11 @@ class FAFODecoder(Decoder):
     def extra_slots(self, max_new_tokens: int) -> int:
         return 1 + self.n_candidates * self.k
 
+    def forward_tokens(self) -> tuple[int, ...]:
+        """[current | m x k candidates | n x k streams] in one forward, or the fumble and verify forwards."""
+        verify, fumble = 1 + self.n_candidates * self.k, self.n * self.k
+        return (verify + fumble,) if self.fused else (1 + fumble, verify)
+
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         clock = clock or NullClock()

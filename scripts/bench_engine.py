@@ -14,12 +14,20 @@ Examples::
         --contexts 1024 4096 16384 32768 --steps 1 481 106
 
 Writes a CSV (``--out``) and optionally a PNG (``--plot``).
+
+``--curve`` measures the *cost curve* (step sizes 1..512 by powers of two and the FAFO/Lookahead defaults, contexts
+256..4096 unless given) and prints, for each method's default and equal-budget settings, its tokens per forward
+and break-even tau (the tau at which its step pays for itself on this device, :mod:`fafo.bench.cost_curve`). Pass
+the CSV to a run as ``bench.cost_curve=<csv>`` to see the break-even tau beside the measured tau::
+
+    python scripts/bench_engine.py --curve --model /ckpts/Llama-2-7b-chat-hf --out results/bench/curve.csv
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
 import time
@@ -29,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fafo.bench.cost_curve import CostCurve  # noqa: E402
 from fafo.engine.attention import causal_plan  # noqa: E402
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions, compile_stats  # noqa: E402
 from fafo.engine.engine import Engine  # noqa: E402
@@ -40,7 +49,32 @@ PEAK_BANDWIDTH = {
     "H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200": 4.8e12,
 }
 COLUMNS = ["device", "dtype", "attention", "context", "step_tokens", "median_ms", "min_ms", "bytes_read", "gb_per_s",
-           "peak_fraction", "tokens_per_s"]
+           "peak_fraction", "tokens_per_s", "threads", "loadavg", "torch", "device_name"]
+CURVE_STEPS = [1, 2, 4, 8, 16, 32, 64, 120, 128, 256, 481, 512]
+CURVE_CONTEXTS = [256, 1024, 4096]
+
+
+def method_steps() -> dict[str, tuple[int, ...]]:
+    """Tokens per target forward of each method's default and equal-budget settings (``Decoder.forward_tokens``)."""
+    from baselines.lookahead import LookaheadDecoder
+    from baselines.vanilla import VanillaDecoder
+    from fafo.fafo import FAFODecoder
+
+    decoders = {"vanilla": VanillaDecoder(), "fafo (n=m=40, k=6)": FAFODecoder(),
+                "fafo-2forward (n=m=40, k=6)": FAFODecoder(fused=False), "lookahead (5/15/15)": LookaheadDecoder()}
+    for budget, (n, k), w in ((16, (2, 4), 2), (120, (10, 6), 15), (480, (40, 6), 60)):
+        decoders[f"fafo @{budget} (n=m={n}, k={k})"] = FAFODecoder(n=n, k=k)
+        decoders[f"lookahead @{budget} (5/{w}/{w})"] = LookaheadDecoder(level=5, window=w, guess_set=w)
+    return {name: d.forward_tokens() for name, d in decoders.items()}
+
+
+def print_break_even(path: Path, contexts: list[int]) -> None:
+    curve = CostCurve.load(path)
+    print(f"\nbreak-even tau (tau at which a step pays for itself) on {curve.device}:")
+    print(f"{'method':<32} {'tokens/forward':>14}" + "".join(f" {'@' + str(c):>9}" for c in contexts))
+    for name, steps in method_steps().items():
+        print(f"{name:<32} {'+'.join(map(str, steps)):>14}"
+              + "".join(f" {curve.break_even_tau(steps, c):9.2f}" for c in contexts))
 
 
 def peak_bandwidth(device: torch.device) -> float | None:
@@ -65,6 +99,8 @@ def load_engine(args) -> Engine:
     if args.compile:  # the runner's compiled decode steps; one cache for every context, as in a run
         engine.enable_compile(CompileOptions(mode=args.compile, backend=args.compile_backend))
         engine.cache(max(args.contexts) + max(args.steps))
+    if args.cache_slots:  # a run's cache sized for its longest sample (compiled steps are specialised to it)
+        engine.cache(args.cache_slots)
     return engine
 
 
@@ -81,6 +117,22 @@ def time_forward(engine: Engine, cache, context: int, step: int, repeats: int, w
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return times
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "cpu"
+
+
+def load_average() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return ""
 
 
 def run(args) -> list[dict]:
@@ -103,7 +155,8 @@ def run(args) -> list[dict]:
                          "step_tokens": step,
                          "median_ms": med * 1e3, "min_ms": min(times) * 1e3, "bytes_read": read,
                          "gb_per_s": read / med / 1e9, "peak_fraction": (read / med / peak) if peak else "",
-                         "tokens_per_s": step / med})
+                         "tokens_per_s": step / med, "threads": torch.get_num_threads(),
+                         "loadavg": load_average(), "torch": torch.__version__, "device_name": device_name(device)})
             print(f"context {context:>7}  step {step:>4}  {med * 1e3:9.2f} ms  {read / med / 1e9:8.1f} GB/s"
                   + (f"  {read / med / peak:6.1%} of peak" if peak else ""), flush=True)
     return rows
@@ -140,18 +193,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="float32 / float16 / bfloat16 (default: float16 on CUDA)")
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "flex"])
-    p.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096])
-    p.add_argument("--steps", type=int, nargs="+", default=[1, 481],
-                   help="tokens per forward: 1 = vanilla, 481 = FAFO n=40 k=6 m=40 (1 + m*k + n*k)")
+    p.add_argument("--contexts", type=int, nargs="+", default=None,
+                   help="default 1024 2048 4096 (--curve: 256 1024 4096)")
+    p.add_argument("--steps", type=int, nargs="+", default=None,
+                   help="tokens per forward: 1 = vanilla, 481 = FAFO n=40 k=6 m=40 (1 + m*k + n*k); default 1 481 "
+                        f"(--curve: {' '.join(map(str, CURVE_STEPS))})")
+    p.add_argument("--curve", action="store_true",
+                   help="measure the cost curve and print each method's tokens per forward and break-even tau")
     p.add_argument("--compile", default=None, choices=COMPILE_MODES,
                    help="time compiled decode steps (the runner's bench.compile) in this torch.compile mode")
     p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--cache-slots", type=int, default=None,
+                   help="allocate the static cache with at least this many slots (e.g. 16384: a long-context run)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", type=Path, default=Path("results/bench/engine.csv"))
     p.add_argument("--plot", action="store_true")
     args = p.parse_args(argv)
+    args.contexts = args.contexts or (CURVE_CONTEXTS if args.curve else [1024, 2048, 4096])
+    args.steps = args.steps or (CURVE_STEPS if args.curve else [1, 481])
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -160,7 +221,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         stats = compile_stats()
         print(f"compiled {stats['graphs']} graphs in {stats['compile_s']:.1f} s (excluded from the timings)")
     write(rows, args.out, args.plot)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({torch.get_num_threads()} threads, load average {load_average()}, "
+          f"{os.cpu_count()} CPUs)")
+    if args.curve:
+        print_break_even(args.out, args.contexts)
     return rows
 
 

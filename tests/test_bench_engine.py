@@ -39,3 +39,41 @@ def test_bench_engine_times_compiled_steps(tmp_path, checkpoint):
     rows = list(csv.DictReader(open(out)))
     assert len(rows) == 4 and {r["attention"] for r in rows} == {"sdpa+compile:default"}
     assert all(float(r["median_ms"]) > 0 for r in rows)
+
+
+def test_cost_curve_interpolates_and_gives_break_even_tau(tmp_path):
+    from fafo.bench.cost_curve import CostCurve
+    from fafo.errors import ConfigError
+    import pytest
+
+    path = tmp_path / "curve.csv"
+    rows = ["context,step_tokens,median_ms,device"]
+    for context, base in ((1000, 10.0), (3000, 20.0)):  # latency = base + step/10 ms
+        rows += [f"{context},{step},{base + step / 10},cpu" for step in (1, 11, 101)]
+    path.write_text("\n".join(rows) + "\n")
+    curve = CostCurve.load(path)
+    assert curve.latency(1, 1000) == pytest.approx(10.1)
+    assert curve.latency(51, 1000) == pytest.approx(15.1)  # between grid steps
+    assert curve.latency(51, 2000) == pytest.approx(20.1)  # and between contexts
+    assert curve.break_even_tau((101,), 1000) == pytest.approx(20.1 / 10.1)
+    assert curve.break_even_tau((11, 11), 1000) == pytest.approx(2 * 11.1 / 10.1)  # two forwards per step
+    assert curve.predicted_speedup(4.0, (101,), 1000) == pytest.approx(4.0 * 10.1 / 20.1)
+    with pytest.raises(ConfigError, match="bench.cost_curve"):
+        CostCurve.load(tmp_path / "missing.csv")
+
+
+def test_bench_engine_curve_prints_break_even_tau(tmp_path, checkpoint, capsys):
+    spec = importlib.util.spec_from_file_location("bench_engine", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "curve.csv"
+    module.main(["--model", str(checkpoint("llama_gqa")), "--contexts", "32", "64", "--steps", "1", "8", "64",
+                 "--repeats", "2", "--warmup", "1", "--out", str(out), "--curve"])
+    rows = list(csv.DictReader(open(out)))
+    assert {int(r["step_tokens"]) for r in rows} == {1, 8, 64} and all(int(r["threads"]) >= 1 for r in rows)
+    printed = capsys.readouterr().out
+    assert "break-even tau" in printed
+    fafo = next(line for line in printed.splitlines() if line.startswith("fafo (n=m=40, k=6)"))
+    assert fafo.split()[3] == "481" and float(fafo.split()[-1]) > 1.0  # a 481-token forward costs more than one
+    two = next(line for line in printed.splitlines() if line.startswith("fafo-2forward"))
+    assert two.split()[3] == "241+241"

@@ -8,8 +8,13 @@ tree attention):
 * the *step*: this forward's own tokens, with an arbitrary ``[Q, Q]`` boolean mask (causal, tree, Jacobi window...).
 
 Because the two parts are computed apart, no dense ``[Q, max_len]`` mask is ever built. Backends:
-``sdpa`` (reference: SDPA when there is no prefix, exact float32-softmax maths otherwise) and ``flex``
-(FlexAttention with block masks; compiled on CUDA, eager on CPU).
+
+* ``sdpa`` (default): fused kernels (:mod:`fafo.engine.kernels`). A single-token step whose KV was just written
+  after the prefix is one kernel call over the valid prefix (GQA heads folded into the rows, no K/V copies, no
+  mask, no merge); other steps run the prefix and the region through the fused kernel and the step part either
+  causal, gathered (a sparse mask: per-query key lists, the per-branch computation) or fused with the mask.
+* ``dense``: the reference, exact float32 maths with dense masks (what the fast paths are tested against).
+* ``flex``: FlexAttention with block masks (compiled on CUDA, eager on CPU).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("sdpa", "flex")
+from fafo.engine.kernels import GatheredMask, attention_lse, merge, reference_attention_lse, step_attention_lse
+
+BACKENDS = ("sdpa", "flex", "dense")
 
 
 @dataclass
@@ -50,6 +57,14 @@ class AttentionPlan:
         dense_layers: layers in which the region queries see the whole prefix after all (Quest's dense layers).
         capture_rows: rows whose post-RoPE queries the model stores in ``captured`` ({layer: [B, H_q, R, D]}),
             for query-aware compression (Quest, SnapKV).
+        step_in_cache: set by the engine when a causal step's KV was written to slots ``[prefix, prefix + Q)``
+            before attention: the ``sdpa`` backend then reads a single token's own KV from the cache (one kernel
+            call, no merge).
+        step_gather: the ``step_mask`` as per-query key lists (:class:`~fafo.engine.kernels.GatheredMask`);
+            computed once per mask tensor when ``None`` (compiled steps set it outside the graph).
+        prefix_live, region_live: compiled ``sdpa`` steps: tensors whose *length* is the live prefix / region
+            (marked dynamic, so one graph reads exactly the filled part of the cache at every length); ``prefix``
+            and ``region_len`` are then static capacities.
     """
 
     prefix: int
@@ -67,6 +82,10 @@ class AttentionPlan:
     dense_layers: frozenset = frozenset()
     capture_rows: torch.Tensor | None = None
     captured: dict = field(default_factory=dict)
+    step_in_cache: bool = False
+    step_gather: GatheredMask | None = None
+    prefix_live: torch.Tensor | None = None
+    region_live: torch.Tensor | None = None
 
     def for_layer(self, layer: int) -> "AttentionPlan":
         """The plan as one layer sees it: in a dense layer the region queries read the whole prefix."""
@@ -92,27 +111,8 @@ def tree_mask(parents: list[int] | torch.Tensor, device=None) -> torch.Tensor:
     return mask
 
 
-def _masked_attention_lse(q, k, v, mask, scale):
-    """Exact attention returning (out, lse).
-
-    q: [B, Hkv, G, Q, D]; k, v: [B, Hkv, K, D]; mask: broadcastable to [Q, K] bool or None.
-    out: [B, Hkv, G, Q, D] float32; lse: [B, Hkv, G, Q] float32 (-inf for a query that sees nothing).
-    """
-    scores = torch.matmul(q, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, Hkv, G, Q, K]
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.clamp_min(torch.finfo(torch.float32).min)[..., None])
-    out = torch.matmul(probs.to(v.dtype), v[:, :, None]).float()
-    return out, lse
-
-
-def _merge(o1, l1, o2, l2):
-    """Combine two partial attentions over disjoint key sets by their log-sum-exps."""
-    lse = torch.logaddexp(l1, l2)
-    w1 = torch.exp(l1 - lse).nan_to_num(0.0)[..., None]
-    w2 = torch.exp(l2 - lse).nan_to_num(0.0)[..., None]
-    return o1 * w1 + o2 * w2
+_masked_attention_lse = reference_attention_lse  # the names earlier code imported
+_merge = merge
 
 
 def _prefix_mask(plan: AttentionPlan, device) -> torch.Tensor | None:
@@ -121,8 +121,8 @@ def _prefix_mask(plan: AttentionPlan, device) -> torch.Tensor | None:
     return torch.arange(plan.prefix, device=device)[None, :] < plan.prefix_lens[:, None]  # [Q, P]
 
 
-def sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float, query_chunk=1024):
-    """Reference backend.
+def dense_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float, query_chunk=1024):
+    """Reference backend (``dense``): exact float32 maths with dense masks, the yardstick of the fast paths.
 
     q: [B, Hq, Q, D]; k_cache/v_cache: [B, Hkv, S, D]; k_step/v_step: [B, Hkv, Q, D] -> [B, Hq, Q, D].
     """
@@ -155,6 +155,38 @@ def sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sca
         o2, l2 = _masked_attention_lse(qg[..., s:e, :], k_step, v_step, step_mask[s:e], scale)
         outs.append(_merge(o1, l1, o2, l2))
     return torch.cat(outs, dim=-2).view(B, Hq, Q, D).to(q.dtype)
+
+
+def sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float):
+    """Fast backend (same contract as :func:`dense_attention`).
+
+    q: [B, Hq, Q, D]; k_cache/v_cache: [B, Hkv, S, D]; k_step/v_step: [B, Hkv, Q, D] -> [B, Hq, Q, D].
+    """
+    B, Hq, Q, D = q.shape
+    Hkv = k_step.shape[1]
+    if plan.prefix == 0:  # prefill: one fused SDPA call, nothing to merge
+        return F.scaled_dot_product_attention(
+            q, k_step, v_step, attn_mask=plan.step_mask, is_causal=plan.step_mask is None,
+            scale=scale, enable_gqa=Hq != Hkv,
+        )
+    if plan.prefix_lens is not None:  # per-query prefix lengths: no decoder's hot path, the exact maths
+        return dense_attention(q, k_cache, v_cache, k_step, v_step, plan, scale)
+    prefix = plan.prefix if plan.prefix_live is None else plan.prefix_live.shape[0]
+    if plan.step_in_cache and Q == 1 and plan.region_from is None and plan.prefix_length is None:
+        n = prefix + 1  # the valid prefix and the token itself, contiguous in the cache
+        return attention_lse(q, k_cache[:, :, :n], v_cache[:, :, :n], scale)[0].to(q.dtype)
+    split = Q if plan.region_from is None else plan.region_from
+    parts = []
+    if split > 0:  # queries before the split read the whole prefix
+        n = prefix
+        parts.append(attention_lse(q[:, :, :split], k_cache[:, :, :n], v_cache[:, :, :n], scale, plan.prefix_length))
+    if split < Q:  # the rest only the fixed region at the head of the cache
+        n = plan.region_len if plan.region_live is None else plan.region_live.shape[0]
+        parts.append(attention_lse(q[:, :, split:], k_cache[:, :, :n], v_cache[:, :, :n], scale, plan.region_length))
+    o1, l1 = parts[0] if len(parts) == 1 else (torch.cat([p[0] for p in parts], -2),
+                                               torch.cat([p[1] for p in parts], -1))
+    o2, l2 = step_attention_lse(q, k_step, v_step, plan.step_mask, scale, plan.step_gather)
+    return merge(o1, l1, o2, l2).to(q.dtype)
 
 
 def _flex():
@@ -276,9 +308,11 @@ def step_block_mask(step_mask: torch.Tensor):
 
 
 def attend(backend: str, q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float):
-    """Dispatch to a backend by name (``sdpa`` or ``flex``)."""
+    """Dispatch to a backend by name (``sdpa``, ``dense`` or ``flex``)."""
     if backend == "sdpa":
         return sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan, scale)
+    if backend == "dense":
+        return dense_attention(q, k_cache, v_cache, k_step, v_step, plan, scale)
     if backend == "flex":
         return flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan, scale)
     raise ValueError(f"unknown attention backend {backend!r}; use one of {BACKENDS}")

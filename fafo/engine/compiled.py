@@ -3,9 +3,12 @@
 What changes from one decode step to the next is held in tensors, never in Python ints the compiler would guard
 on (the gpt-fast recipe, adapted to block-sparse attention):
 
-* the cache is read through FlexAttention over its whole static capacity; how many slots are live is a ``[1]``
-  length tensor read by the mask_mod, and the BlockMask's active KV block count is updated in place, so the
-  kernel skips the dead tail of the cache without a rebuild or a recompile;
+* ``sdpa`` attention without CUDA graphs (CPU's default): the live prefix (and FAFO's region) is the length of a
+  small tensor marked dynamic, so ONE graph slices exactly the filled part of the cache at every length: compiled
+  steps never read the dead tail, and a long static cache costs nothing;
+* ``flex`` (CUDA's default) and CUDA graphs: the cache is read over its whole static capacity; how many slots are
+  live is a ``[1]`` length tensor read by the mask_mod (or an additive mask), and the BlockMask's active KV block
+  count is updated in place, so the kernel skips the dead tail of the cache without a rebuild or a recompile;
 * step masks come prebuilt from the decoder (FAFO, Lookahead), or are built here once per step length (causal) or
   over a persistent ``[Q, Q]`` buffer the step's mask is copied into (SWIFT's trees);
 * decoders give every decode forward a shape that depends only on their hyperparameters
@@ -25,6 +28,8 @@ import torch
 
 from fafo.engine.attention import AttentionPlan, _flex, generate_step_mask, length_block_mask
 from fafo.engine.cache import KVCache
+from fafo.engine.kernels import gathered_mask
+from fafo.engine.model import appends_one_token
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -37,8 +42,9 @@ class CompileOptions:
         mode: a ``torch.compile`` mode; ``reduce-overhead`` replays CUDA graphs (CUDA only).
         backend: a ``torch.compile`` backend (``inductor``; ``aot_eager`` traces without code generation).
         attention: the compiled steps' attention: ``flex`` (block-sparse over the static cache, skips its dead
-            tail) or ``sdpa`` (exact masked maths over the whole capacity); ``auto`` = flex on CUDA, sdpa on CPU
-            (inductor cannot lower FlexAttention's log-sum-exp output on CPU yet).
+            tail) or ``sdpa`` (fused kernels over exactly the live prefix, a dynamic size; with CUDA graphs over
+            the whole capacity with a length mask); ``auto`` = flex on CUDA, sdpa on CPU (inductor cannot lower
+            FlexAttention's log-sum-exp output on CPU in torch 2.13).
     """
 
     mode: str = "default"
@@ -97,12 +103,19 @@ class CompiledStep:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         torch._dynamo.config.fail_on_recompile_limit_hit = True
         self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False)
+        # live lengths as dynamic sizes (sdpa, no CUDA graphs: those would record one graph per length)
+        self.live_lengths = self.attention == "sdpa" and not options.cudagraphs
+        if self.live_lengths:  # the prefix and the region may be equal: two symbols, not one (no duck sizing)
+            import torch.fx.experimental._config as fx_config
+
+            fx_config.use_duck_shape = False
+        self._live: dict[tuple, torch.Tensor] = {}
         self._lengths: dict[tuple, _Length] = {}
         self._causal: dict[tuple, object] = {}
         self._step_buffers: dict[tuple, tuple[torch.Tensor, object]] = {}
 
     def __call__(self, tokens, positions, cache: KVCache, slots, plan: AttentionPlan, logits="all", skip=None):
-        plan = self.static_plan(cache, plan, tokens.shape[1])
+        plan = self.static_plan(cache, plan, tokens.shape[1], slots)
         if self.options.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         out = self.fn(tokens, positions, cache, slots, plan, self.attention, logits, skip)
@@ -112,11 +125,14 @@ class CompiledStep:
                 plan.captured[layer] = q.clone()
         return out
 
-    def static_plan(self, cache: KVCache, plan: AttentionPlan, n_queries: int) -> AttentionPlan:
+    def static_plan(self, cache: KVCache, plan: AttentionPlan, n_queries: int, slots=None) -> AttentionPlan:
         """The plan with every per-step quantity moved into tensors (the compiled graph guards on the rest)."""
         if plan.prefix_lens is not None:
             raise ValueError("compiled steps do not support per-query prefix_lens; run with bench.compile=false")
         dev, capacity = cache.keys[0].device, cache.max_len
+        region_ok = plan.region_from is None or plan.region_len >= 2
+        if self.live_lengths and 2 <= plan.prefix <= capacity - 2 and region_ok:
+            return self._live_plan(cache, plan, n_queries, slots)
         split = n_queries if plan.region_from is None else plan.region_from
         prefix = self._length("prefix", capacity, dev).set(plan.prefix)
         changes = dict(prefix=capacity, prefix_length=prefix.length)
@@ -131,7 +147,33 @@ class CompiledStep:
             if plan.region_from is not None:
                 changes.update(region_block_mask=region.block_mask(n_queries - split),
                                dense_block_mask=prefix.block_mask(n_queries) if plan.dense_layers else None)
+        if self.attention == "sdpa" and plan.step_mask is not None and plan.step_gather is None:
+            changes.update(step_gather=gathered_mask(plan.step_mask))
         return replace(plan, **changes)
+
+    def _live_plan(self, cache: KVCache, plan: AttentionPlan, n_queries: int, slots) -> AttentionPlan:
+        """sdpa: static capacities in the ints, live lengths in the sizes of dynamic tensors."""
+        capacity = cache.max_len
+        tokens = torch.empty(1, n_queries)
+        changes = dict(prefix=capacity, prefix_live=self._live_tensor("prefix", plan.prefix, capacity, cache),
+                       step_in_cache=bool(slots is not None and appends_one_token(tokens, slots, plan)))
+        if plan.region_from is not None:
+            if not plan.region_capacity:
+                raise ValueError("a region plan needs region_capacity (a static bound) when steps are compiled")
+            changes.update(region_len=plan.region_capacity,
+                           region_live=self._live_tensor("region", plan.region_len, capacity, cache))
+        if plan.step_mask is not None and plan.step_gather is None:
+            changes.update(step_gather=gathered_mask(plan.step_mask))
+        return replace(plan, **changes)
+
+    def _live_tensor(self, kind: str, length: int, capacity: int, cache: KVCache) -> torch.Tensor:
+        """A view of ``length`` elements whose size the graph reads as a symbol in [2, capacity - 2]."""
+        key = (kind, capacity, str(cache.keys[0].device))
+        if key not in self._live:
+            self._live[key] = torch.empty(capacity, dtype=torch.uint8, device=cache.keys[0].device)
+        view = self._live[key][:length]
+        torch._dynamo.mark_dynamic(view, 0, min=2, max=capacity - 2)  # + 1 (the token itself) < capacity
+        return view
 
     def _length(self, kind: str, capacity: int, dev) -> _Length:
         key = (kind, capacity, str(dev))

@@ -8,7 +8,7 @@ slots their KV is written to (``None``: scratch, used within the step only) and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -98,6 +98,9 @@ class Attention(nn.Module):
         if plan.capture_rows is not None:
             plan.captured[self.layer] = q[:, :, plan.capture_rows]
         plan = plan.for_layer(self.layer)
+        if hasattr(cache, "attend"):  # a cache that stores and reads its own KV (baselines/quantspec_cache.py)
+            out = cache.attend(self.layer, q, k, v, slots, plan, self.scale)
+            return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
         if slots is not None:  # the first len(slots) tokens of the step are kept; the rest stay scratch
             n = slots.shape[0]
             cache.write(self.layer, slots, k[:, :, :n], v[:, :, :n])
@@ -198,6 +201,9 @@ class Transformer(nn.Module):
         """
         if positions.dim() == 1:
             positions = positions[None].expand(tokens.shape[0], -1)
+        if not torch.compiler.is_compiling() and appends_one_token(tokens, slots, plan):
+            # vanilla's decode step: one kernel call over the cache (compiled steps decide in CompiledStep)
+            plan = replace(plan, step_in_cache=True)
         x = self.model.embed_tokens(tokens)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         skip_attn, skip_mlp = skip or (frozenset(), frozenset())
@@ -211,3 +217,12 @@ class Transformer(nn.Module):
         else:
             x = x[:, logits]
         return self.lm_head(self.model.norm(x))
+
+
+def appends_one_token(tokens: torch.Tensor, slots: torch.Tensor | None, plan: AttentionPlan) -> bool:
+    """A single causal token whose KV goes to the slot right after the prefix (checked without a device sync:
+    only for slots on the CPU; compiled steps, whose prefix is a static capacity, never qualify)."""
+    return (tokens.shape[1] == 1 and slots is not None and slots.numel() == 1 and slots.device.type == "cpu"
+            and plan.prefix > 0 and plan.step_mask is None and plan.prefix_lens is None
+            and plan.region_from is None and plan.prefix_length is None and not plan.step_in_cache
+            and int(slots[0]) == plan.prefix)

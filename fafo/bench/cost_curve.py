@@ -1,0 +1,96 @@
+"""The cost curve: forward latency against tokens per forward and context, and the break-even tau it implies.
+
+``scripts/bench_engine.py --curve`` times one engine forward for a grid of step sizes (tokens per forward,
+1..512) and context lengths on the current device and writes a CSV (``context, step_tokens, median_ms, ...``).
+From it, for a method whose decode step runs forwards of ``t_1, t_2, ...`` tokens:
+
+    break-even tau = sum_i latency(t_i, context) / latency(1, context)
+
+is the tau (tokens per step) at which the step pays for itself: the method is faster than vanilla exactly when
+its measured tau exceeds it, and its predicted speedup is ``tau / break_even_tau`` (attention over the context and
+the per-step host work aside). On a GPU a 481-token forward costs little more than a 1-token one (memory bound),
+so FAFO's break-even tau is near 1; on a CPU it is compute bound and the break-even tau approaches the step size.
+"""
+
+from __future__ import annotations
+
+import csv
+from bisect import bisect_left
+from dataclasses import dataclass
+from pathlib import Path
+
+from fafo.errors import ConfigError
+
+
+def _interp(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear interpolation on sorted ``xs``; linear extrapolation from the last two points beyond."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if x > xs[-1]:  # beyond the grid: never below the largest measured point (noise can make the slope negative)
+        return max(y, ys[-1])
+    return max(y, 0.0)
+
+
+@dataclass
+class CostCurve:
+    """Median forward latency (ms) on a grid: ``table[context][step_tokens]``.
+
+    Attributes:
+        table: {context: {step_tokens: median ms}}.
+        device: where it was measured (from the CSV).
+    """
+
+    table: dict[int, dict[int, float]]
+    device: str = ""
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostCurve":
+        """Read a CSV written by ``scripts/bench_engine.py`` (one row per context and step size)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"bench.cost_curve={str(path)!r} does not exist; write one with "
+                              "`python scripts/bench_engine.py --curve --out <file>` or set bench.cost_curve=null")
+        table: dict[int, dict[int, float]] = {}
+        device = ""
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                table.setdefault(int(row["context"]), {})[int(row["step_tokens"])] = float(row["median_ms"])
+                device = row.get("device_name") or row.get("device", "")
+        if not table or not all(1 in steps for steps in table.values()):
+            raise ConfigError(f"bench.cost_curve={str(path)!r} needs a 1-token row for every context; "
+                              "rerun scripts/bench_engine.py with --steps including 1")
+        return cls(table, device)
+
+    def latency(self, tokens: int, context: int) -> float:
+        """Interpolated ms of one forward of ``tokens`` tokens after ``context`` cached ones."""
+        contexts = sorted(self.table)
+        at = []
+        for c in contexts:
+            steps = sorted(self.table[c])
+            at.append(_interp([float(s) for s in steps], [self.table[c][s] for s in steps], float(tokens)))
+        return _interp([float(c) for c in contexts], at, float(context))
+
+    def break_even_tau(self, forward_tokens: tuple[int, ...] | list[int], context: int) -> float:
+        """The tau at which a step of forwards of ``forward_tokens`` tokens each costs as much per token as
+        vanilla: ``sum(latency(t)) / latency(1)``."""
+        return sum(self.latency(t, context) for t in forward_tokens) / self.latency(1, context)
+
+    def predicted_speedup(self, tau: float, forward_tokens, context: int) -> float:
+        """Speedup over vanilla implied by the curve for a method with this tau (host work excluded)."""
+        return tau / self.break_even_tau(forward_tokens, context)
+
+
+def summary_fields(decoder, curve: CostCurve | None, rows: list[dict]) -> dict:
+    """The run summary's cost fields: ``tokens_per_forward`` (a step's tokens, summed over its target forwards;
+    None where it varies), ``forward_tokens`` and, with a cost curve, ``break_even_tau`` at the run's mean
+    context (prompt + half the new tokens of its ok rows)."""
+    steps = decoder.forward_tokens()
+    out = {"tokens_per_forward": sum(steps) if steps else None, "forward_tokens": list(steps) if steps else None}
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if curve is not None and steps and ok:
+        context = sum(float(r["prompt_tokens"]) + float(r["new_tokens"]) / 2 for r in ok) / len(ok)
+        out.update(break_even_tau=curve.break_even_tau(steps, int(context)), cost_curve_device=curve.device)
+    return out
