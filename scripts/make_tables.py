@@ -3,6 +3,8 @@
     python scripts/make_tables.py results/runs/table2 --table table2
     python scripts/make_tables.py results/runs/table11                # --table read from the runs' config.yaml
     python scripts/make_tables.py results/runs/table1 results/runs/table2 --table table1 --out tables/
+    python scripts/make_tables.py results/runs/my_sweep                    # any runs: rows (model, method) x tasks
+    python scripts/make_tables.py results/runs/my_sweep --by method.compress.local   # columns: that key's values
 
 Reads every run directory under the given roots (``summary.json`` + ``config.yaml``; a run that has rows in
 ``samples.csv`` but no ``summary.json`` yet, e.g. killed or still running, is summarised from its rows and marked
@@ -10,7 +12,9 @@ partial) and the published numbers in ``results/paper/<table>.csv``. Rows are (m
 or, for ablations, the values of the table's axis (``k``, ``n``, ``budget``, ``guesses``...). Each column shows
 ours, the paper's and ours minus the paper's, as ``speedup x (tau)``; each row ends with our peak memory
 (max over its runs, the paper's where it has one) and our exact-match rate (over all its (sample, turn)s).
-Cells without a run (a partial sweep) print as "—". Writes ``<table>.csv`` (long form: one line per cell, every
+Cells without a run (a partial sweep) print as "—". Runs from no paper preset (or ``--by KEY``) get the generic
+comparison table of ``scripts/generic_table.py`` instead (one row per (model, method), a column per task or KEY
+value). Writes ``<table>.csv`` (long form: one line per cell, every
 number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and prints the Markdown.
 """
 
@@ -67,12 +71,13 @@ AXES = {  # axis name (results/paper/*.csv `axis`) -> its value in a run's resol
     "gen_len": _gen_len,
     "gamma1": lambda c: _get(c, "method.gamma1"),
     "gamma2": lambda c: _get(c, "method.gamma2"),
+    "category": lambda c: _get(c, "_category"),  # set by split_by_category (Spec-Bench subtasks)
 }
 AXIS_LABELS = {"k": "k (tokens per guess stream)", "n": "n (guess streams)", "budget": "Init+Local tokens",
                "guesses": "number of n-gram guesses", "input_tokens": "input length (tokens)",
                "prefix_tokens": "prefix length (tokens)", "context": "context length (tokens)",
                "temperature": "temperature", "gen_len": "output length (tokens)", "gamma1": "gamma1",
-               "gamma2": "gamma2"}
+               "gamma2": "gamma2", "category": "Spec-Bench subtask"}
 TABLE_AXES = {"figure1": ["guesses"]}  # tables without a CSV (no published numbers)
 TITLES = {
     "table1": "Table 1: Llama-2-7b-chat on MT-Bench: peak memory, speedup and tau",
@@ -94,6 +99,7 @@ TITLES = {
     "triforce_table8": "TriForce Table 8: gamma1 / gamma2 ablation",
     "quantspec_table3": "QuantSpec Table 3: acceptance, peak memory and speedup",
     "longspec_table1": "LongSpec Table 1: tau, tokens/s and speedup at T = 0",
+    "specbench": "Spec-Bench leaderboard (Vicuna-7B-v1.3, A100): speedup and tau per subtask",
 }
 
 
@@ -202,6 +208,11 @@ def paper_tables(paper_dir: str | Path = PAPER_DIR) -> list[str]:
     return sorted(p.stem for p in Path(paper_dir).glob("*.csv"))
 
 
+def paper_runs(runs: list[Run]) -> list[Run]:
+    """The runs made from a paper preset (``experiment=tableN`` writes ``paper.table`` into config.yaml)."""
+    return [r for r in runs if _get(r.config, "paper.table")]
+
+
 def infer_table(runs: list[Run]) -> str:
     found = sorted({str(_get(r.config, "paper.table")) for r in runs if _get(r.config, "paper.table")})
     if len(found) == 1:
@@ -292,7 +303,9 @@ def build_table(name: str, collected: Collected, paper: list[dict], only_paper_r
     tasks = {c[0] for c in cols}
     for col in cols:  # ablation columns are named by their axis value (and task, when several)
         _, axis, value = col
-        if axis:
+        if axis == "category":  # Spec-Bench subtasks keep the leaderboard's column names (paper_task)
+            col_names[col] = col_names[col] if col_names[col] != col[0] else value
+        elif axis:
             label = f"{axis}={value}"
             col_names[col] = f"{col_names[col]} {label}" if len(tasks) > 1 else label
     title = TITLES.get(name, name)
@@ -341,8 +354,19 @@ def _fmt_num(x, spec) -> str:
     return DASH if x is None else format(x, spec)
 
 
+def row_tokens(table: Table, row) -> str | None:
+    """Tokens per forward of a row's runs (the summary's ``tokens_per_forward``; issue 19), or None if unknown."""
+    runs = [table.cell(row, c).ours for c in table.cols if table.cell(row, c).ours is not None]
+    values = sorted({int(v) for r in runs if (v := _num(r.summary.get("tokens_per_forward"))) is not None})
+    return "/".join(map(str, values)) if values else None
+
+
+def has_tokens(table: Table) -> bool:
+    return any(row_tokens(table, row) is not None for row in table.rows)
+
+
 def header(table: Table) -> list[str]:
-    head = ["Model", "Method"]
+    head = ["Model", "Method"] + (["Tokens/fwd"] if has_tokens(table) else [])
     for col in table.cols:
         name = table.col_names[col]
         head += [f"{name} ours", f"{name} paper", f"{name} Δ"]
@@ -355,6 +379,8 @@ def body(table: Table) -> list[list[str]]:
     for row in table.rows:
         model, method = table.row_names[row]
         line = [model if model != last_model else "", method]
+        if has_tokens(table):
+            line.append(row_tokens(table, row) or DASH)
         last_model = model
         for col in table.cols:
             cell = table.cell(row, col)
@@ -405,11 +431,13 @@ def _tex(s: str) -> str:
 
 def to_latex(table: Table) -> str:
     n_tail = 2 + table.has_paper_peak
-    spec = "ll" + "rrr" * len(table.cols) + "r" * n_tail
-    top = ["", ""] + [rf"\multicolumn{{3}}{{c}}{{{_tex(table.col_names[c])}}}" for c in table.cols]
+    lead = ["Model", "Method"] + (["Tokens/fwd"] if has_tokens(table) else [])
+    spec = "l" * len(lead) + "rrr" * len(table.cols) + "r" * n_tail
+    top = [""] * len(lead) + [rf"\multicolumn{{3}}{{c}}{{{_tex(table.col_names[c])}}}" for c in table.cols]
     top += [""] * n_tail
-    rules = " ".join(rf"\cmidrule(lr){{{3 + 3 * i}-{5 + 3 * i}}}" for i in range(len(table.cols)))
-    sub = ["Model", "Method"] + ["ours", "paper", r"$\Delta$"] * len(table.cols)
+    first = len(lead) + 1
+    rules = " ".join(rf"\cmidrule(lr){{{first + 3 * i}-{first + 2 + 3 * i}}}" for i in range(len(table.cols)))
+    sub = lead + ["ours", "paper", r"$\Delta$"] * len(table.cols)
     sub += ["Peak MB"] + (["Peak MB (paper)"] if table.has_paper_peak else []) + ["Exact"]
     out = [f"% {table.title} (scripts/make_tables.py)", r"\begin{tabular}{" + spec + "}", r"\toprule",
            " & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\", r"\midrule"]
@@ -469,10 +497,33 @@ def write_outputs(table: Table, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
+def split_by_category(collected: Collected, roots) -> Collected:
+    """One run per (run, sample category) plus its ``overall``, for tables whose axis is ``category`` (Spec-Bench:
+    one run covers every subtask); each part is summarised from the run's ``samples.csv`` rows."""
+    from fafo.bench.metrics import summarize
+
+    out = Collected(failed=collected.failed)
+    for run in collected.runs:
+        out.runs.append(Run(run.rel, run.summary, {**run.config, "_category": "overall"}, run.complete, run.order))
+        path = (Path(run.rel) if len(roots) > 1 else Path(roots[0]) / run.rel) / "samples.csv"
+        if not path.exists():
+            continue
+        with open(path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("status")]
+        for cat in dict.fromkeys(r.get("category", "") for r in rows):
+            part = [r for r in rows if r.get("category", "") == cat]
+            summary = {**run.summary, **summarize(part)}
+            out.runs.append(Run(run.rel, summary, {**run.config, "_category": cat}, run.complete, run.order))
+    return out
+
+
 def make_table(roots, table: str | None = None, paper_dir=PAPER_DIR, only_paper_rows: bool = False) -> Table:
     collected = collect(roots)
     table = table or infer_table(collected.runs)
     paper = load_paper(table, paper_dir)
+    if any(p.get("axis") == "category" for p in paper):
+        sys.path.insert(0, str(REPO))
+        collected = split_by_category(collected, roots)
     if not paper and table not in TABLE_AXES and table not in TITLES:
         known = ", ".join(paper_tables(paper_dir))
         raise SystemExit(f"error: no published numbers for --table {table} in {paper_dir}; one of: {known}")
@@ -488,7 +539,18 @@ def main(argv=None) -> int:
     ap.add_argument("--paper", default=str(PAPER_DIR), help="directory of published numbers (results/paper)")
     ap.add_argument("--out", help="output directory (default: <first root>/tables)")
     ap.add_argument("--only-paper-rows", action="store_true", help="drop (model, method) rows the paper lacks")
+    ap.add_argument("--by", metavar="KEY", help="any runs: columns are this config key's values instead of tasks "
+                                                "(e.g. method.compress.local); see scripts/generic_table.py")
+    ap.add_argument("--name", help="file name of a --by / non-paper table (default runs, runs_by_<KEY>)")
     args = ap.parse_args(argv)
+    if args.by or (not args.table and not paper_runs(collect(args.roots).runs)):
+        import generic_table  # runs from no paper preset (or --by): one row per (model, method), any columns
+
+        table = generic_table.build(collect(args.roots), args.by, args.name)
+        paths = generic_table.write_outputs(table, args.out or Path(args.roots[0]) / "tables")
+        print(generic_table.to_markdown(table))
+        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+        return 0
     table = make_table(args.roots, args.table, args.paper, args.only_paper_rows)
     paths = write_outputs(table, args.out or Path(args.roots[0]) / "tables")
     print(to_markdown(table))

@@ -3,12 +3,17 @@
     python scripts/plot.py results/runs/table11 --table table11        # k
     python scripts/plot.py results/runs/table12                        # n (--table from the runs' config.yaml)
     python scripts/plot.py results/runs/figure1 --table figure1        # number of guesses, FAFO vs Lookahead
+    python scripts/plot.py results/runs/my_sweep --x method.compress.local   # any runs, against any swept key
 
 Axes: k (Table 11), n (Table 12), Init+Local budget (Table 13), input / prefix length (Tables 9-10), number of
 guesses (Figure 1), and the TriForce tables' temperature / output length / gamma. Our runs are solid lines with
 filled markers; the published values (results/paper/<table>.csv) are hollow markers of the same colour, where the
 paper has them. Writes ``<table>.png`` and ``<table>.pdf`` to ``--out`` (default ``<first root>/plots``) and logs
 the figure and its points to Weights & Biases (``--wandb-mode``, default $WANDB_MODE or offline).
+
+``--x KEY`` plots any runs (no paper preset needed) against any config key: one line per (model, method), and
+per task when the runs cover several; the x axis is numeric when every value is a number, else categorical.
+Writes ``runs_by_<KEY>.png`` / ``.pdf``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import generic_table
 import make_tables as mt
 
 METRICS = [("speedup", "speedup over vanilla (×)"), ("tau", "τ (tokens per target forward)")]
@@ -87,17 +93,66 @@ def plot_table(table: mt.Table, axis: str | None = None):
     return fig, data
 
 
-def log_wandb(fig_path: Path, table: mt.Table, data: list[dict], axis: str, mode: str, project: str) -> None:
+def sweep_series(roots, key: str) -> list[dict]:
+    """Any runs against config ``key``: per (model, method[, task]) its label and sorted (x, y) points per metric."""
+    runs = generic_table.runs_frame(mt.collect(roots), by=key)
+    runs = runs[runs["value"] != mt.DASH]
+    if runs.empty:
+        raise SystemExit(f"error: no run under {', '.join(map(str, roots))} has the config key {key}; "
+                         "pass --x with a key the runs were swept over (e.g. method.compress.local)")
+    numeric = all(mt._num(v) is not None for v in runs["value"])
+    categories = sorted(set(runs["value"]), key=lambda v: (mt._num(v) is None, mt._num(v) or 0, v))
+    runs = runs.assign(x=[mt._num(v) if numeric else categories.index(v) for v in runs["value"]])
+    several = {"model": runs["model"].nunique() > 1, "task": runs["task"].nunique() > 1}
+    out = []
+    for (model, method, task), g in runs.groupby(["model", "method", "task"], sort=True):
+        g = g.sort_values(["complete", "weight"], ascending=False).drop_duplicates("x").sort_values("x")
+        label = " / ".join([model] * several["model"] + [method] + [task] * several["task"])
+        entry = {"label": label, "categories": None if numeric else categories}
+        for metric, _ in METRICS:
+            pts = g.dropna(subset=[metric])
+            entry[metric] = list(zip(pts["x"].tolist(), pts[metric].tolist()))
+            entry[f"paper_{metric}"] = []
+        out.append(entry)
+    return out
+
+
+def plot_sweep(roots, key: str):
+    """The figure (speedup and tau vs ``key``) of any runs, and the series it shows."""
+    data = sweep_series(roots, key)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for entry in data:
+        for ax, (metric, _) in zip(axes, METRICS):
+            if entry[metric]:
+                xs, ys = zip(*entry[metric])
+                ax.plot(xs, ys, "o-", label=entry["label"])
+    categories = data[0]["categories"] if data else None
+    for ax, (metric, ylabel) in zip(axes, METRICS):
+        ax.set_xlabel(key)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if categories:
+            ax.set_xticks(range(len(categories)), categories)
+        if metric == "speedup":
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"speedup and tau vs {key}")
+    fig.tight_layout()
+    return fig, data
+
+
+def log_wandb(fig_path: Path, name: str, data: list[dict], axis: str, mode: str, project: str) -> None:
     if mode == "disabled":
         return
     import wandb
 
-    run = wandb.init(project=project, name=f"plot-{table.name}", job_type="plots", mode=mode,
-                     dir=str(fig_path.parent), config={"table": table.name, "axis": axis}, reinit="finish_previous")
+    run = wandb.init(project=project, name=f"plot-{name}", job_type="plots", mode=mode,
+                     dir=str(fig_path.parent), config={"table": name, "axis": axis}, reinit="finish_previous")
     points = [[entry["label"], source, metric, x, y] for entry in data for metric, _ in METRICS
               for source, key in (("ours", metric), ("paper", f"paper_{metric}")) for x, y in entry[key]]
-    run.log({f"{table.name}/figure": wandb.Image(str(fig_path)),
-             f"{table.name}/points": wandb.Table(columns=["series", "source", "metric", axis, "value"], data=points)})
+    run.log({f"{name}/figure": wandb.Image(str(fig_path)),
+             f"{name}/points": wandb.Table(columns=["series", "source", "metric", axis, "value"], data=points)})
     run.finish()
 
 
@@ -107,22 +162,26 @@ def main(argv=None) -> int:
     ap.add_argument("roots", nargs="+", help="results directories (e.g. results/runs/table11)")
     ap.add_argument("--table", help="table11, table12, table13, table9, table10, figure1, triforce_table8, ...")
     ap.add_argument("--axis", help="which axis when the table has several (triforce_table8: gamma1 or gamma2)")
+    ap.add_argument("--x", metavar="KEY", help="any runs: plot against this config key (e.g. bench.max_new_tokens)")
     ap.add_argument("--paper", default=str(mt.PAPER_DIR), help="directory of published numbers")
     ap.add_argument("--out", help="output directory (default: <first root>/plots)")
     ap.add_argument("--wandb-mode", default=os.environ.get("WANDB_MODE", "offline"),
                     choices=["offline", "online", "disabled"], help="W&B logging (default $WANDB_MODE or offline)")
     ap.add_argument("--wandb-project", default="fafo-bench")
     args = ap.parse_args(argv)
-    table = mt.make_table(args.roots, args.table, args.paper)
-    axis = args.axis or (table.axes[0] if table.axes else None)
-    fig, data = plot_table(table, axis)
+    if args.x:
+        (fig, data), name, axis = plot_sweep(args.roots, args.x), f"runs_by_{args.x}", args.x
+    else:
+        table = mt.make_table(args.roots, args.table, args.paper)
+        name, axis = table.name, args.axis or (table.axes[0] if table.axes else None)
+        fig, data = plot_table(table, axis)
     out = Path(args.out or Path(args.roots[0]) / "plots")
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{table.name}.png", out / f"{table.name}.pdf"]
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
     for path in paths:
         fig.savefig(path, dpi=150)
     plt.close(fig)
-    log_wandb(paths[0], table, data, axis, args.wandb_mode, args.wandb_project)
+    log_wandb(paths[0], name, data, axis, args.wandb_mode, args.wandb_project)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

@@ -171,6 +171,22 @@ def read_local(data_path: str, patterns: tuple[str, ...], release: str) -> list[
     return read_file(path)
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host answers a TCP connection within ``timeout`` (True when offline mode is set: then
+    ``datasets`` reads its cache without network and fails fast on its own)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(k, "0") not in ("0", "", "false") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return True
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def read_hub(hub_id: str, config: str | None, split: str, revision: str | None, release: str,
              note: str = "", rows: list[int] | None = None) -> tuple[list[dict], int]:
     """(records, split size) of a hub data set via ``datasets.load_dataset``; only ``rows``, if given, in order.
@@ -178,12 +194,18 @@ def read_hub(hub_id: str, config: str | None, split: str, revision: str | None, 
     Any failure is one ConfigError; rows past the end are dropped (the caller reports them).
     """
     where = f"{hub_id!r} ({f'config {config!r}, ' if config else ''}split {split!r})"
+    unreachable = not hub_reachable()
     try:
         import datasets
 
+        if unreachable:  # no network: read the local cache at once instead of retrying for half a minute
+            import huggingface_hub.constants
+
+            datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
         ds = datasets.load_dataset(hub_id, config, split=split, revision=revision)
     except Exception as exc:  # noqa: BLE001 - offline, unknown id, script-based repo, ...: one clear line
         extra = f" ({note})" if note else ""
+        extra += " (the Hugging Face hub is unreachable from here)" if unreachable else ""
         raise ConfigError(
             f"task.data_path is not set and the hub dataset {where} could not be loaded ({_one_line(exc)}){extra}; "
             f"download {release} and point task.data_path at it (or set task.hub_id to a copy you can reach)"

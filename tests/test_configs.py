@@ -36,7 +36,8 @@ def test_config_composes_and_instantiates(group, option):
     assert isinstance(build(cfg.sampling, "sampling"), Sampling)
     task = build(cfg.task, "task")
     assert task.name == cfg.task.name
-    assert cfg.model.name and (cfg.model.path or cfg.model.tiny), f"model/{option} needs a path or a tiny spec"
+    assert cfg.model.name and (cfg.model.get("path") or cfg.model.get("gguf_file") or cfg.model.get("tiny")), \
+        f"model/{option} needs a path, a gguf_file or a tiny spec"
     assert cfg.model.attention in ("sdpa", "flex")
 
 

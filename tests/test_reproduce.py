@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import make_tables as mt
 import plot as plot_script
 
-PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if p.stem != "smoke")
+# paper presets (they set `paper:`); smoke, demo and equal_budget* are not paper tables
+PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if "paper" in OmegaConf.load(p))
 PAPER_ITEMS = [f"table{i}" for i in range(1, 14)] + ["figure1"]
 TINY = ["model=tiny_llama", "task=builtin", "bench.max_samples=2", "bench.max_new_tokens=8", "wandb.mode=disabled",
         "bench.progress=false"]
@@ -105,11 +106,15 @@ def test_preset_composes_and_its_sweep_covers_the_published_table(preset):
         model, method, task, resolved = run_label(cfg)
         dirs.add(cfg.hydra.sweep.subdir)
         for axis in axes:
-            value = mt.norm_value(mt.AXES[axis](resolved)) if axis else ""
+            # Spec-Bench's subtasks (axis category) all come from one run, split by make_tables
+            value = mt.norm_value(mt.AXES[axis](resolved)) if axis and axis != "category" else ""
             got[(model, method, task, value)] = resolved
     assert len(dirs) == len(jobs), f"{preset}: two jobs of the sweep would write the same run directory"
     for row in paper:  # every published cell is produced by exactly the sweep's configs
-        key = (row["model"], row["method"], row["task"], mt.norm_value(row["value"]))
+        if "no fafo-bench method" in row["note"]:  # other papers' baselines, shown for reference
+            continue
+        value = mt.norm_value(row["value"]) if row["axis"] != "category" else ""
+        key = (row["model"], row["method"], row["task"], value)
         assert key in got, f"{preset}: no job of the sweep produces the paper's cell {key}"
         if preset == "table4":  # each model samples with its own generation_config.json, as the paper says
             assert got[key]["sampling"]["from_generation_config"] is True and "sampling T=" in row["setting"]
@@ -220,7 +225,9 @@ def test_two_sweeps_of_one_experiment_at_once_leave_complete_records(tmp_path):
             "method=fafo_stream,lookahead,fafo_2forward"]
     procs = [run_cli(*args, cwd=tmp_path, wait=False) for _ in range(2)]
     results = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [r[1][-2000:] for r in results]
+    # a sweep that found a job's directory taken by the other one lists it as failed and exits 1 (issue 18)
+    assert all(p.returncode == 0 or (p.returncode == 1 and "being written by another job" in r[0] + r[1])
+               for p, r in zip(procs, results)), [r[1][-2000:] for r in results]
     runs = sorted(out.glob("tiny_llama/builtin/*/*/samples.csv"))
     assert [p.parent.parent.name for p in runs] == ["fafo_2forward", "fafo_stream", "lookahead"]
     for samples in runs:

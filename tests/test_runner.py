@@ -120,23 +120,32 @@ def test_failing_sample_is_recorded_and_the_run_goes_on(tmp_path):
     assert summary["n_failed"] == 2 and summary["n_samples"] == 2
 
 
-def test_reference_is_reused_across_runs_and_repeats_are_kept(tmp_path):
+def test_reference_timing_is_interleaved_unless_a_stored_one_qualifies(tmp_path):
     Runner(make_cfg(tmp_path, "bench.max_new_tokens=5", "bench.max_samples=3"), tmp_path / "a").run()
     assert all(r["ref_source"] == "interleaved" for r in read_rows(tmp_path / "a"))
-    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=5", "bench.max_samples=3"), tmp_path / "b").run()
-    assert all(r["ref_source"] == "stored" for r in read_rows(tmp_path / "b"))
-    assert summary["exact_match_rate"] == 1.0
-    # a different budget is a different reference: never compared against a mismatched baseline
-    Runner(make_cfg(tmp_path, "bench.max_new_tokens=6", "bench.max_samples=3"), tmp_path / "c").run()
-    assert all(r["ref_source"] == "interleaved" for r in read_rows(tmp_path / "c"))
-    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3"),
-                     tmp_path / "d").run()
+    # one stored timing per sample is never reused: timed again beside the method
+    reuse = ["bench.reuse_reference=true", "bench.busy_load=1000"]
+    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=5", "bench.max_samples=3", *reuse),
+                     tmp_path / "b").run()
+    assert all(r["ref_source"] == "interleaved" for r in read_rows(tmp_path / "b"))
+    assert summary["ref_reuse_refused"]["n"] == 3 and summary["exact_match_rate"] == 1.0
+    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
+                              "bench.max_spread=1000"), tmp_path / "d").run()
     rows = read_rows(tmp_path / "d")
     assert sorted({r["repeat"] for r in rows}) == ["0", "1", "2"] and len(rows) == 6
     per_repeat = [sum(float(r["ref_total_s"]) for r in rows if r["repeat"] == k)
                   / sum(float(r["total_s"]) for r in rows if r["repeat"] == k) for k in "012"]
     assert summary["speedup_min"] == pytest.approx(min(per_repeat))
     assert summary["speedup_max"] == pytest.approx(max(per_repeat))
+    lo, hi = summary["speedup_ci95"]
+    assert lo <= summary["speedup"] <= hi
+    assert all(int(r["threads"]) >= 1 and r["load"] != "" for r in rows)
+    assert {"threads", "load_start", "load_end", "cpu_name"} <= set(summary)
+    # three repeats within the spread bound: reused by a later run that asks for it, and reported as such
+    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
+                              "bench.max_spread=1000", *reuse), tmp_path / "e").run()
+    assert {r["ref_source"] for r in read_rows(tmp_path / "e")} == {"stored"}
+    assert summary["ref_sources"] == {"stored": 6}
 
 
 @pytest.mark.parametrize("override,setting", [

@@ -18,3 +18,5 @@ def run_name(override_dirname: str) -> str:
 
 # used by hydra.run.dir / hydra.sweep.subdir in conf/config.yaml
 OmegaConf.register_new_resolver("fafo_run_name", run_name, replace=True)
+
+from fafo.bench import naming as _naming  # noqa: E402,F401 - registers the fafo_model_dir resolver

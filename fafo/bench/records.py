@@ -1,15 +1,29 @@
 """Run records: ``samples.csv`` (one row per sample, turn and timing repeat) and ``outputs.jsonl``.
 
-Rows are appended and flushed as they are produced, so a killed run loses nothing it wrote; a restarted run reads
-what is there and skips it. A half-written last line (killed mid-write) is dropped on resume.
+Rows are appended, flushed and fsynced as they are produced, so a killed run loses nothing it wrote, and every
+row carries a ``crc`` (CRC-32 of its other fields), so a torn or garbled line is detectable anywhere in the file,
+not only at its end. An output line is valid JSON with its keys or it is torn.
+
+On resume the two files are reconciled per (sample, turn, repeat) before anything runs (:meth:`RecordWriter.__init__`):
+
+* torn lines (no trailing newline, a bad crc, invalid JSON) are dropped;
+* an ``ok`` row without the output of its (sample, turn) is dropped, and so is an output without an ``ok`` row:
+  both are redone (the output is written before its row, so a kill between the two leaves an output alone);
+* a duplicated row keeps its first copy; a ``skipped: turn k failed`` row is dropped when turn k's failure is
+  no longer on record, so the turns after it run again.
+
+The repaired files are written to a temporary file and renamed over the old ones (never half-rewritten), the
+repairs are listed in :attr:`RecordWriter.repairs`, and :meth:`RecordWriter.check` is the final consistency check.
 """
 
 from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import os
+import zlib
 from pathlib import Path
 
 from fafo.errors import ConfigError
@@ -19,16 +33,49 @@ SAMPLE_COLUMNS = [
     "prompt_tokens", "new_tokens", "forwards", "tau", "mean_accept",
     "prefill_s", "decode_s", "total_s", "tokens_per_s", "peak_mem_mb",
     "ref_new_tokens", "ref_total_s", "ref_decode_s", "speedup",
-    "exact_match", "first_mismatch", "ref_source", "seed", "compiles", "status",
+    "exact_match", "first_mismatch", "ref_source", "seed", "compiles", "threads", "load", "status", "crc",
 ]
+OUTPUT_KEYS = ("sample_id", "turn", "tokens", "text")
+SKIPPED = "skipped: turn "
 
 
 def row_key(sample_id, turn, repeat) -> tuple[str, int, int]:
     return str(sample_id), int(turn), int(repeat)
 
 
+def row_crc(row: dict) -> str:
+    """CRC-32 (8 hex digits) of a row's fields as written, ``crc`` itself excluded."""
+    blob = "\x1f".join(str(row.get(c, "")) for c in SAMPLE_COLUMNS if c != "crc")
+    return f"{zlib.crc32(blob.encode()):08x}"
+
+
+def _as_written(row: dict) -> dict:
+    """The row as csv writes it (strings, None -> ''), with its crc."""
+    out = {c: "" if row.get(c) is None else str(row.get(c, "")) for c in SAMPLE_COLUMNS if c != "crc"}
+    out["crc"] = row_crc(out)
+    return out
+
+
+def check_lock_free(run_dir: str | Path) -> None:
+    """Raise ConfigError now (before a model loads) if another job holds ``run_dir``'s writer lock."""
+    path = Path(run_dir) / ".lock"
+    if not path.exists():
+        return
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(_busy(run_dir)) from None
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _busy(run_dir) -> str:
+    return (f"run directory {run_dir} is being written by another job; wait for it to finish (re-running "
+            "resumes it) or set bench.output_dir elsewhere")
+
+
 class RecordWriter:
-    """Appends rows to ``samples.csv`` and generations to ``outputs.jsonl`` in a run directory."""
+    """Appends rows to ``samples.csv`` and generations to ``outputs.jsonl`` in a run directory (one writer)."""
 
     def __init__(self, run_dir: str | Path):
         self.dir = Path(run_dir)
@@ -38,13 +85,17 @@ class RecordWriter:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock.close()
-            raise ConfigError(f"run directory {self.dir} is being written by another job; wait for it to finish "
-                              "(re-running resumes it) or set bench.output_dir elsewhere") from None
+            raise ConfigError(_busy(self.dir)) from None
         self.samples_path = self.dir / "samples.csv"
         self.outputs_path = self.dir / "outputs.jsonl"
-        self.rows: list[dict] = self._read_rows()
-        self.outputs: dict[tuple, dict] = self._read_outputs()
-        self._rewrite_if_torn()
+        self.repairs: list[str] = []
+        rows, rewrite_csv = self._read_rows()
+        outputs, rewrite_jsonl = self._read_outputs()
+        self.rows, self.outputs, changed = self._reconcile(rows, outputs)
+        if rewrite_csv or changed:
+            self._rewrite(self.samples_path, _csv_text(self.rows))
+        if rewrite_jsonl or changed:
+            self._rewrite(self.outputs_path, "".join(json.dumps(o) + "\n" for o in self.outputs.values()))
         new = not self.samples_path.exists()
         self._csv = open(self.samples_path, "a", newline="")
         self._writer = csv.DictWriter(self._csv, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
@@ -63,13 +114,33 @@ class RecordWriter:
         return self.outputs.get((str(sample_id), int(turn)))
 
     def write(self, row: dict, output: dict | None = None) -> None:
+        """Append ``output`` (first, so a kill in between leaves an output alone, redone on resume) and ``row``."""
         if output is not None:
             self._jsonl.write(json.dumps(output) + "\n")
             self._flush(self._jsonl)
             self.outputs[(str(output["sample_id"]), int(output["turn"]))] = output
+        row = _as_written(row)
         self._writer.writerow(row)
         self._flush(self._csv)
-        self.rows.append({k: row.get(k, "") for k in SAMPLE_COLUMNS})
+        self.rows.append(row)
+
+    def check(self, expected: set[tuple[str, int, int]]) -> list[str]:
+        """Final consistency check: every expected key has a row, every ok row its output and vice versa.
+
+        Returns the problems found (empty when the records are whole).
+        """
+        problems = []
+        keys = [row_key(r["sample_id"], r["turn"], r["repeat"]) for r in self.rows]
+        if missing := sorted(expected - set(keys)):
+            problems.append(f"{len(missing)} rows missing, e.g. {missing[:3]}")
+        if len(keys) != len(set(keys)):
+            problems.append(f"{len(keys) - len(set(keys))} duplicated rows")
+        ok = {(r["sample_id"], int(r["turn"])) for r in self.rows if r["status"] == "ok"}
+        if lonely := sorted(ok - set(self.outputs)):
+            problems.append(f"{len(lonely)} ok rows without an output, e.g. {lonely[:3]}")
+        if orphans := sorted(set(self.outputs) - ok):
+            problems.append(f"{len(orphans)} outputs without an ok row, e.g. {orphans[:3]}")
+        return problems
 
     def close(self) -> None:
         self._csv.close()
@@ -81,40 +152,104 @@ class RecordWriter:
         f.flush()
         os.fsync(f.fileno())
 
-    def _read_rows(self) -> list[dict]:
+    @staticmethod
+    def _rewrite(path: Path, text: str) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _read_rows(self) -> tuple[list[dict], bool]:
+        """Valid rows of samples.csv, and whether the file must be rewritten (torn lines, an older header)."""
         if not self.samples_path.exists():
-            return []
+            return [], False
         with open(self.samples_path, newline="") as f:
             text = f.read()
-        self._torn_csv = bool(text) and not text.endswith("\n")
         lines = text.splitlines(keepends=True)
-        if self._torn_csv:
-            lines = lines[:-1]
+        rewrite = False
+        if lines and not lines[-1].endswith("\n"):  # killed mid-line
+            self.repairs.append(f"samples.csv: dropped a torn last line ({len(lines[-1])} bytes)")
+            lines, rewrite = lines[:-1], True
+        if not lines:
+            return [], True
         reader = csv.DictReader(lines)
-        return [r for r in reader if r.get("status")]
+        header = reader.fieldnames or []
+        has_crc = "crc" in header
+        rewrite |= header != SAMPLE_COLUMNS  # written by an older version: rewritten with today's columns
+        rows, bad = [], 0
+        for r in reader:
+            if None in r or not r.get("status") or (has_crc and r.get("crc") != row_crc(r)):
+                bad += 1  # garbled, too many fields, or a crc mismatch
+                continue
+            rows.append(_as_written(r) if not has_crc else {c: r.get(c, "") for c in SAMPLE_COLUMNS})
+        if bad:
+            self.repairs.append(f"samples.csv: dropped {bad} torn or garbled rows")
+            rewrite = True
+        return rows, rewrite
 
-    def _read_outputs(self) -> dict[tuple, dict]:
-        out = {}
-        self._torn_jsonl = False
-        if self.outputs_path.exists():
-            for line in self.outputs_path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    self._torn_jsonl = True
-                    continue
-                out[(str(rec["sample_id"]), int(rec["turn"]))] = rec
-        return out
+    def _read_outputs(self) -> tuple[dict[tuple, dict], bool]:
+        out: dict[tuple, dict] = {}
+        if not self.outputs_path.exists():
+            return out, False
+        bad = 0
+        text = self.outputs_path.read_text()
+        lines = text.splitlines()
+        torn_tail = bool(text) and not text.endswith("\n")
+        for i, line in enumerate(lines):
+            try:
+                rec = json.loads(line)
+                if (i == len(lines) - 1 and torn_tail) or not all(k in rec for k in OUTPUT_KEYS):
+                    raise ValueError
+                key = (str(rec["sample_id"]), int(rec["turn"]))
+            except (ValueError, TypeError):
+                bad += 1
+                continue
+            out.setdefault(key, rec)
+        if bad:
+            self.repairs.append(f"outputs.jsonl: dropped {bad} torn or garbled lines")
+        return out, bool(bad)
 
-    def _rewrite_if_torn(self) -> None:
-        if getattr(self, "_torn_csv", False):
-            with open(self.samples_path, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
-                w.writeheader()
-                w.writerows(self.rows)
-        if self._torn_jsonl:
-            with open(self.outputs_path, "w") as f:
-                f.writelines(json.dumps(o) + "\n" for o in self.outputs.values())
+    def _reconcile(self, rows: list[dict], outputs: dict[tuple, dict]) -> tuple[list[dict], dict, bool]:
+        """Rows and outputs that agree per (sample, turn, repeat); see the module docstring."""
+        seen, kept = set(), []
+        for r in rows:  # duplicates: keep the first
+            key = row_key(r["sample_id"], r["turn"], r["repeat"])
+            if key not in seen:
+                seen.add(key)
+                kept.append(r)
+        if len(kept) < len(rows):
+            self.repairs.append(f"samples.csv: dropped {len(rows) - len(kept)} duplicated rows")
+        ok = {(r["sample_id"], int(r["turn"])) for r in kept if r["status"] == "ok"}
+        lonely = [r for r in kept if r["status"] == "ok" and (r["sample_id"], int(r["turn"])) not in outputs]
+        if lonely:
+            ids = sorted({f"{r['sample_id']}/turn {r['turn']}" for r in lonely})
+            self.repairs.append(f"{len(lonely)} rows without their output, redone: {', '.join(ids[:5])}")
+        orphans = [k for k in outputs if k not in ok]
+        if orphans:
+            ids = sorted(f"{s}/turn {t}" for s, t in orphans)
+            self.repairs.append(f"{len(orphans)} outputs without their row, redone: {', '.join(ids[:5])}")
+        drop = {id(r) for r in lonely}
+        kept = [r for r in kept if id(r) not in drop]
+        outputs = {k: v for k, v in outputs.items() if k not in orphans}
+        failed = {(r["sample_id"], int(r["turn"])) for r in kept
+                  if r["status"] != "ok" and not r["status"].startswith(SKIPPED)}
+        stale = [r for r in kept if r["status"].startswith(SKIPPED)
+                 and not any((r["sample_id"], t) in failed for t in range(int(r["turn"])))]
+        if stale:
+            self.repairs.append(f"{len(stale)} 'skipped' rows whose failed turn is gone, redone")
+            drop = {id(r) for r in stale}
+            kept = [r for r in kept if id(r) not in drop]
+        return kept, outputs, bool(lonely or orphans or stale or len(kept) < len(rows))
+
+
+def _csv_text(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
 
 
 def first_mismatch(a: list[int], b: list[int]) -> int:

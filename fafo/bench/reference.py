@@ -4,6 +4,12 @@ A reference is reusable only when everything that decides its tokens and its spe
 dtype, device name, attention backend, the exact prompt token ids, max_new_tokens, stop ids, sampling settings
 and the software versions. All of that goes into the key, so reuse can never compare against a mismatched
 baseline. Files are written atomically (temp + rename), so concurrent sweep jobs cannot corrupt each other.
+
+Reusing a stored reference's *timing* is off by default (``bench.reuse_reference=false``): the reference is then
+timed in the same process, interleaved with the method sample by sample, so both see the same machine. With
+``bench.reuse_reference=true`` a stored timing is reused only when :func:`timing_reusable` accepts it: at least
+:data:`MIN_STORED_REPEATS` repeats whose max/min stays within ``bench.max_spread``, taken on a machine that was not
+busy; otherwise the reference is timed again, interleaved, and the row's ``ref_source`` says which.
 """
 
 from __future__ import annotations
@@ -19,6 +25,23 @@ def reference_key(**fields) -> str:
     """A stable hash of the fields that determine a reference generation (lists of ids are hashed too)."""
     blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+MIN_STORED_REPEATS = 3
+
+
+def timing_reusable(record: dict, max_spread: float, busy_load: float) -> tuple[bool, str]:
+    """Whether a stored reference timing may stand in for an interleaved one, and why not when it may not."""
+    times = [t for t in record.get("total_s", []) if t and t > 0]
+    if len(times) < MIN_STORED_REPEATS:
+        return False, f"stored with {len(times)} repeats (< {MIN_STORED_REPEATS})"
+    spread = max(times) / min(times)
+    if spread > max_spread:
+        return False, f"stored repeats spread {spread:.2f}x (> bench.max_spread={max_spread})"
+    load, cores = record.get("load"), record.get("cpu_count") or 1
+    if load is not None and load / cores > busy_load:
+        return False, f"stored on a busy machine (load {load:.2f} on {cores} cores)"
+    return True, ""
 
 
 class ReferenceStore:

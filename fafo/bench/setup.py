@@ -17,7 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions
 from fafo.engine.engine import DTYPES, check_backend
+from fafo.engine.gguf import gguf_checkpoint
 from fafo.engine.loader import load_hf_config, load_tokenizer, resolve_checkpoint
+from fafo.bench.naming import model_name, model_source
 from fafo.engine.tiny import tiny_checkpoint
 from fafo.errors import ConfigError
 
@@ -26,6 +28,7 @@ def build(node: DictConfig, setting: str, **kwargs):
     """``hydra.utils.instantiate`` that surfaces our ConfigError (Hydra wraps errors raised in constructors)."""
     if node is None or "_target_" not in node:
         raise ConfigError(f"{setting} has no _target_; choose one of the configs in conf/{setting}/")
+    check_fields(node, setting)
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as exc:
@@ -35,6 +38,38 @@ def build(node: DictConfig, setting: str, **kwargs):
         if cause is not None:
             raise cause from None
         raise ConfigError(f"{setting}: {str(exc).splitlines()[0]}; check conf/{setting}/ and your overrides") from None
+
+
+def check_fields(node: DictConfig, setting: str) -> None:
+    """Before instantiating a dataclass target: unknown keys, and text where a number or a flag is expected
+    (``sampling.temperature=abc``), as one line naming the setting. Nested targets are checked too."""
+    import dataclasses
+
+    from hydra._internal.utils import _locate
+
+    try:
+        cls = _locate(str(node["_target_"]))
+    except Exception:  # noqa: BLE001 - instantiate reports an unknown target itself
+        return
+    if not dataclasses.is_dataclass(cls):
+        return
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in node:
+        if key == "_target_":
+            continue
+        if key not in fields:
+            known = f"its settings are {', '.join(fields)}" if fields else "it has no settings"
+            raise ConfigError(f"{setting}.{key} is not a setting of {cls.__name__}; {known}")
+        value = node[key]
+        if isinstance(value, DictConfig) and "_target_" in value:
+            check_fields(value, f"{setting}.{key}")
+            continue
+        default = fields[key].default
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{setting}.{key}={value!r} must be true or false")
+        elif isinstance(default, (int, float)) and isinstance(value, str):
+            raise ConfigError(f"{setting}.{key}={value!r} must be a number (default {default})")
 
 
 def method_node(cfg: DictConfig) -> DictConfig:
@@ -65,13 +100,22 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 
 
 def check_bench(bench: DictConfig) -> None:
-    positive = {"repeats": 1, "warmup": 0}
+    positive = {"repeats": 1, "warmup": 0, "seed": 0, "bootstrap": 0}
     for key, low in positive.items():
-        if not isinstance(bench[key], int) or bench[key] < low:
-            raise ConfigError(f"bench.{key}={bench[key]!r} must be an integer >= {low}")
+        value = bench.get(key, low)
+        if not _is_int(value) or value < low:
+            raise ConfigError(f"bench.{key}={value!r} must be an integer >= {low}")
+    for key, low, what in (("max_spread", 1.0, "a factor (max/min of a sample's repeats), e.g. 1.5"),
+                           ("busy_load", 0.0, "a load average per CPU core, e.g. 0.75")):
+        value = bench.get(key, low + 1)
+        if not _is_number(value) or value <= low:
+            raise ConfigError(f"bench.{key}={value!r} must be a number > {low:g}: {what}")
+    for key in ("reuse_reference", "ignore_eos", "progress"):
+        if not isinstance(bench.get(key, False), bool):
+            raise ConfigError(f"bench.{key}={bench.get(key)!r} must be true or false")
     for key in ("max_samples", "max_new_tokens"):
         value = bench[key]
-        if value is not None and (not isinstance(value, int) or value < 1):
+        if value is not None and (not _is_int(value) or value < 1):
             raise ConfigError(f"bench.{key}={value!r} must be a positive integer or null")
 
 
@@ -108,32 +152,55 @@ def resolve_compile(bench: DictConfig, device: torch.device) -> CompileOptions |
 
 @dataclass
 class Checkpoint:
-    """A resolved model: its directory, transformers config and tokenizer (weights not loaded yet)."""
+    """A resolved model: its directory, transformers config and tokenizer (weights not loaded yet).
+
+    ``source`` is what was asked for (hub id, with ``@revision`` when one is set; a local directory as an absolute
+    path; the built tiny model's directory), ``name`` what records, summaries and W&B call it, ``random`` whether it
+    is a built-in random tiny model.
+    """
 
     path: Path
     config: object
     tokenizer: object
     identity: str  # what the reference key uses to name the weights
+    name: str = ""
+    source: str = ""
+    random: bool = False
 
     @property
     def context(self) -> int:
         return self.config.max_position_embeddings
 
 
-def resolve_model(model_cfg: DictConfig) -> Checkpoint:
-    """Find (or build, for the tiny models) the checkpoint and read its config and tokenizer."""
-    if model_cfg.get("tiny"):
+def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None) -> Checkpoint:
+    """Find (or build, for the tiny models) the checkpoint and read its config and tokenizer.
+
+    ``model.path`` / ``model.gguf_file`` win over what only comes with the model group (a ``tiny`` spec, a preset's
+    GGUF file); ``overrides`` (the command line's) decide whether both were given explicitly (an error) and the
+    name: see :mod:`fafo.bench.naming`.
+    """
+    kind = model_source(model_cfg, overrides, choice)  # ConfigError where a built-in model and a path are both given
+    check_backend(model_cfg.get("attention", "sdpa"))
+    name = model_name(model_cfg, overrides, choice)
+    if kind == "gguf":  # a GGUF file (in model.path's directory / hub repo, or alone), converted once
+        gguf, given, revision = str(model_cfg.gguf_file), model_cfg.get("path"), model_cfg.get("revision")
+        path = gguf_checkpoint(gguf, None if given is None else str(given), revision)
+        source = f"{given}:{gguf}" if given else gguf
+        return Checkpoint(path, load_hf_config(path), load_tokenizer(path), f"gguf:{path.name}", name, source)
+    if kind == "path":
+        given, revision = str(model_cfg.path), model_cfg.get("revision")
+        path = resolve_checkpoint(given, revision)
+        local = Path(given).expanduser()
+        source = str(local.resolve()) if local.is_dir() else given + (f"@{revision}" if revision else "")
+        identity = f"{given}@{revision or 'main'}"
+        return Checkpoint(path, load_hf_config(path), load_tokenizer(path), identity, name, source)
+    if kind == "tiny":
         spec = OmegaConf.to_container(model_cfg.tiny, resolve=True)
         path = tiny_checkpoint(spec)
-        identity = f"tiny:{path.name}"
-    elif model_cfg.get("path"):
-        path = resolve_checkpoint(str(model_cfg.path), model_cfg.get("revision"))
-        identity = f"{model_cfg.path}@{model_cfg.get('revision') or 'main'}"
-    else:
-        raise ConfigError("model.path is not set; give a hub id or a local checkpoint directory "
-                          "(or choose model=tiny_llama)")
-    check_backend(model_cfg.get("attention", "sdpa"))
-    return Checkpoint(path, load_hf_config(path), load_tokenizer(path), identity)
+        return Checkpoint(path, load_hf_config(path), load_tokenizer(path), f"tiny:{path.name}", name, str(path),
+                          random=True)
+    raise ConfigError("model.path is not set; give a hub id or a local checkpoint directory "
+                      "(or choose model=tiny_llama)")
 
 
 def cpu_name() -> str:
@@ -161,3 +228,102 @@ def environment(device: torch.device) -> dict:
     return {"device": str(device), "device_name": name, "torch": torch.__version__,
             "transformers": transformers.__version__, "fafo_bench": __version__, "git_sha": sha,
             "python": platform.python_version()}
+
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_added_keys(overrides) -> None:
+    """``+key=value`` overrides that add what no config knows: a misspelt group (``+nosuchgroup=foo``) or a
+    misspelt ``bench`` setting (``+bench.repeat=3``) would otherwise be accepted and ignored."""
+    groups = {p.name for p in CONF.iterdir() if p.is_dir()} | set(OmegaConf.load(CONF / "config.yaml"))
+    bench_keys = set(OmegaConf.load(CONF / "bench" / "default.yaml"))
+    for item in overrides or ():
+        item = str(item)
+        if not item.startswith("+") or "=" not in item:
+            continue
+        key = item.lstrip("+").split("=", 1)[0]
+        top, _, rest = key.partition(".")
+        top = top.split("/")[0].split("@")[0]
+        if top not in groups:
+            raise ConfigError(f"+{key} adds a setting no config reads: {top} is not a config group or setting "
+                              f"(groups: {', '.join(sorted(g for g in groups if g not in ('defaults', 'hydra')))}); "
+                              "remove it or fix its spelling")
+        if top == "bench" and rest and rest.split(".")[0] not in bench_keys:
+            raise ConfigError(f"+{key}: bench.{rest.split('.')[0]} is not a bench setting (see conf/bench/"
+                              "default.yaml); remove it or fix its spelling")
+
+
+def check_config(cfg: DictConfig, overrides=()) -> None:
+    """Checks of the whole config that need no model: keys added by ``+`` overrides, model.max_len, output_dir."""
+    check_added_keys(overrides)
+    from fafo.bench.wandb_log import MODES
+
+    mode = cfg.get("wandb", {}).get("mode", "disabled")
+    if mode not in MODES:
+        raise ConfigError(f"wandb.mode={mode!r} is not a wandb mode; use one of {', '.join(MODES)}")
+    max_len = cfg.model.get("max_len")
+    if max_len is not None and (not _is_int(max_len) or max_len < 1):
+        raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots, at most the "
+                          "checkpoint's max_position_embeddings) or null for the checkpoint's own context")
+    check_output_dir(cfg.bench.output_dir)
+
+
+def check_output_dir(output_dir) -> None:
+    """bench.output_dir must be a directory or creatable as one (no regular file on its path)."""
+    path = Path(str(output_dir)).expanduser()
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"bench.output_dir={str(output_dir)!r}: {part} is a file, not a directory; set "
+                                  "bench.output_dir to a directory path")
+            return
+
+
+def _knobs(obj, measure, prefix: str) -> list[str]:
+    """Integer hyperparameters of a dataclass ``obj`` whose halving lowers ``measure(obj)`` (what to lower)."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(obj):
+        return []
+    base, names = measure(obj), []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name, None)
+        if not f.init or not _is_int(value) or value < 2:
+            continue
+        try:
+            if measure(dataclasses.replace(obj, **{f.name: value // 2})) < base:
+                names.append(f"{prefix}{f.name}")
+        except Exception:  # noqa: BLE001 - a combination its own checks refuse: not a knob to suggest
+            continue
+    return names
+
+
+def check_context_fit(method, reference, n_prompt: int, budget: int, context: int, sample_id) -> None:
+    """When the method's scratch space (not the prompt or the budget) overflows the context, say which knob."""
+    extra = method.extra_slots(budget)
+    if n_prompt + budget + reference.extra_slots(budget) > context or n_prompt + budget + extra <= context:
+        return
+    knobs = _knobs(method, lambda m: m.extra_slots(budget), "method.") or ["the method's hyperparameters"]
+    raise ConfigError(f"sample {sample_id!r} fits the context {context} ({n_prompt} prompt + {budget} new tokens) "
+                      f"but not the method's {extra} scratch slots; lower {' or '.join(knobs)}, or raise "
+                      "model.max_len up to max_position_embeddings")
+
+
+def check_region_fits(method, context: int) -> None:
+    """A compression function that keeps at least the whole context is a mistake (e.g. local=100000 at 4k)."""
+    compress = getattr(method, "compress", None)
+    budget = getattr(compress, "budget", None)
+    if not _is_int(budget) or budget < context:
+        return
+    knobs = _knobs(compress, lambda c: c.budget, "method.compress.") or ["method.compress's sizes"]
+    raise ConfigError(f"method.compress keeps {budget} entries, not fewer than the model context {context}, so it "
+                      f"compresses nothing; lower {' or '.join(knobs)} below {context}")

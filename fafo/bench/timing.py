@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -62,3 +63,46 @@ class PeakMemory:
             return torch.cuda.max_memory_allocated(self.device) / 2**20
         cache = engine._cache.nbytes if engine._cache is not None else 0
         return (engine.weights_nbytes + cache + int(extras.get("buffer_bytes", 0))) / 2**20
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (``/proc/loadavg``, or ``os.getloadavg``), None where the OS has none."""
+    try:
+        return float(open("/proc/loadavg").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0]
+        except (OSError, AttributeError):
+            return None
+
+
+def others_on_gpu_mb(device: torch.device) -> float:
+    """MB of the device's memory held by other processes (total - free - what this process reserved)."""
+    if device.type != "cuda":
+        return 0.0
+    free, total = torch.cuda.mem_get_info(device)
+    return max(0.0, (total - free - torch.cuda.memory_reserved(device)) / 2**20)
+
+
+def machine_state(device: torch.device) -> dict:
+    """What else the machine is doing, recorded with every run: threads, load average, CPU cores, GPU others."""
+    return {"threads": torch.get_num_threads(), "load": load_average(), "cpu_count": os.cpu_count() or 1,
+            "gpu_others_mb": others_on_gpu_mb(device) if device.type == "cuda" else None}
+
+
+def busy_warning(state: dict, busy_load: float, busy_gpu_mb: float = 1024.0) -> str | None:
+    """A one-line warning when the machine is busy as a run starts (timings would be inflated), else None.
+
+    Busy = the 1-minute load average per CPU core above ``busy_load`` (``bench.busy_load``), or other processes
+    holding more than ``busy_gpu_mb`` MB on the GPU.
+    """
+    why = []
+    load, cores = state.get("load"), state.get("cpu_count") or 1
+    if load is not None and load / cores > busy_load:
+        why.append(f"load average {load:.2f} on {cores} CPU cores (> bench.busy_load={busy_load} per core)")
+    if (state.get("gpu_others_mb") or 0) > busy_gpu_mb:
+        why.append(f"other processes hold {state['gpu_others_mb']:.0f} MB on the GPU")
+    if not why:
+        return None
+    return ("warning: the machine is busy: " + "; ".join(why) + ". Timings may be inflated; speedups stay "
+            "side by side (interleaved reference), but prefer an idle machine for published numbers")

@@ -53,7 +53,12 @@ def load_hf_config(ckpt: Path):
     """The transformers config of a checkpoint, refusing families the engine does not implement."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(ckpt)
+    try:
+        config = AutoConfig.from_pretrained(ckpt)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # empty, corrupt or incomplete config.json
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"model.path={str(ckpt)!r}: its config.json could not be read ({why[:160]}); "
+                          "re-download the checkpoint or repair its config.json") from None
     if config.model_type not in SUPPORTED_FAMILIES:
         raise ConfigError(f"model.path={str(ckpt)!r} is a {config.model_type!r} model; the engine supports "
                           f"{', '.join(SUPPORTED_FAMILIES)} checkpoints")

@@ -1,0 +1,114 @@
+"""The Hydra callback of ``python -m fafo.bench`` (registered in ``conf/config.yaml`` ``hydra.callbacks``).
+
+* Before a run or sweep starts (before Hydra creates any directory): ``bench.output_dir`` must be creatable, or
+  one ``error:`` line and exit status 2 instead of Hydra's traceback.
+* After every job of a sweep: its outcome (run directory, overrides, error or None) is written to
+  ``<sweep dir>/.sweeps/<sweep id>/<job>.json``, so jobs that run elsewhere (SLURM) report back too.
+* At the end of a sweep: ONE LINE PER JOB (model / checkpoint, n_params, dtype, method, task, tau, speedup with
+  its 95 % interval, from each job's ``summary.json``), then one line per failed job (its overrides and error);
+  the process exits with status 1 when any job failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from fafo.errors import ConfigError
+
+SWEEP_ENV = "FAFO_SWEEP_ID"
+NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "wandb.")  # not what a job measured
+
+
+def _check_output_dir(config: DictConfig) -> None:
+    from fafo.bench.setup import check_output_dir
+
+    try:
+        check_output_dir(config.bench.output_dir)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def job_line(outcome: dict) -> str:
+    """One line for a finished job: what ran and what it measured (or its error)."""
+    shown = [o for o in outcome.get("overrides") or [] if not o.lstrip("+~").startswith(NOISE)]
+    overrides = " ".join(shown) or "(no overrides)"
+    if outcome.get("error"):
+        return f"FAILED  {overrides}  {outcome['error']}"
+    try:
+        s = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return f"FAILED  {overrides}  no summary.json in {outcome['run_dir']}"
+    model = s.get("model", "?") + (f" ({s['checkpoint']})" if s.get("checkpoint") else "")
+    params = f"{s['n_params'] / 1e6:.1f}M params" if isinstance(s.get("n_params"), (int, float)) else ""
+
+    def num(key):
+        return f"{s[key]:.3f}" if isinstance(s.get(key), (int, float)) else "-"
+
+    ci = s.get("speedup_ci95")
+    ci = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, list) and len(ci) == 2 else ""
+    parts = [model, params, s.get("dtype", "?"), s.get("method", "?"), s.get("task", "?"),
+             f"tau {num('tau')}", f"speedup {num('speedup')}{ci}"]
+    if s.get("n_failed"):
+        parts.append(f"{s['n_failed']} failed rows")
+    return "ok      " + "  ".join(p for p in parts if p)
+
+
+class SweepReport(Callback):
+    """Checks bench.output_dir early, records each sweep job's outcome and reports the sweep at its end."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_output_dir(config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_output_dir(config)
+        os.environ[SWEEP_ENV] = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+    def _jobs_dir(self, config: DictConfig) -> Path | None:
+        sweep_id = os.environ.get(SWEEP_ENV)
+        return Path(str(config.hydra.sweep.dir)) / ".sweeps" / sweep_id if sweep_id else None
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        jobs = self._jobs_dir(config)
+        if jobs is None or config.hydra.mode.name != "MULTIRUN":
+            return
+        value = job_return._return_value
+        if job_return.status == JobStatus.FAILED:
+            error = f"error: {type(value).__name__}: {str(value).splitlines()[0] if str(value) else ''}"
+        else:
+            error = value.get("error") if isinstance(value, dict) else None
+        outcome = {"num": int(config.hydra.job.num), "run_dir": str(config.hydra.runtime.output_dir),
+                   "overrides": list(job_return.overrides or []), "error": error}
+        jobs.mkdir(parents=True, exist_ok=True)
+        (jobs / f"{outcome['num']:06d}.json").write_text(json.dumps(outcome))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        jobs = self._jobs_dir(config)
+        if jobs is None or not jobs.is_dir():
+            return
+        outcomes = [json.loads(p.read_text()) for p in sorted(jobs.glob("*.json"))]
+        for p in jobs.glob("*.json"):
+            p.unlink()
+        jobs.rmdir()
+        try:
+            jobs.parent.rmdir()  # .sweeps/ goes too unless another sweep is running
+        except OSError:
+            pass
+        failed = [o for o in outcomes if o.get("error")]
+        lines = [f"== fafo-bench sweep: {len(outcomes)} jobs, {len(failed)} failed =="]
+        lines += [job_line(o) for o in outcomes if not o.get("error")]
+        lines += [job_line(o) for o in failed]
+        print("\n".join(lines), flush=True)
+        if failed:
+            print(f"error: {len(failed)} of {len(outcomes)} sweep jobs failed (listed above); fix them and re-run "
+                  "the sweep (finished jobs are resumed, not redone)", file=sys.stderr, flush=True)
+            sys.exit(1)

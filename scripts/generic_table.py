@@ -1,0 +1,205 @@
+"""A comparison table of any runs or sweep (no paper preset needed): ``scripts/make_tables.py DIR [--by KEY]``.
+
+Rows are (model, method); one column group per task, or with ``--by KEY`` (any config key, e.g.
+``method.compress.local`` or ``bench.max_new_tokens``; else a summary key such as ``dtype``) per value of that key
+(per task and value when the runs cover several tasks). Each cell is ``speedup× (tau)``; each row ends with its
+exact-match rate (over its (sample, turn)s), peak memory (max over its runs) and tokens/s (its new tokens over its
+total time). Written as ``<name>.csv`` (long form: one line per cell with every number and its run directory),
+``<name>.md`` and ``<name>.tex`` like the paper tables. Runs are read by :func:`make_tables.collect` and
+aggregated with pandas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+import make_tables as mt
+
+CELL_KEYS = ["speedup", "tau", "exact_match_rate", "peak_mem_mb", "tokens_per_s", "new_tokens", "total_s",
+             "n_samples", "n_turns"]
+LONG_COLUMNS = ["table", "model", "method", "column", "task", "by", "value", "speedup", "tau", "exact_match_rate",
+                "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns", "status", "run_dir", "checkpoint", "n_params"]
+TAIL = ["Exact", "Peak MB", "tok/s"]
+
+
+def run_value(run: mt.Run, key: str):
+    """A dotted config key's value in a run's config.yaml, else the summary's (``dtype``, ``device_name``...);
+    ``None`` where the run has neither."""
+    value = mt._get(run.config, key)
+    if value is None or isinstance(value, (dict, list)):
+        value = run.summary.get(key, value if not isinstance(value, (dict, list)) else None)
+    return value
+
+
+def runs_frame(collected: mt.Collected, by: str | None = None) -> pd.DataFrame:
+    """One line per run: its (model, method, task, by-value), its summary numbers and where it lives."""
+    records = []
+    for run in sorted(collected.runs, key=lambda r: r.order):
+        s = run.summary
+        value = mt.norm_value(run_value(run, by)) if by else ""
+        records.append({"model": str(s.get("model", "?")), "method": str(s.get("method", "?")),
+                        "task": str(s.get("task", "?")), "value": value or (mt.DASH if by else ""),
+                        **{k: mt._num(s.get(k)) for k in CELL_KEYS}, "complete": run.complete,
+                        "weight": run.weight, "run_dir": run.rel, "checkpoint": s.get("checkpoint", ""),
+                        "n_params": s.get("n_params", ""), "config": run.config})
+    columns = ["model", "method", "task", "value", *CELL_KEYS, "complete", "weight", "run_dir", "checkpoint",
+               "n_params", "config"]
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+def _flat(config, prefix="") -> dict:
+    if not isinstance(config, dict):
+        return {prefix: repr(config)}
+    out = {}
+    for k, v in config.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": repr(v)})
+    return out
+
+
+def differing_keys(configs) -> list[str]:
+    """The config keys whose values differ between runs (what a ``--by`` could separate)."""
+    flats = [_flat(c or {}) for c in configs]
+    keys = set().union(*flats) if flats else set()
+    skip = ("bench.output_dir", "bench.reference_dir", "bench.progress", "wandb.")
+    return sorted(k for k in keys if len({f.get(k) for f in flats}) > 1 and not k.startswith(skip))
+
+
+@dataclass
+class GenericTable:
+    name: str
+    title: str
+    by: str | None
+    cells: pd.DataFrame      # one line per (model, method, column): the run shown there
+    rows: pd.DataFrame       # one line per (model, method): exact, peak, tokens/s
+    cols: list[tuple]        # (task, value) in display order
+    col_names: dict
+    notes: list[str]
+
+
+def _col_key(task, value):
+    x = mt._num(value)
+    return (task, x if x is not None else float("inf"), value)
+
+
+def build(collected: mt.Collected, by: str | None = None, name: str | None = None,
+          title: str | None = None) -> GenericTable:
+    """The table of every run in ``collected``: one column per task (or ``by`` value), one row per (model, method)."""
+    runs = runs_frame(collected, by)
+    if runs.empty:
+        raise SystemExit("error: no finished or partial runs (summary.json / samples.csv) under the given "
+                         "directories")
+    # a cell keeps its most complete run: finished, most (sample, turn)s, then the path (as the paper tables)
+    runs = runs.sort_values(["complete", "weight", "run_dir"], ascending=False)
+    group = ["model", "method", "task", "value"]
+    cells = runs.drop_duplicates(group).sort_values(["model", "method"])
+    notes = []
+    dup = runs[runs.duplicated(group, keep=False)]
+    if not dup.empty:
+        keys = differing_keys(dup["config"])
+        hint = f"; they differ in {', '.join(keys[:6])} (separate them with --by KEY)" if keys else ""
+        notes.append(f"{len(dup) - dup.groupby(group).ngroups} cell(s) had more than one run; the most complete one "
+                     f"is shown{hint}.")
+    cells = cells.assign(time_s=cells["total_s"], ok_weight=cells["weight"].where(cells["exact_match_rate"].notna()))
+    rows = cells.groupby(["model", "method"], sort=True).apply(_row_stats, include_groups=False).reset_index()
+    cols = sorted({(t, v) for t, v in zip(cells["task"], cells["value"])}, key=lambda c: _col_key(*c))
+    several_tasks = len({t for t, _ in cols}) > 1
+    col_names = {(t, v): (f"{t} {by}={v}" if several_tasks else f"{by}={v}") if by else t for t, v in cols}
+    partial = sorted(cells.loc[~cells["complete"], "run_dir"])
+    if partial:
+        notes.append("* partial run (no summary.json yet; summarised from samples.csv): " + ", ".join(partial))
+    notes += [f"failed: {rel}: {msg}" for rel, msg in collected.failed]
+    name = name or (f"runs_by_{by}" if by else "runs")
+    title = title or (f"speedup× (tau) by {by}" if by else "speedup× (tau) by task")
+    return GenericTable(name, title, by, cells, rows, cols, col_names, notes)
+
+
+def _row_stats(g: pd.DataFrame) -> pd.Series:
+    """A row's exact-match rate (weighted by (sample, turn)s), peak memory (max) and tokens/s (tokens / time)."""
+    rated = g.dropna(subset=["exact_match_rate"])
+    rated = rated[rated["weight"] > 0]
+    exact = (rated["exact_match_rate"] * rated["weight"]).sum() / rated["weight"].sum() if len(rated) else None
+    timed = g.dropna(subset=["new_tokens", "total_s"])
+    tps = timed["new_tokens"].sum() / timed["total_s"].sum() if len(timed) and timed["total_s"].sum() > 0 else None
+    if tps is None and g["tokens_per_s"].notna().any():
+        tps = g["tokens_per_s"].mean()
+    peak = g["peak_mem_mb"].max() if g["peak_mem_mb"].notna().any() else None
+    return pd.Series({"exact_match_rate": exact, "peak_mem_mb": peak, "tokens_per_s": tps})
+
+
+# ------------------------------------------------------------------ formatting
+def _cell_text(table: GenericTable, model, method, col) -> str:
+    hit = table.cells[(table.cells["model"] == model) & (table.cells["method"] == method)
+                      & (table.cells["task"] == col[0]) & (table.cells["value"] == col[1])]
+    if hit.empty:
+        return mt.DASH
+    run = hit.iloc[0]
+    text = mt.fmt_pair(run["speedup"], run["tau"])
+    return text + "*" if not run["complete"] and text != mt.DASH else text
+
+
+def header(table: GenericTable) -> list[str]:
+    return ["Model", "Method"] + [table.col_names[c] for c in table.cols] + TAIL
+
+
+def body(table: GenericTable) -> list[list[str]]:
+    lines, last_model = [], None
+    for r in table.rows.itertuples(index=False):
+        line = [r.model if r.model != last_model else "", r.method]
+        last_model = r.model
+        line += [_cell_text(table, r.model, r.method, c) for c in table.cols]
+        line += [mt._fmt_num(mt._num(r.exact_match_rate), ".3f"), mt._fmt_num(mt._num(r.peak_mem_mb), ".1f"),
+                 mt._fmt_num(mt._num(r.tokens_per_s), ".1f")]
+        lines.append(line)
+    return lines
+
+
+def to_markdown(table: GenericTable) -> str:
+    head = header(table)
+    out = [f"### {table.title}", "", "| " + " | ".join(head) + " |",
+           "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
+    out += ["| " + " | ".join(line) + " |" for line in body(table)]
+    notes = ["cells: speedup over vanilla × (tau, tokens per target forward); Exact: exact-match rate over the "
+             "row's (sample, turn)s; Peak MB: max over the row's runs; tok/s: the row's new tokens / total time.",
+             *table.notes]
+    return "\n".join(out + [""] + [f"- {n}" for n in notes]) + "\n"
+
+
+def to_latex(table: GenericTable) -> str:
+    head = header(table)
+    out = [f"% {table.title} (scripts/make_tables.py)", r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}",
+           r"\toprule", " & ".join(mt._tex(h) for h in head) + r" \\", r"\midrule"]
+    for i, line in enumerate(body(table)):
+        if i and line[0]:
+            out.append(r"\midrule")
+        out.append(" & ".join(mt._tex(x) for x in line) + r" \\")
+    return "\n".join(out + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+
+
+def long_frame(table: GenericTable) -> pd.DataFrame:
+    """The CSV: one line per (model, method, column) with every number."""
+    c = table.cells
+    out = pd.DataFrame({
+        "table": table.name, "model": c["model"], "method": c["method"],
+        "column": [table.col_names[(t, v)] for t, v in zip(c["task"], c["value"])], "task": c["task"],
+        "by": table.by or "", "value": c["value"], **{k: c[k].round(4) for k in
+                                                        ("speedup", "tau", "exact_match_rate", "tokens_per_s")},
+        "peak_mem_mb": c["peak_mem_mb"].round(1), "n_samples": c["n_samples"].astype("Int64"),
+        "n_turns": c["n_turns"].astype("Int64"), "status": c["complete"].map({True: "ok", False: "partial"}),
+        "run_dir": c["run_dir"], "checkpoint": c["checkpoint"], "n_params": c["n_params"],
+    })
+    order = {col: i for i, col in enumerate(table.cols)}
+    out = out.assign(_o=[order[(t, v)] for t, v in zip(c["task"], c["value"])])
+    return out.sort_values(["model", "method", "_o"]).drop(columns="_o")[LONG_COLUMNS]
+
+
+def write_outputs(table: GenericTable, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out / f"{table.name}.{ext}" for ext in ("csv", "md", "tex")}
+    long_frame(table).to_csv(paths["csv"], index=False, lineterminator="\n")
+    paths["md"].write_text(to_markdown(table))
+    paths["tex"].write_text(to_latex(table))
+    return paths

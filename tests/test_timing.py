@@ -1,0 +1,104 @@
+"""Speedups that noise cannot fake: a slow reference sample (a sleeping hook) under interleaved and stored timing."""
+
+import time
+from dataclasses import dataclass
+
+from baselines.vanilla import VanillaDecoder
+from fafo.bench.metrics import bootstrap_ci
+from fafo.bench.reference import timing_reusable
+from fafo.bench.runner import Runner
+from tests.test_runner import make_cfg, read_rows
+
+SLEEP_S = 1.0
+
+
+@dataclass
+class SleepyReference(VanillaDecoder):
+    """Vanilla that sleeps inside its timed generation on chosen calls, or on every call for one prompt length.
+
+    The knobs are class attributes, not fields, so the reference key (which holds the decoder's repr) stays the
+    same whatever they are.
+    """
+
+    def generate(self, engine, prompt_ids, max_new_tokens, *args, **kwargs):
+        SleepyReference.calls += 1
+        if SleepyReference.calls in SleepyReference.sleep_calls or len(prompt_ids) == SleepyReference.sleep_len:
+            time.sleep(SLEEP_S)
+        return super().generate(engine, prompt_ids, max_new_tokens, *args, **kwargs)
+
+
+SleepyReference.calls, SleepyReference.sleep_calls, SleepyReference.sleep_len = 0, set(), -1
+BASE = ["bench.max_new_tokens=6", "bench.max_samples=3", "bench.warmup=0", "bench.repeats=3",
+        "bench.busy_load=1000", "bench.reference._target_=tests.test_timing.SleepyReference"]
+
+
+def _sleepy(calls=(), prompt_len=-1):
+    SleepyReference.calls, SleepyReference.sleep_calls, SleepyReference.sleep_len = 0, set(calls), prompt_len
+
+
+def test_slow_reference_sample_cannot_fake_a_speedup(tmp_path):
+    # interleaved (default): the second reference call (sample 0, repeat 1) sleeps 1 s
+    _sleepy(calls=[2])
+    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10"), tmp_path / "a").run()
+    rows = read_rows(tmp_path / "a")
+    first = rows[0]["sample_id"]
+    slowed = [r for r in rows if r["sample_id"] == first and r["repeat"] == "1"][0]
+    assert float(slowed["speedup"]) > 5  # that one row alone would claim a large speedup...
+    ids = {r["sample_id"] for r in rows}
+    mean_ref = {s: sum(float(r["ref_total_s"]) for r in rows if r["sample_id"] == s) / 3 for s in ids}
+    method = {s: sorted(float(r["total_s"]) for r in rows if r["sample_id"] == s)[1] for s in mean_ref}
+    assert sum(mean_ref.values()) / sum(method.values()) > 3  # ...and so would a mean over repeats
+    assert summary["speedup"] < 2.5  # the median over repeats is unaffected: vanilla against itself
+    assert summary["flagged"] == [f"{first}/0"] and summary["n_flagged"] == 1  # its repeats disagree
+    # the store now holds [fast, slow, fast] for sample 0: a later run asking for reuse re-times that one
+    _sleepy()
+    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_reference=true"),
+                     tmp_path / "b").run()
+    source = {r["sample_id"]: r["ref_source"] for r in read_rows(tmp_path / "b")}
+    assert source.pop(first) == "interleaved" and set(source.values()) == {"stored"}
+    assert summary["ref_reuse_refused"]["n"] == 1 and summary["speedup"] < 2.5
+
+
+def test_consistently_slow_stored_reference_is_flagged_when_reused(tmp_path, capsys):
+    # every repeat of one sample's stored reference slept: spread passes, so reuse is possible, and it shows
+    _sleepy()
+    cfg = make_cfg(tmp_path, *BASE, "bench.max_spread=10")
+    runner = Runner(cfg, tmp_path / "probe")
+    _sleepy(prompt_len=len(runner.task.prompt_ids(runner.ckpt.tokenizer, runner.samples[0], 0, [])))
+    runner.run()  # stores 3 slow, agreeing repeats for sample 0 (as if taken while the machine was loaded)
+    _sleepy()
+    capsys.readouterr()
+    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_reference=true"),
+                     tmp_path / "b").run()
+    assert summary["ref_sources"] == {"stored": 9} and summary["speedup"] > 3  # the stale timing inflates it...
+    assert "rows use a stored reference timing" in capsys.readouterr().err  # ...and the run says so
+    # and the default, interleaved, is not fooled by the store
+    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10"), tmp_path / "c").run()
+    assert summary["ref_sources"] == {"interleaved": 9} and summary["speedup"] < 2.5
+
+
+def test_stored_timing_rules_and_bootstrap_interval():
+    good = {"total_s": [1.0, 1.1, 1.05], "load": 0.1, "cpu_count": 2}
+    assert timing_reusable(good, 1.5, 0.75) == (True, "")
+    assert not timing_reusable({**good, "total_s": [1.0]}, 1.5, 0.75)[0]
+    assert "spread" in timing_reusable({**good, "total_s": [1.0, 10.2, 1.0]}, 1.5, 0.75)[1]
+    assert "busy" in timing_reusable({**good, "load": 8.0}, 1.5, 0.75)[1]
+    import numpy as np
+
+    ref, method = np.array([2.0, 2.2, 1.8, 2.1]), np.array([1.0, 1.0, 1.0, 1.0])
+    lo, hi = bootstrap_ci(ref, method, 2000)
+    assert 1.8 <= lo < ref.sum() / method.sum() < hi <= 2.2
+    assert bootstrap_ci(ref, method, 2000) == (lo, hi)  # seeded: reproducible
+    assert bootstrap_ci(ref[:1], method[:1]) == (2.0, 2.0)
+
+
+def test_busy_machine_warning_and_machine_record():
+    import torch
+
+    from fafo.bench.timing import busy_warning, machine_state
+
+    assert busy_warning({"load": 3.0, "cpu_count": 2}, 0.75).startswith("warning: the machine is busy: load average")
+    assert busy_warning({"load": 1.0, "cpu_count": 2}, 0.75) is None
+    assert "on the GPU" in busy_warning({"load": 0.0, "cpu_count": 2, "gpu_others_mb": 5000.0}, 0.75)
+    state = machine_state(torch.device("cpu"))
+    assert state["threads"] == torch.get_num_threads() and state["cpu_count"] >= 1 and state["load"] is not None
