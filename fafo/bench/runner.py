@@ -2,8 +2,9 @@
 
 Order of work: validate every setting and load the task (errors before any model is loaded), resolve the
 checkpoint and check the prompts fit its context, load the weights once, warm up (timed apart), then per sample
-and turn: reuse or run the vanilla reference (interleaved with the method), run the method ``bench.repeats``
-times, compare tokens, append a row. Rows already in ``samples.csv`` are skipped, so a restarted run resumes.
+and turn and repeat: time the vanilla reference right before the method (interleaved; a stored timing only with
+``bench.reuse_reference=true`` and when :func:`~fafo.bench.reference.timing_reusable` accepts it), run the method,
+compare tokens, append a row. Rows already in ``samples.csv`` are skipped, so a restarted run resumes.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from fafo.bench.metrics import accept_histogram, summarize
-from fafo.bench.records import RecordWriter, first_mismatch, write_json_atomic
-from fafo.bench.reference import ReferenceStore, reference_key
-from fafo.bench.setup import (build, check_bench, environment, method_node, resolve_compile, resolve_device,
-                              resolve_dtype, resolve_model)
-from fafo.bench.timing import PeakMemory, SyncClock
+from fafo.bench.cost_curve import CostCurve, summary_fields
+from fafo.bench.metrics import accept_histogram, draft_acceptance, summarize
+from fafo.bench.naming import cli_overrides, model_name
+from fafo.bench.records import RecordWriter, check_lock_free, first_mismatch, write_json_atomic
+from fafo.bench.reference import ReferenceStore, reference_key, timing_reusable
+from fafo.bench.setup import (build, check_bench, check_config, check_context_fit, check_region_fits, cpu_name,
+                              environment, method_node, resolve_compile, resolve_device, resolve_dtype,
+                              resolve_model)
+from fafo.bench.timing import PeakMemory, SyncClock, busy_warning, load_average, machine_state
 from fafo.bench.wandb_log import WandbLogger
 from fafo.engine.compiled import compile_stats
 from fafo.engine.engine import Engine
@@ -42,6 +46,7 @@ class Runner:
 
     def __init__(self, cfg: DictConfig, run_dir: str | Path):
         self.cfg, self.bench, self.run_dir = cfg, cfg.bench, Path(run_dir)
+        check_config(cfg, cli_overrides()[0])
         check_bench(self.bench)
         self.device = resolve_device(self.bench.device)
         self.dtype = resolve_dtype(self.bench.dtype, self.device)
@@ -51,13 +56,16 @@ class Runner:
         self.reference = build(self.bench.reference, "bench.reference")
         self.method.check_sampling(self.sampling)
         self.reference.check_sampling(self.sampling)
+        self.cost_curve = CostCurve.load(self.bench.cost_curve) if self.bench.get("cost_curve") else None
         self.task = build(cfg.task, "task")
         self.samples = self.task.samples()[: self.bench.max_samples or None]
+        check_lock_free(self.run_dir)  # a second writer is refused now, not after loading its model
         label = cfg.method.get("name") or type(self.method).__name__
         compress = getattr(self.method, "compress", None)  # e.g. "fafo-{compress}" -> "fafo-quest"
-        self.names = {"model": cfg.model.name, "task": cfg.task.name,
+        overrides, choice = cli_overrides()  # model.path wins over a tiny spec; names come from the checkpoint
+        self.names = {"model": model_name(cfg.model, overrides, choice), "task": cfg.task.name,
                       "method": label.format(compress=compress.label) if compress is not None else label}
-        self.ckpt = resolve_model(cfg.model)
+        self.ckpt = resolve_model(cfg.model, overrides, choice)
         if self.sampling.from_generation_config:  # sampling=model_default: only now is the checkpoint known
             self.sampling = self.sampling.resolve(self.ckpt.path)
             self.method.check_sampling(self.sampling)
@@ -67,6 +75,7 @@ class Runner:
         self.method.check_target(self.ckpt.config, self.ckpt.tokenizer)
         self.context = min(self.ckpt.context, cfg.model.get("max_len") or self.ckpt.context)
         self._check_prompts_fit()
+        check_region_fits(self.method, self.context)
 
     def budget(self, sample) -> int:
         return self.bench.max_new_tokens or sample.max_new_tokens
@@ -92,48 +101,87 @@ class Runner:
         for s in self.samples:
             n = len(self.task.prompt_ids(self.ckpt.tokenizer, s, 0, []))
             if self._needed_slots(n, self.budget(s)) > self.context:
+                check_context_fit(self.method, self.reference, n, self.budget(s), self.context, s.id)
                 raise ConfigError(
                     f"sample {s.id!r} of task {self.names['task']} needs {n} prompt + {self.budget(s)} new tokens "
                     f"(+ method scratch), more than the model context {self.context}; lower bench.max_new_tokens, "
                     "leave it out with task.ids/task.limit, or raise model.max_len up to max_position_embeddings")
 
     # ---------------------------------------------------------------- run
-    def run(self) -> dict:
+    def run(self, engine: Engine | None = None, progress=None, report: bool = True) -> dict:
+        """Benchmark every sample; ``engine``: an already loaded one to share (``fafo.bench.compare``),
+        ``progress``: an outer progress bar to advance per sample, ``report``: print the summary."""
+        self.machine = machine_state(self.device)  # before loading, so our own load does not count
+        # a shared engine (fafo.bench.compare) means this process itself just ran the previous method: only the
+        # first run of a comparison judges whether the machine is busy
+        self.busy = None if engine is not None else busy_warning(self.machine, self.bench.get("busy_load", 0.75))
+        if self.busy:
+            print(self.busy, file=sys.stderr, flush=True)
         t_load = time.perf_counter()
-        self.engine = Engine.load(self.ckpt.path, self.ckpt.config, self.ckpt.tokenizer, device=self.device,
-                                  dtype=self.dtype, backend=self.cfg.model.get("attention", "sdpa"),
-                                  max_len=self.context, name=self.names["model"])
+        self.engine = engine or Engine.load(
+            self.ckpt.path, self.ckpt.config, self.ckpt.tokenizer, device=self.device, dtype=self.dtype,
+            backend=self.cfg.model.get("attention", "sdpa"), max_len=self.context, name=self.names["model"])
         if self.compile is not None:
             self.engine.enable_compile(self.compile)
             self.engine.cache(self._run_slots())  # allocated once: every sample reuses the compiled graphs
         load_s = time.perf_counter() - t_load
+        self.n_params = sum(p.numel() for p in self.engine.model.parameters())  # tied embeddings counted once
         self.env = environment(self.device)
         self.eos = () if self.bench.ignore_eos else self.engine.eos_ids
         self.method.setup(self.engine)
         self.reference.setup(self.engine)
         self.clock, self.memory = SyncClock(self.device), PeakMemory(self.device)
-        self.store = ReferenceStore(self.bench.reference_dir if self.bench.reuse_reference else None)
+        self.store = ReferenceStore(self.bench.reference_dir)  # always written; read for reuse when asked
         records = RecordWriter(self.run_dir)
+        if records.repairs:
+            print(f"records repaired in {self.run_dir}: " + "; ".join(records.repairs), file=sys.stderr, flush=True)
+        self.reuse_refused: dict = {"n": 0, "examples": []}  # stored timings bench.reuse_reference could not use
         logger = WandbLogger(self.cfg, self.run_dir, "/".join(self.names.values()))
+        machine = {"threads": self.machine["threads"], "load_start": self.machine["load"],
+                   "cpu_name": cpu_name(), "cpu_count": self.machine["cpu_count"],
+                   "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+                   "gpu_others_mb": self.machine["gpu_others_mb"], "busy_warning": self.busy}
+        if getattr(logger, "run", None) is not None:
+            logger.run.config.update({"machine": machine}, allow_val_change=True)
         OmegaConf.save(self.cfg, self.run_dir / "config.yaml", resolve=True)
         before = compile_stats()
         warmup_s = self._warmup()
         self.warm_compile = {k: v - before[k] for k, v in compile_stats().items()}
         done = records.done
-        bar = tqdm(self.samples, desc=f"{self.names['method']} on {self.names['task']}", file=sys.stderr,
-                   disable=not self.bench.progress)
-        for sample in bar:
+        bar = progress or tqdm(total=len(self.samples), desc=f"{self.names['method']} on {self.names['task']}",
+                               file=sys.stderr, disable=not self.bench.progress)
+        for sample in self.samples:
             self._run_sample(sample, records, done, logger)
             s = summarize(records.rows)
+            bar.update(1)
             bar.set_postfix(tau=f"{s.get('tau', 0):.2f}", speedup=f"{s.get('speedup', math.nan):.2f}")
+        if progress is None:
+            bar.close()
+        problems = records.check(self._expected_keys())
         records.close()
+        if records.repairs or problems:
+            print(f"records check of {self.run_dir}: "
+                  + (f"repaired on resume ({'; '.join(records.repairs)}); " if records.repairs else "")
+                  + ("; ".join(problems) if problems else
+                     f"now consistent ({len(records.rows)} rows, {len(records.outputs)} outputs)"),
+                  file=sys.stderr, flush=True)
         summary = self._summary(records.rows, warmup_s, load_s)
+        summary.update(machine, load_end=load_average(), repaired=records.repairs, records_check=problems or "ok",
+                       ref_reuse_refused=self.reuse_refused)
+        if self.reuse_refused["n"]:
+            print(f"note: {self.reuse_refused['n']} stored reference timings were not reused and were timed again "
+                  f"beside the method ({self.reuse_refused['examples'][0]})", file=sys.stderr, flush=True)
+        if summary.get("ref_sources", {}).get("stored"):
+            print(f"warning: {summary['ref_sources']['stored']} rows use a stored reference timing "
+                  "(bench.reuse_reference=true), not one taken beside the method", file=sys.stderr, flush=True)
         summary.update(compile=asdict(self.compile) if self.compile else None, step_attention=self.engine.step_backend,
                        compile_s=self.warm_compile["compile_s"], compiled_graphs=self.warm_compile["graphs"])
         summary["accept_hist"] = accept_histogram(o["accept_lengths"] for o in records.outputs.values())
+        summary["alpha"] = draft_acceptance(o.get("extras") for o in records.outputs.values())
         write_json_atomic(self.run_dir / "summary.json", summary)
         logger.finish(records.rows, summary)
-        print_summary(summary, self.cfg.model.get("tiny") is not None)
+        if report:
+            print_summary(summary, self.ckpt.random)
         return summary
 
     def _warmup(self) -> float:
@@ -155,12 +203,17 @@ class Runner:
         self.clock.stop()
         return self.clock.total_s
 
+    def _expected_keys(self) -> set[tuple[str, int, int]]:
+        return {(str(s.id), t, r) for s in self.samples for t in range(len(s.turns)) for r in range(self.bench.repeats)}
+
     def _run_sample(self, sample, records: RecordWriter, done: set, logger: WandbLogger) -> None:
+        """Every turn and repeat of ``sample`` that is not on record yet (a resumed run fills exactly the gaps)."""
         answers: list[str] = []
         for turn in range(len(sample.turns)):
             keys = [(str(sample.id), turn, r) for r in range(self.bench.repeats)]
             if all(k in done for k in keys) and records.output(sample.id, turn) is None:
-                return  # this turn failed in an earlier run: its later turns were recorded as skipped
+                self._skip_later(sample, turn, records, done)  # failed in an earlier run
+                return
             try:
                 prompt = self.task.prompt_ids(self.engine.tokenizer, sample, turn, answers)
             except Exception as exc:  # noqa: BLE001 - a bad sample must not stop the sweep
@@ -170,8 +223,7 @@ class Runner:
                 if key in done:
                     continue
                 if prompt is None:
-                    row = self._failed_row(sample, turn, key[2], error)
-                    records.write(row)
+                    records.write(self._failed_row(sample, turn, key[2], error))
                     continue
                 try:
                     row, output, ref = self._measure(sample, turn, key[2], prompt, ref)
@@ -183,12 +235,15 @@ class Runner:
                 logger.log_row(row)
             previous = records.output(sample.id, turn)
             if previous is None:  # failed: later turns cannot be built
-                for later in range(turn + 1, len(sample.turns)):
-                    for r in range(self.bench.repeats):
-                        if (str(sample.id), later, r) not in done:
-                            records.write(self._failed_row(sample, later, r, f"skipped: turn {turn} failed"))
+                self._skip_later(sample, turn, records, done)
                 return
             answers.append(previous["text"])
+
+    def _skip_later(self, sample, turn: int, records: RecordWriter, done: set) -> None:
+        for later in range(turn + 1, len(sample.turns)):
+            for r in range(self.bench.repeats):
+                if (str(sample.id), later, r) not in done:
+                    records.write(self._failed_row(sample, later, r, f"skipped: turn {turn} failed"))
 
     def _generate(self, decoder, prompt, budget, seed_index):
         seed_everything(self.bench.seed * 1_000_003 + seed_index)  # methods with their own randomness (stream init)
@@ -214,19 +269,17 @@ class Runner:
         seed_index = int(hashlib.sha1(f"{sample.id}/{turn}".encode()).hexdigest()[:8], 16)
         key = self._reference_key(prompt, budget)
         graphs = compile_stats()["graphs"]
-        ref = ref or self.store.get(key)
-        ref_source = "stored"
-        if ref is None or len(ref["total_s"]) <= repeat:  # interleave: reference right before the method
+        ref = ref or self._stored_reference(key)
+        if ref.get("stored_ok"):  # bench.reuse_reference=true and the stored timing passed timing_reusable
+            ref_total, ref_decode, ref_source = _median(ref["total_s"]), _median(ref["decode_s"]), "stored"
+        else:  # interleaved: the reference runs right before the method, in this process, every repeat
             gen_ref, t_ref = self._generate(self.reference, prompt, budget, seed_index)
-            ref = ref or {"tokens": gen_ref.tokens, "total_s": [], "decode_s": [], "device": self.env["device_name"]}
+            ref["tokens"] = gen_ref.tokens  # this run's own reference tokens decide exact_match
             ref["total_s"].append(t_ref["total_s"])
             ref["decode_s"].append(t_ref["decode_s"])
             ref_total, ref_decode, ref_source = t_ref["total_s"], t_ref["decode_s"], "interleaved"
             if len(ref["total_s"]) >= self.bench.repeats:
-                self.store.put(key, ref)
-        else:
-            ref_total = sorted(ref["total_s"])[len(ref["total_s"]) // 2]
-            ref_decode = sorted(ref["decode_s"])[len(ref["decode_s"]) // 2]
+                self._store_reference(key, ref)
         gen, t = self._generate(self.method, prompt, budget, seed_index)
         peak = self.memory.peak_mb(self.engine, gen.extras)
         greedy = self.sampling.greedy
@@ -239,12 +292,37 @@ class Runner:
             "ref_new_tokens": len(ref["tokens"]), "ref_total_s": ref_total, "ref_decode_s": ref_decode,
             "speedup": ref_total / t["total_s"], "exact_match": (mismatch == -1) if greedy else "",
             "first_mismatch": mismatch if greedy else "", "ref_source": ref_source, "seed": seed_index,
-            "compiles": compile_stats()["graphs"] - graphs, "status": "ok",
+            "compiles": compile_stats()["graphs"] - graphs, "threads": torch.get_num_threads(),
+            "load": load_average(), "status": "ok",
         }
         output = {"sample_id": str(sample.id), "turn": turn, "prompt_tokens": len(prompt), "tokens": gen.tokens,
                   "text": self.engine.tokenizer.decode(gen.tokens, skip_special_tokens=True),
                   "accept_lengths": gen.accept_lengths, "extras": gen.extras}
         return row, output, ref
+
+    def _stored_reference(self, key: str) -> dict:
+        """The reference state of one (sample, turn): a stored timing when it may be reused, else a fresh one."""
+        fresh = {"tokens": None, "total_s": [], "decode_s": [], "stored": self.store.get(key)}
+        stored = fresh["stored"]
+        if not self.bench.reuse_reference or stored is None:
+            return fresh
+        ok, why = timing_reusable(stored, self.bench.get("max_spread", 1.5), self.bench.get("busy_load", 0.75))
+        if not ok:
+            self.reuse_refused["n"] += 1
+            self.reuse_refused["examples"] = (self.reuse_refused["examples"] + [why])[:3]
+            return fresh
+        return {**stored, "stored_ok": True}
+
+    def _store_reference(self, key: str, ref: dict) -> None:
+        """Store this run's reference when it is at least as good as what the store holds."""
+        old = ref.get("stored")
+        keep_old = old is not None and len(old.get("total_s", [])) > len(ref["total_s"]) and timing_reusable(
+            old, self.bench.get("max_spread", 1.5), self.bench.get("busy_load", 0.75))[0]
+        if not keep_old:
+            self.store.put(key, {"tokens": ref["tokens"], "total_s": ref["total_s"], "decode_s": ref["decode_s"],
+                                 "device": self.env["device_name"], "load": load_average(),
+                                 "cpu_count": self.machine["cpu_count"], "threads": torch.get_num_threads(),
+                                 "time": time.time()})
 
     def _base_row(self, sample, turn, repeat) -> dict:
         return {"sample_id": str(sample.id), "turn": turn, "repeat": repeat, "category": sample.category,
@@ -257,10 +335,16 @@ class Runner:
         return {**self._base_row(sample, turn, repeat), "prompt_tokens": prompt_tokens, "status": error}
 
     def _summary(self, rows, warmup_s: float, load_s: float) -> dict:
-        return {**self.names, **summarize(rows), "dtype": self.dtype, **self.env,
+        return {**self.names, **summarize(rows, self.bench.get("max_spread", 1.5), self.bench.get("bootstrap", 1000)),
+                "dtype": self.dtype, **self.env,
                 "attention": self.engine.backend, "repeats": self.bench.repeats, "warmup_s": warmup_s,
                 "load_s": load_s, "sampling": asdict(self.sampling), "ignore_eos": bool(self.bench.ignore_eos),
-                "random_model": self.cfg.model.get("tiny") is not None, "run_dir": str(self.run_dir)}
+                "random_model": self.ckpt.random, "checkpoint": self.ckpt.source, "n_params": self.n_params,
+                "run_dir": str(self.run_dir), **summary_fields(self.method, self.cost_curve, rows)}
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
 
 
 def seed_everything(seed: int) -> None:
@@ -271,16 +355,33 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def format_params(n: int) -> str:
+    """A parameter count as people write it: 135.0M, 8.03B (and the exact number)."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g}{unit} ({n:,})"
+    return str(n)
+
+
 def print_summary(summary: dict, random_model: bool) -> None:
-    keys = ["model", "method", "task", "n_samples", "n_turns", "n_failed", "new_tokens", "tau", "tau_request",
-            "tokens_per_s", "speedup", "speedup_mean", "speedup_min", "speedup_max", "peak_mem_mb",
-            "exact_match_rate", "dtype", "device_name", "warmup_s", "compile_s", "run_dir"]
+    """The end-of-run block: which checkpoint was loaded (path or hub id, parameter count, dtype), then the
+    metrics."""
+    keys = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples", "n_turns", "n_failed",
+            "new_tokens", "tau", "tau_request", "tokens_per_forward", "break_even_tau", "tokens_per_s", "speedup",
+            "speedup_mean", "speedup_min", "speedup_max", "speedup_ci95", "n_flagged", "peak_mem_mb",
+            "exact_match_rate", "device_name", "threads", "load_start", "warmup_s", "compile_s", "run_dir"]
     width = max(map(len, keys))
     lines = ["", "== fafo-bench summary =="]
     for k in keys:
         v = summary.get(k)
         if v is None:
             continue
+        if k == "n_params":
+            v = format_params(v)
+        if k == "speedup_ci95":
+            v = f"[{v[0]:.3f}, {v[1]:.3f}] (bootstrap over samples)"
+        if k == "n_flagged" and v:
+            v = f"{v} (repeats disagree by > bench.max_spread: {', '.join(summary.get('flagged', [])[:5])})"
         lines.append(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
     if random_model:
         lines.append(RANDOM_MODEL_NOTE)

@@ -29,6 +29,7 @@ class WandbLogger:
             project=cfg.wandb.project, entity=cfg.wandb.get("entity"), group=cfg.wandb.get("group"),
             name=run_name, mode=mode, dir=str(run_dir), reinit="finish_previous",
             config=OmegaConf.to_container(cfg, resolve=True), tags=list(cfg.wandb.get("tags") or []),
+            settings=wandb.Settings(silent=mode == "offline"),  # offline: no console chatter (the run dir says where)
         )
 
     def log_row(self, row: dict) -> None:
