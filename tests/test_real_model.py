@@ -38,7 +38,11 @@ def demo_cfg(*overrides):
 
 @pytest.fixture(scope="module")
 def real_engine():
-    return Engine.from_pretrained(str(gguf_checkpoint(SMOLLM2)))
+    """The real model, run on every core while these tests last (conftest pins 1 thread for tiny models)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    yield Engine.from_pretrained(str(gguf_checkpoint(SMOLLM2)))
+    torch.set_num_threads(threads)
 
 
 def builtin_prompts(engine, ids):
