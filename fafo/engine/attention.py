@@ -121,6 +121,13 @@ def _prefix_mask(plan: AttentionPlan, device) -> torch.Tensor | None:
     return torch.arange(plan.prefix, device=device)[None, :] < plan.prefix_lens[:, None]  # [Q, P]
 
 
+def prefill_attention(q, k_step, v_step, plan: AttentionPlan, scale: float):
+    """A step with no cached prefix (prefill): one fused SDPA call over its own tokens, nothing to merge."""
+    return F.scaled_dot_product_attention(q, k_step, v_step, attn_mask=plan.step_mask,
+                                          is_causal=plan.step_mask is None, scale=scale,
+                                          enable_gqa=q.shape[1] != k_step.shape[1])
+
+
 def dense_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float, query_chunk=1024):
     """Reference backend (``dense``): exact float32 maths with dense masks, the yardstick of the fast paths.
 
@@ -128,11 +135,8 @@ def dense_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sc
     """
     B, Hq, Q, D = q.shape
     Hkv = k_step.shape[1]
-    if plan.prefix == 0:  # prefill: one fused SDPA call, nothing to merge
-        return F.scaled_dot_product_attention(
-            q, k_step, v_step, attn_mask=plan.step_mask, is_causal=plan.step_mask is None,
-            scale=scale, enable_gqa=Hq != Hkv,
-        )
+    if plan.prefix == 0:
+        return prefill_attention(q, k_step, v_step, plan, scale)
     step_mask = plan.step_mask
     if step_mask is None:
         step_mask = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
@@ -163,12 +167,8 @@ def sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sca
     q: [B, Hq, Q, D]; k_cache/v_cache: [B, Hkv, S, D]; k_step/v_step: [B, Hkv, Q, D] -> [B, Hq, Q, D].
     """
     B, Hq, Q, D = q.shape
-    Hkv = k_step.shape[1]
-    if plan.prefix == 0:  # prefill: one fused SDPA call, nothing to merge
-        return F.scaled_dot_product_attention(
-            q, k_step, v_step, attn_mask=plan.step_mask, is_causal=plan.step_mask is None,
-            scale=scale, enable_gqa=Hq != Hkv,
-        )
+    if plan.prefix == 0:
+        return prefill_attention(q, k_step, v_step, plan, scale)
     if plan.prefix_lens is not None:  # per-query prefix lengths: no decoder's hot path, the exact maths
         return dense_attention(q, k_cache, v_cache, k_step, v_step, plan, scale)
     prefix = plan.prefix if plan.prefix_live is None else plan.prefix_live.shape[0]
