@@ -313,3 +313,16 @@ def test_draft_trained_on_the_real_models_own_generations_is_accepted(tmp_path):
     assert exact and held_exact
     assert tau > 1.3
     assert method.layer.self_attn.n_heads == 9 and method._loaded[2].k.shape[2] == 512
+
+
+@pytest.mark.parametrize("model", ["llama_gqa", "qwen2_gqa_rep"])
+def test_longspec_chain_config_is_token_identical_with_a_trained_draft(model, engine, trained, tmp_path):
+    """`method=longspec_chain` composed as a user types it (draft path given): a chain of gamma drafts, exact."""
+    from fafo.bench.setup import build, method_node
+    from tests.test_runner import make_cfg
+
+    cfg = make_cfg(tmp_path, "method=longspec_chain", f"method.draft.path={trained(model)}", "method.window=16")
+    method = build(method_node(cfg.method), "method")
+    assert (method.mode, method.gamma) == ("chain", 4)
+    taus = assert_lossless(method, engine(model), 40)
+    assert min(taus) > 1.5, taus  # the chain is accepted, so its KV compaction runs
