@@ -157,14 +157,10 @@ def body(table: GenericTable) -> list[list[str]]:
 
 
 def to_markdown(table: GenericTable) -> str:
-    head = header(table)
-    out = [f"### {table.title}", "", "| " + " | ".join(head) + " |",
-           "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
-    out += ["| " + " | ".join(line) + " |" for line in body(table)]
     notes = ["cells: speedup over vanilla × (tau, tokens per target forward); Exact: exact-match rate over the "
              "row's (sample, turn)s; Peak MB: max over the row's runs; tok/s: the row's new tokens / total time.",
              *table.notes]
-    return "\n".join(out + [""] + [f"- {n}" for n in notes]) + "\n"
+    return mt.markdown(table.title, header(table), body(table), notes)
 
 
 def to_latex(table: GenericTable) -> str:

@@ -413,13 +413,16 @@ def footnotes(table: Table) -> list[str]:
     return notes
 
 
-def to_markdown(table: Table) -> str:
-    head = header(table)
-    out = [f"### {table.title}", "", "| " + " | ".join(head) + " |",
+def markdown(title: str, head: list[str], lines, notes) -> str:
+    """A Markdown table: two left-aligned label columns, the rest right-aligned, then one bullet per note."""
+    out = [f"### {title}", "", "| " + " | ".join(head) + " |",
            "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
-    out += ["| " + " | ".join(line) + " |" for line in body(table)]
-    out += [""] + [f"- {n}" for n in footnotes(table)]
-    return "\n".join(out) + "\n"
+    out += ["| " + " | ".join(line) + " |" for line in lines]
+    return "\n".join(out + [""] + [f"- {n}" for n in notes]) + "\n"
+
+
+def to_markdown(table: Table) -> str:
+    return markdown(table.title, header(table), body(table), footnotes(table))
 
 
 def _tex(s: str) -> str:
