@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 
 from baselines.longspec_draft import (WindowCache, check_shapes, load_draft, new_draft, read_draft_config,
                                      resolve_draft, window_mask)
-from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
@@ -133,41 +133,9 @@ class LongSpecDecoder(Decoder):
     @torch.no_grad()  # not inference_mode: the engine caches masks by version counter
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        clock = clock or NullClock()
         self.setup(engine)
-        _, layer, ring = self._loaded
-        samp = sampling if sampling is not None and not sampling.greedy else None
-        P = len(prompt_ids)
-        cache = engine.cache(P + max_new_tokens + self.extra_slots(max_new_tokens))
-        last = engine.prefill(cache, prompt_ids)[0, -1]
-        cur = int(last.argmax()) if samp is None else int(samp.select(last, generator, prompt_ids))
-        # the draft's prompt "prefill": k/v of the last `window` prompt tokens (nothing else is ever read)
-        ring.reset()
-        start = max(0, P - self.window)
-        self._commit(engine, ring, prompt_ids[start:], start)
-        clock.mark("prefill")
-        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
-        N, catch = P, [cur]  # committed target KV entries; tokens at positions N-len(catch)+1..N not in the ring
-        accept_lengths: list[int] = []
-        draft_forwards = 0
-        size = self.tree_size
-        while not finished:
-            tree, ck, cv, n_fwd = self._draft_tree(engine, layer, ring, cache, catch, N)
-            draft_forwards += n_fwd
-            self._commit_kv(ring, ck, cv, N - len(catch) + 1, N, engine.device)
-            pad = size if engine.static_shapes else len(tree)
-            if samp is None:
-                path, new = greedy_tree_step(engine, cache, tree, N, pad)
-            else:
-                hist = list(prompt_ids) + tokens if samp.uses_history else None
-                path, new = sampled_tree_step(engine, cache, tree, N, samp, generator, hist, pad)
-            N += len(new)
-            catch = new
-            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
-            accept_lengths.append(len(tokens) - 1 - sum(accept_lengths))
-        extras = {"draft_forwards": draft_forwards, "draft_window_entries": int((ring.pos >= 0).sum()),
-                  "buffer_bytes": ring.nbytes + sum(p.numel() * p.element_size() for p in layer.parameters())}
-        return Generation(tokens, accept_lengths, len(accept_lengths), extras)
+        state = _LongSpecState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
 
     # ------------------------------------------------------------------------------------------------ drafting
     def _embed(self, engine: Engine, ids, positions: torch.Tensor):
@@ -234,3 +202,55 @@ class LongSpecDecoder(Decoder):
 def ring_cat(parts: list[torch.Tensor]) -> torch.Tensor:
     """Concatenate key blocks along the sequence axis ([1, Hkv, *, D])."""
     return torch.cat(parts, dim=2)
+
+
+class _LongSpecState(StepState):
+    """One generation: the target's full cache, the draft's window ring, a beam tree per step."""
+
+    def __init__(self, cfg: LongSpecDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
+                 sampling: Sampling | None, generator):
+        self.cfg, self.engine, self.generator = cfg, engine, generator
+        _, self.layer, self.ring = cfg._loaded
+        self.samp = sampling if sampling is not None and not sampling.greedy else None
+        self.prompt = list(prompt_ids)
+        self.cache = engine.cache(len(self.prompt) + max_new_tokens + cfg.extra_slots(max_new_tokens))
+        self.draft_forwards = 0
+
+    def prefill(self) -> int:
+        cfg, P = self.cfg, len(self.prompt)
+        last = self.engine.prefill(self.cache, self.prompt)[0, -1]
+        samp = self.samp
+        cur = int(last.argmax()) if samp is None else int(samp.select(last, self.generator, self.prompt))
+        # the draft's prompt "prefill": k/v of the last `window` prompt tokens (nothing else is ever read)
+        self.ring.reset()
+        start = max(0, P - cfg.window)
+        cfg._commit(self.engine, self.ring, self.prompt[start:], start)
+        self.N, self.catch = P, [cur]  # committed target KV; tokens at N-len(catch)+1..N not in the ring yet
+        self.committed = [cur]
+        return cur
+
+    def step(self, remaining: int) -> Step:
+        cfg, engine, N, catch = self.cfg, self.engine, self.N, self.catch
+        tree, ck, cv, n_fwd = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N)
+        self.draft_forwards += n_fwd
+        cfg._commit_kv(self.ring, ck, cv, N - len(catch) + 1, N, engine.device)
+        pad = cfg.tree_size if engine.static_shapes else len(tree)
+        if self.samp is None:
+            path, new = greedy_tree_step(engine, self.cache, tree, N, pad)
+        else:
+            hist = self.prompt + self.committed if self.samp.uses_history else None
+            path, new = sampled_tree_step(engine, self.cache, tree, N, self.samp, self.generator, hist, pad)
+        self.N += len(new)
+        self.catch = new
+        self.committed += new
+        return Step(new, len(tree) - 1)
+
+    def draft_model(self) -> tuple[int, int]:
+        """The draft layer's tree forwards (it reads the target's embedding and LM head too; only the layer's own
+        parameters are counted here)."""
+        return self.draft_forwards, sum(p.numel() for p in self.layer.parameters())
+
+    def extras(self) -> dict:
+        ring, layer = self.ring, self.layer
+        return {"draft_window_entries": int((ring.pos >= 0).sum()),
+                "buffer_bytes": ring.nbytes + sum(p.numel() * p.element_size() for p in layer.parameters())}

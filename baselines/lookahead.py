@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan, step_block_mask
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
@@ -176,21 +176,8 @@ class LookaheadDecoder(Decoder):
 
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        clock = clock or NullClock()
         state = LookaheadState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
-        cur = state.prefill()
-        clock.mark("prefill")
-        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
-        accept_lengths: list[int] = []
-        while not finished:
-            new, kv_rows = state.step()
-            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
-            accept_lengths.append(len(tokens) - sum(accept_lengths) - 1)
-            if not finished:
-                state.commit(new, kv_rows)
-        extras = {"pool_entries": len(state.pool), "guesses_verified": state.guesses_verified,
-                  "buffer_bytes": 0}  # the step's scratch slots are inside the cache
-        return Generation(tokens, accept_lengths, len(accept_lengths), extras)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
 
 
 @dataclass
@@ -205,7 +192,7 @@ class _Shape:
     guess_base: int  # row of the first guess token
 
 
-class LookaheadState:
+class LookaheadState(StepState):
     """One generation: the window levels, the pool, the current token and its position."""
 
     def __init__(self, cfg: LookaheadDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
@@ -234,7 +221,7 @@ class LookaheadState:
         dev = self.engine.device
         out = self.engine.forward(self.cache, self.prompt + level0, torch.arange(T + len(level0), device=dev),
                                   torch.arange(T, device=dev), causal_plan(0),
-                                  logits=torch.arange(T - 1, T + len(level0), device=dev))
+                                  logits=torch.arange(T - 1, T + len(level0), device=dev), kind="prefill")
         preds = out[0].argmax(-1).tolist()
         if self.sampling is not None:  # the committed token is sampled; the window's predictions stay argmax
             preds[0] = int(self.sampling.select(out[0, 0], self.generator, self.history))
@@ -257,7 +244,16 @@ class LookaheadState:
             self.shapes[key] = _Shape(mask, bm, rel.to(dev), offsets, rows.to(dev), w)
         return self.shapes[key]
 
-    def step(self) -> tuple[list[int], list[int]]:
+    def extras(self) -> dict:
+        # the step's scratch slots are inside the cache: no buffer beyond it
+        return {"pool_entries": len(self.pool), "guesses_verified": self.guesses_verified, "buffer_bytes": 0}
+
+    def step(self, remaining: int) -> Step:
+        before = self.guesses_verified
+        new, kv_rows = self._step()
+        return Step(new, (self.guesses_verified - before) * (self.n - 1), kv_rows)
+
+    def _step(self) -> tuple[list[int], list[int]]:
         """One forward; returns the committed tokens and the step rows whose KV must be kept after the current
         token's (the accepted guess tokens').
 
@@ -323,8 +319,9 @@ class LookaheadState:
         self.levels = [levels[1][1:], *levels[2:], top]
         return new, [s.guess_base + best * k + t for t in range(len(new) - 1)]
 
-    def commit(self, new: list[int], kv_rows: list[int]) -> None:
+    def commit(self, step: Step) -> None:
         """The current token's KV is already at slot P; move the accepted guess tokens' KV next to it."""
+        new, kv_rows = step.tokens, step.kv
         if kv_rows:
             src = torch.tensor(kv_rows) + self.P
             dst = torch.arange(self.P + 1, self.P + 1 + len(kv_rows))

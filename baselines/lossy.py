@@ -15,7 +15,7 @@ import torch
 
 from fafo.compress.base import Compression, FixedRegion
 from fafo.compress.stream import StreamingLLM
-from fafo.decoding import Clock, Decoder, Generation, NullClock
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
@@ -37,27 +37,38 @@ class LossyDecoder(Decoder):
 
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        sampling, clock = sampling or GREEDY, clock or NullClock()
-        T = len(prompt_ids)
-        capacity = T + max_new_tokens
-        cache = engine.cache(capacity + 1)
-        region = FixedRegion(cache, self.compress, capacity)
+        state = _LossyState(self.compress, engine, prompt_ids, max_new_tokens, sampling or GREEDY, generator)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
+
+
+class _LossyState(StepState):
+    def __init__(self, compress: Compression, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
+                 sampling: Sampling, generator):
+        self.compress, self.engine, self.sampling, self.generator = compress, engine, sampling, generator
+        self.prompt = prompt_ids
+        capacity = len(prompt_ids) + max_new_tokens
+        self.cache = engine.cache(capacity + 1)
+        self.region = FixedRegion(self.cache, compress, capacity)
+        self.scratch = torch.tensor([capacity])
+        self.rows = torch.zeros(1, dtype=torch.long) if compress.wants_decode_query else None
+
+    def prefill(self) -> int:
+        T = len(self.prompt)
         plan = causal_plan(0)
         plan.capture_rows = self.compress.prefill_query_rows(T)
-        logits = engine.forward(cache, prompt_ids, torch.arange(T), torch.arange(T), plan, logits="last")
-        region.prefill(T, plan.captured or None)
-        token = int(sampling.select(logits[0, -1], generator))
-        clock.mark("prefill")
-        tokens = [token]
-        scratch = torch.tensor([capacity])
-        rows = torch.zeros(1, dtype=torch.long) if self.compress.wants_decode_query else None
-        while len(tokens) < max_new_tokens and token not in eos_ids:
-            plan = AttentionPlan(prefix=region.n, region_from=0, region_len=region.region_len,
-                                 region_capacity=min(self.compress.budget, cache.max_len),
-                                 dense_layers=self.compress.dense(), capture_rows=rows)
-            logits = engine.forward(cache, [token], [region.n], scratch, plan, logits="last")
-            token = int(sampling.select(logits[0, -1], generator))
-            tokens.append(token)
-            region.commit(scratch, plan.captured or None)
-        n_forwards = len(tokens) - 1
-        return Generation(tokens, [1] * n_forwards, n_forwards)
+        logits = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan, logits="last",
+                                     kind="prefill")
+        self.region.prefill(T, plan.captured or None)
+        self.cur = int(self.sampling.select(logits[0, -1], self.generator))
+        return self.cur
+
+    def step(self, remaining: int) -> Step:
+        plan = AttentionPlan(prefix=self.region.n, region_from=0, region_len=self.region.region_len,
+                             region_capacity=min(self.compress.budget, self.cache.max_len),
+                             dense_layers=self.compress.dense(), capture_rows=self.rows)
+        logits = self.engine.forward(self.cache, [self.cur], [self.region.n], self.scratch, plan, logits="last")
+        return Step([int(self.sampling.select(logits[0, -1], self.generator))], kv=plan.captured or None)
+
+    def commit(self, step: Step) -> None:
+        self.region.commit(self.scratch, step.kv)
+        self.cur = step.tokens[0]

@@ -31,10 +31,10 @@ Choices where the paper is silent or this harness differs (documented in place):
 * With ``target: int8kv`` the engine's shared full-precision cache is released when steps are not compiled, so
   the counted (CPU) and allocated (CUDA) peak memory is this method's own.
 
-``extras``: ``alpha`` (per-token acceptance: accepted / drafted, the paper's "acceptance rate"), ``draft_forwards``,
-``drafted``, ``accepted``, ``kv_bytes`` (KV storage: planes + buffer, or the full cache + planes for fp16),
-``weight_bytes`` (4-bit draft MLPs), ``buffer_bytes`` (what the runner adds to the engine's cache for peak
-memory), ``fp_tokens_min`` / ``fp_tokens_max`` (committed full-precision tokens after each commit).
+The INT4 passes are the target's self-drafts (``Generation.forwards.draft``); ``Generation.drafted`` /
+``accepted`` give alpha (the paper's "acceptance rate", ``accept_rate`` in the summary). ``extras``:
+``kv_bytes`` (KV storage: planes + buffer, or the full cache + planes for fp16), ``weight_bytes`` (4-bit draft
+MLPs), ``buffer_bytes`` (what the runner adds to the engine's cache for peak memory), ``fp_tokens_min`` / ``fp_tokens_max`` (committed full-precision tokens after each commit).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from baselines.quantspec_cache import Int4MLP, QuantKVCache, quantized_count, swapped_mlps
-from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
@@ -147,85 +147,89 @@ class QuantSpecDecoder(Decoder):
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         if sampling is not None:
             self.check_sampling(sampling)
-        clock = clock or NullClock()
-        prompt = list(prompt_ids)
-        N = len(prompt)
-        capacity = N + max_new_tokens + self.extra_slots(max_new_tokens)
+        capacity = len(prompt_ids) + max_new_tokens + self.extra_slots(max_new_tokens)
         full = None
         if self.target == "fp16":
             full = engine.cache(capacity)
         elif engine.compiled is None:
             engine._cache = None  # not used: release it, so peak memory is this method's own
-        kv = self._cache(engine, capacity, full)
-        mlps = self._draft_mlps(engine)
-        stats = {"draft_forwards": 0, "drafted": 0, "accepted": 0, "fp_min": None, "fp_max": None}
+        state = _QuantSpecState(self, engine, prompt_ids, self._cache(engine, capacity, full), eos_ids)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
 
-        def track(n):  # committed full-precision tokens
-            fp = n - kv.nq
-            stats["fp_min"] = fp if stats["fp_min"] is None else min(stats["fp_min"], fp)
-            stats["fp_max"] = fp if stats["fp_max"] is None else max(stats["fp_max"], fp)
 
-        # prefill (full-precision attention), then the prompt's KV goes to the planes and the buffer
+class _QuantSpecState(StepState):
+    """One generation: the hierarchical cache (and the full one for ``target: fp16``), the INT4 draft MLPs."""
+
+    def __init__(self, cfg: QuantSpecDecoder, engine: Engine, prompt_ids: list[int], kv: QuantKVCache, eos_ids):
+        self.cfg, self.engine, self.kv, self.eos_ids = cfg, engine, kv, eos_ids
+        self.full = kv.full
+        self.mlps = cfg._draft_mlps(engine)
+        self.prompt = list(prompt_ids)
+        self.N = len(self.prompt)  # committed tokens with KV; cur sits at position N
+        self.fp_min = self.fp_max = None
+
+    def _track(self) -> None:  # committed full-precision tokens
+        fp = self.N - self.kv.nq
+        self.fp_min = fp if self.fp_min is None else min(self.fp_min, fp)
+        self.fp_max = fp if self.fp_max is None else max(self.fp_max, fp)
+
+    def _verify_cache(self):
+        if self.full is not None:
+            return self.full
+        self.kv.view = "int8"
+        return self.kv
+
+    def prefill(self) -> int:
+        """Full-precision attention over the prompt, then its KV goes to the planes and the buffer."""
+        N, prompt = self.N, self.prompt
         idx = list(range(N))
-        kv.prefill_to(N)
-        if full is not None:
-            logits = engine.forward(full, prompt, idx, idx, causal_plan(0), logits="last", eager=True)
-            kv.quantize_full_prefix()
-        else:
-            kv.view = "int8"
-            logits = engine.forward(kv, prompt, idx, idx, causal_plan(0), logits="last", eager=True)
-        cur = int(logits[0, -1].argmax())
-        clock.mark("prefill")
-        track(N)
-        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
-        accept_lengths: list[int] = []
-        while not finished:
-            want = min(self.gamma, max_new_tokens - len(tokens) - 1)  # drafts past the budget would be cut
-            drafts: list[int] = []
-            if want > 0:
-                kv.view = "int4"
-                with swapped_mlps(engine.model, mlps):
-                    t = cur
-                    while len(drafts) < want and t not in eos_ids:
-                        p = N + len(drafts)  # the draft writes its own KV to scratch slot p (verify rewrites it)
-                        out = engine.forward(kv, [t], [p], [p], causal_plan(p), logits="last", eager=True)
-                        t = int(out[0, -1].argmax())
-                        drafts.append(t)
-                stats["draft_forwards"] += len(drafts)
-            feed = [cur] + drafts
-            pos = list(range(N, N + len(feed)))
-            if full is not None:
-                out = engine.forward(full, feed, pos, pos, causal_plan(N), logits="all", eager=True)
-            else:
-                kv.view = "int8"
-                out = engine.forward(kv, feed, pos, pos, causal_plan(N), logits="all", eager=True)
-            y = out[0].argmax(-1).tolist()
-            a = 0
-            while a < len(drafts) and drafts[a] == y[a]:
-                a += 1
-            stats["drafted"] += len(drafts)
-            stats["accepted"] += a
-            new = drafts[:a] + [y[a]]
-            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
-            accept_lengths.append(len(tokens) - sum(accept_lengths) - 1)
-            if not finished:  # [cur | accepted drafts] now have final KV; rejected drafts' slots are scratch
-                N += a + 1
-                cur = new[-1]
-                kv.advance(N)
-                track(N)
-        return Generation(tokens, accept_lengths, len(accept_lengths), self._extras(engine, kv, mlps, stats))
+        self.kv.prefill_to(N)
+        logits = self.engine.forward(self._verify_cache(), prompt, idx, idx, causal_plan(0), logits="last",
+                                     eager=True, kind="prefill")
+        if self.full is not None:
+            self.kv.quantize_full_prefix()
+        self.cur = int(logits[0, -1].argmax())
+        self._track()
+        return self.cur
 
-    def _extras(self, engine: Engine, kv: QuantKVCache, mlps, stats: dict) -> dict:
+    def step(self, remaining: int) -> Step:
+        """Up to gamma INT4 self-drafts (drafts past the budget would be cut), then one verification."""
+        engine, kv, N = self.engine, self.kv, self.N
+        want = min(self.cfg.gamma, remaining - 1)
+        drafts: list[int] = []
+        if want > 0:
+            kv.view = "int4"
+            with swapped_mlps(engine.model, self.mlps):
+                t = self.cur
+                while len(drafts) < want and t not in self.eos_ids:
+                    p = N + len(drafts)  # the draft writes its own KV to scratch slot p (verify rewrites it)
+                    out = engine.forward(kv, [t], [p], [p], causal_plan(p), logits="last", eager=True, kind="draft")
+                    t = int(out[0, -1].argmax())
+                    drafts.append(t)
+        feed = [self.cur] + drafts
+        pos = list(range(N, N + len(feed)))
+        out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all", eager=True)
+        y = out[0].argmax(-1).tolist()
+        a = 0
+        while a < len(drafts) and drafts[a] == y[a]:
+            a += 1
+        return Step(drafts[:a] + [y[a]], len(drafts), a)
+
+    def commit(self, step: Step) -> None:
+        """[cur | accepted drafts] now have final KV; rejected drafts' slots are scratch."""
+        self.N += step.kv + 1
+        self.cur = step.tokens[-1]
+        self.kv.advance(self.N)
+        self._track()
+
+    def extras(self) -> dict:
+        kv, mlps = self.kv, self.mlps
         weight_bytes = sum(m.nbytes for m in mlps) if mlps is not None else 0
         full_bytes = kv.full.nbytes if kv.full is not None else 0
         return {
-            "alpha": stats["accepted"] / stats["drafted"] if stats["drafted"] else None,
-            "draft_forwards": stats["draft_forwards"],
-            "drafted": stats["drafted"],
-            "accepted": stats["accepted"],
             "quantized_tokens": kv.nq,
-            "fp_tokens_min": stats["fp_min"],
-            "fp_tokens_max": stats["fp_max"],
+            "fp_tokens_min": self.fp_min,
+            "fp_tokens_max": self.fp_max,
             "kv_bytes": kv.nbytes + full_bytes,
             "weight_bytes": weight_bytes,
             "buffer_bytes": kv.nbytes + weight_bytes,  # the runner adds the engine's cache (fp16: the full one)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar
 
 from baselines.suffix_tree import Draft, SuffixTree
 from baselines.tree_drafting import DraftState, TreeDrafter
@@ -91,6 +92,7 @@ class SuffixDecoder(TreeDrafter):
     min_token_prob: float = 0.1
     tree: bool = True
     max_cached_outputs: int = 128
+    cross_request_state: ClassVar[tuple[str, ...]] = ("global_tree", "_cached", "_next_id")  # official: learnt across requests
 
     def __post_init__(self):
         for name, low in (("max_depth", 2), ("max_spec_tokens", 1), ("max_cached_outputs", 0)):

@@ -49,11 +49,12 @@ Where the official code is silent or broken (our choice):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from baselines.swift_optimizer import LayerSetOptimizer
-from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
@@ -191,6 +192,7 @@ class SwiftDecoder(Decoder):
     attn_skip: list | None = None
     mlp_skip: list | None = None
     seed: int = 2024
+    cross_request_state: ClassVar[tuple[str, ...]] = ("optimizer",)  # official: the search goes on across requests
 
     def __post_init__(self):
         def is_int(v):
@@ -266,64 +268,12 @@ class SwiftDecoder(Decoder):
     # ------------------------------------------------------------------ decoding
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        clock = clock or NullClock()
-        samp = sampling if sampling is not None and not sampling.greedy else None  # None: greedy
         if self.optimizer is None or self._model is not engine.model:  # generate without setup, or a new model
             self.setup(engine)
         elif self.reset_per_sample:
             self.optimizer.reset(self.attn_skip, self.mlp_skip)
-        opt, dev = self.optimizer, engine.device
-        P = len(prompt_ids)
-        cache = engine.cache(P + max_new_tokens + self.extra_slots(max_new_tokens))
-        last = engine.prefill(cache, prompt_ids)[0, -1]
-        cur = int(last.argmax()) if samp is None else int(samp.select(last, generator, prompt_ids))
-        clock.mark("prefill")
-        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
-        history = [cur]  # every generated token, uncut (the optimisation window reads its head)
-        N, step = P, 0  # committed KV entries; cur sits at position N
-        accept_lengths: list[int] = []
-        draft_forwards = opt_forwards = 0
-        while not finished:
-            hist = list(prompt_ids) + history if samp is not None and samp.uses_history else None
-            if samp is None:
-                draft_ids, conf = self._draft(engine, cache, cur, N, N - P, max_new_tokens, opt.skip)
-                widths = tree_widths_for(conf, self.tree_widths, self.topk)
-            else:
-                draft_ids, conf, qs = self._draft(engine, cache, cur, N, N - P, max_new_tokens, opt.skip,
-                                                  samp, generator, hist)
-                widths = [min(w, len(ids)) for w, ids in
-                          zip(tree_widths_for(conf, SAMPLING_TREE_WIDTHS, self.topk), draft_ids)]
-            draft_forwards += len(conf)
-            tree = SwiftTree.build(cur, draft_ids, widths)
-            T = len(tree.tokens)
-            size = self.max_tree(samp is not None) if engine.static_shapes else T  # padded: one shape per run
-            tree_tokens, positions, mask = tree.inputs(N, size, dev)
-            # the KV of node i goes to slot N + i (padding: scratch slots N + T .. N + size - 1)
-            logits = engine.forward(cache, tree_tokens, positions, torch.arange(N, N + size, device=dev),
-                                    AttentionPlan(prefix=N, step_mask=mask), logits="all")[:, :T]
-            if samp is None:
-                preds = logits[0].argmax(-1).tolist()  # the step's host sync
-                path = tree.accept(preds)
-                new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
-            else:
-                path, new = tree.accept_sampled(logits[0], qs, samp, generator, hist)
-            if path and path != list(range(1, len(path) + 1)):
-                dst = torch.arange(N + 1, N + 1 + len(path), device=dev)
-                cache.move(torch.tensor(path, device=dev) + N, dst)
-            N += len(new)  # the root's KV and the accepted nodes'; the bonus token is the next root
-            cur = new[-1]
-            history += new
-            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
-            accept_lengths.append(len(tokens) - 1 - sum(accept_lengths))
-            if (self.optimization and opt.active and N - P > self.context_window + 1
-                    and step % self.opt_interval == 0):
-                cand = opt.propose()
-                opt.update(cand, self._score(engine, cache, history, P, cand))
-                opt_forwards += 1
-            step += 1
-        extras = {"draft_forwards": draft_forwards, "optimisation_forwards": opt_forwards, **opt.state(),
-                  "buffer_bytes": 0}  # scratch lives in the cache
-        return Generation(tokens, accept_lengths, len(accept_lengths), extras)
+        state = _SwiftState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
 
     def _draft(self, engine: Engine, cache, cur: int, N: int, done: int, max_new: int, skip,
                sampling: Sampling | None = None, generator=None, hist=None):
@@ -336,7 +286,7 @@ class SwiftDecoder(Decoder):
         tok = torch.tensor([cur], device=engine.device)
         for s in range(self.max_step_draft):
             pos = N + s  # scratch slot = position; the verification overwrites it
-            logits = engine.forward(cache, tok, [pos], [pos], causal_plan(pos), logits="last", skip=skip)
+            logits = engine.forward(cache, tok, [pos], [pos], causal_plan(pos), logits="last", skip=skip, kind="draft")
             logits = logits[0, -1].float()  # [V]
             if sampling is None:
                 top = logits.topk(self.topk)
@@ -367,6 +317,67 @@ class SwiftDecoder(Decoder):
         assert len(window) == self.context_window + 1
         pos = torch.arange(P, P + len(window), device=engine.device)
         logits = engine.forward(cache, window, pos, None, causal_plan(P), logits="all",
-                                skip=(cand["attn"], cand["mlp"]))
+                                skip=(cand["attn"], cand["mlp"]), kind="aux")
         pred = logits[0, :-1].argmax(-1)
         return float((pred == torch.tensor(window[1:], device=engine.device)).float().mean())
+
+
+class _SwiftState(StepState):
+    """One generation: layer-skipped drafting, tree verification, and the layer-set search between steps."""
+
+    def __init__(self, cfg: SwiftDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
+                 sampling: Sampling | None, generator):
+        self.cfg, self.engine, self.generator = cfg, engine, generator
+        self.samp = sampling if sampling is not None and not sampling.greedy else None  # None: greedy
+        self.prompt, self.max_new = list(prompt_ids), max_new_tokens
+        self.P = len(self.prompt)
+        self.cache = engine.cache(self.P + max_new_tokens + cfg.extra_slots(max_new_tokens))
+        self.N, self.n_steps = self.P, 0  # committed KV entries; cur sits at position N
+
+    def prefill(self) -> int:
+        last = self.engine.prefill(self.cache, self.prompt)[0, -1]
+        samp = self.samp
+        self.cur = int(last.argmax()) if samp is None else int(samp.select(last, self.generator, self.prompt))
+        self.history = [self.cur]  # every generated token, uncut (the optimisation window reads its head)
+        return self.cur
+
+    def step(self, remaining: int) -> Step:
+        cfg, engine, samp, cache, N, cur = self.cfg, self.engine, self.samp, self.cache, self.N, self.cur
+        opt, dev, P = cfg.optimizer, engine.device, self.P
+        hist = self.prompt + self.history if samp is not None and samp.uses_history else None
+        if samp is None:
+            draft_ids, conf = cfg._draft(engine, cache, cur, N, N - P, self.max_new, opt.skip)
+            widths = tree_widths_for(conf, cfg.tree_widths, cfg.topk)
+        else:
+            draft_ids, conf, qs = cfg._draft(engine, cache, cur, N, N - P, self.max_new, opt.skip,
+                                             samp, self.generator, hist)
+            widths = [min(w, len(ids)) for w, ids in
+                      zip(tree_widths_for(conf, SAMPLING_TREE_WIDTHS, cfg.topk), draft_ids)]
+        tree = SwiftTree.build(cur, draft_ids, widths)
+        T = len(tree.tokens)
+        size = cfg.max_tree(samp is not None) if engine.static_shapes else T  # padded: one shape per run
+        tree_tokens, positions, mask = tree.inputs(N, size, dev)
+        # the KV of node i goes to slot N + i (padding: scratch slots N + T .. N + size - 1)
+        logits = engine.forward(cache, tree_tokens, positions, torch.arange(N, N + size, device=dev),
+                                AttentionPlan(prefix=N, step_mask=mask), logits="all")[:, :T]
+        if samp is None:
+            preds = logits[0].argmax(-1).tolist()  # the step's host sync
+            path = tree.accept(preds)
+            new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
+        else:
+            path, new = tree.accept_sampled(logits[0], qs, samp, self.generator, hist)
+        if path and path != list(range(1, len(path) + 1)):
+            dst = torch.arange(N + 1, N + 1 + len(path), device=dev)
+            cache.move(torch.tensor(path, device=dev) + N, dst)
+        self.N += len(new)  # the root's KV and the accepted nodes'; the bonus token is the next root
+        self.cur = new[-1]
+        self.history += new
+        # the official loop optimises after every step whose condition holds, the last one included
+        if cfg.optimization and opt.active and self.N - P > cfg.context_window + 1 and self.n_steps % cfg.opt_interval == 0:
+            cand = opt.propose()
+            opt.update(cand, cfg._score(engine, cache, self.history, P, cand))
+        self.n_steps += 1
+        return Step(new, T - 1)
+
+    def extras(self) -> dict:
+        return {**self.cfg.optimizer.state(), "buffer_bytes": 0}  # scratch lives in the cache

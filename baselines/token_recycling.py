@@ -24,6 +24,7 @@ Sampling: the tree is a set of deterministic guesses, verified exactly (``baseli
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -90,6 +91,7 @@ class TokenRecyclingDecoder(TreeDrafter):
     topk: int = 8
     tree: str = "2.2.2"
     reset_per_sample: bool = False
+    cross_request_state: ClassVar[tuple[str, ...]] = ("adjacency",)  # official: learnt across requests
 
     def __post_init__(self):
         if self.tree not in TEMPLATES:

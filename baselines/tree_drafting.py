@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.engine import Engine
 from fafo.sampling import GREEDY, Sampling
 from fafo.tree import DraftTree, commit_path, verify_tree
@@ -65,38 +65,51 @@ class TreeDrafter(Decoder):
 
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        sampling = sampling or GREEDY
-        clock = clock or NullClock()
-        prompt = list(prompt_ids)
-        cache = engine.cache(len(prompt) + max_new_tokens + self.extra_slots(max_new_tokens))
-        logits = engine.prefill(cache, prompt)
-        first = int(sampling.select(logits[0, -1], generator, prompt if sampling.uses_history else None))
-        clock.mark("prefill")
-        state = self.start(engine, prompt, eos_ids)
-        tokens, finished = truncate_at_stop([first], max_new_tokens, eos_ids)
-        N = len(prompt)  # committed KV entries = the current token's position and slot
-        accept_lengths: list[int] = []
-        drafted = 0
-        while not finished:
-            tree = state.draft(prompt + tokens, max_new_tokens - len(tokens) - 1)
-            drafted += len(tree) - 1
-            size = self.max_tree() if engine.static_shapes else len(tree)
-            out = verify_tree(engine, cache, tree, N, size)
-            if sampling.greedy:
-                preds = out.argmax(-1).tolist()  # the step's one host sync
-                path = tree.accept_greedy(preds)
-                new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
-            else:
-                path, new = tree.accept_sampled(out, sampling, generator, prompt + tokens)
-            commit_path(cache, N, path)
-            state.observe(tree, out, new)
-            N += len(new)
-            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
-            accept_lengths.append(len(tokens) - sum(accept_lengths) - 1)
-        self.finish(state, prompt, tokens)
-        extras = {"drafted_tokens": drafted, "buffer_bytes": self.buffer_bytes()}
-        return Generation(tokens, accept_lengths, len(accept_lengths), extras)
+        state = _TreeState(self, engine, prompt_ids, max_new_tokens, sampling or GREEDY, generator, eos_ids)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
 
     def buffer_bytes(self) -> int:
         """Bytes of the method's own draft structures (added to peak memory on CPU)."""
         return 0
+
+
+class _TreeState(StepState):
+    """One generation of a tree drafter: draft, verify in one forward, commit the accepted path and the bonus."""
+
+    def __init__(self, cfg: TreeDrafter, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
+                 sampling: Sampling, generator, eos_ids):
+        self.cfg, self.engine, self.sampling, self.generator, self.eos_ids = cfg, engine, sampling, generator, eos_ids
+        self.context = list(prompt_ids)  # prompt + committed tokens; context[-1] is the current token
+        self.n_prompt = len(self.context)
+        self.cache = engine.cache(self.n_prompt + max_new_tokens + cfg.extra_slots(max_new_tokens))
+        self.N = self.n_prompt  # committed KV entries = the current token's position and slot
+
+    def prefill(self) -> int:
+        logits = self.engine.prefill(self.cache, self.context)
+        history = self.context if self.sampling.uses_history else None
+        first = int(self.sampling.select(logits[0, -1], self.generator, history))
+        self.drafter = self.cfg.start(self.engine, self.context, self.eos_ids)
+        self.context = self.context + [first]
+        return first
+
+    def step(self, remaining: int) -> Step:
+        tree = self.drafter.draft(self.context, remaining - 1)
+        size = self.cfg.max_tree() if self.engine.static_shapes else len(tree)
+        out = verify_tree(self.engine, self.cache, tree, self.N, size)
+        if self.sampling.greedy:
+            preds = out.argmax(-1).tolist()  # the step's one host sync
+            path = tree.accept_greedy(preds)
+            new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
+        else:
+            path, new = tree.accept_sampled(out, self.sampling, self.generator, self.context)
+        commit_path(self.cache, self.N, path)
+        self.drafter.observe(tree, out, new)
+        self.N += len(new)
+        self.context += new
+        return Step(new, len(tree) - 1)
+
+    def finish(self, tokens: list[int]) -> None:
+        self.cfg.finish(self.drafter, self.context[: self.n_prompt], tokens)
+
+    def extras(self) -> dict:
+        return {"buffer_bytes": self.cfg.buffer_bytes()}

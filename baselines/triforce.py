@@ -20,7 +20,8 @@ Three levels (paper Alg. 1; official code Infini-AI-Lab/TriForce @ 164c8c0, ``ut
 best is gamma1=2, gamma2=6 (Table 8). ``draft: null`` is "retrieval without hierarchy" (Table 2 ablation): the
 middle level drafts ``gamma2`` tokens by itself, one per forward.
 
-tau counts committed tokens per full-cache target forward; ``extras`` has ``middle_forwards``, ``draft_forwards``,
+tau counts committed tokens per full-cache target forward; the middle-level forwards are the target's self-drafts
+(``Generation.forwards.draft``) and the draft model's are ``Generation.draft_model_forwards``; ``extras`` has the
 acceptance rates and ``buffer_bytes`` (retrieval cache + draft weights + draft cache: TriForce keeps the full cache
 and adds these, the paper's Table 1 point).
 
@@ -53,7 +54,7 @@ import torch
 from omegaconf import OmegaConf
 
 from baselines.triforce_cache import RetrievalCache, StreamingDraft
-from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
 from fafo.engine.rope import rope_parameters
@@ -181,28 +182,17 @@ class TriForceDecoder(Decoder):
     # ---------------------------------------------------------------- decoding
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        clock = clock or NullClock()
         self.setup(engine)
-        state = TriForceState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
-        cur = state.prefill()
-        clock.mark("prefill")
-        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
-        accept_lengths: list[int] = []
-        while not finished:
-            new, accepted = state.step(max_new_tokens - len(tokens), eos_ids)
-            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
-            accept_lengths.append(len(tokens) - sum(accept_lengths) - 1)
-            if not finished:
-                state.commit(new, accepted)
-        return Generation(tokens, accept_lengths, len(accept_lengths), state.extras())
+        state = TriForceState(self, engine, prompt_ids, max_new_tokens, sampling, generator, eos_ids)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
 
 
-class TriForceState:
+class TriForceState(StepState):
     """One generation: the full cache (the engine's), the retrieval cache, the draft, the committed text."""
 
     def __init__(self, cfg: TriForceDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
-                 sampling: Sampling | None = None, generator: torch.Generator | None = None):
-        self.cfg, self.engine = cfg, engine
+                 sampling: Sampling | None = None, generator: torch.Generator | None = None, eos_ids=()):
+        self.cfg, self.engine, self.eos_ids = cfg, engine, eos_ids
         self.sampling = sampling if sampling is not None and not sampling.greedy else None  # None: greedy
         self.generator = generator
         self.prompt = list(prompt_ids)
@@ -217,9 +207,8 @@ class TriForceState:
             kv = cfg._retrieval_kv(engine, (cfg.budget if engine.static_shapes else budget) + cfg.max_proposal + 1)
             self.retrieval = RetrievalCache(kv, budget, cfg.chunk_size, cfg.gqa_reduce)
         self.draft = cfg._loaded[1] if cfg.draft is not None else None
-        self.stats = dict.fromkeys(("middle_forwards", "rounds", "proposed", "accepted", "drafted", "draft_accepted",
-                                    "rebuilds"), 0)
-        self.draft_forwards0 = self.draft.forwards if self.draft else 0
+        self.stats = dict.fromkeys(("rounds", "proposed", "accepted", "drafted", "draft_accepted", "rebuilds"), 0)
+        self.draft_mark = self.draft.engine.ledger.mark() if self.draft else None
         self.captured: dict = {}
         # per-round forward lengths under engine.static_shapes (else each forward has its real length)
         self.static = engine.static_shapes
@@ -232,7 +221,7 @@ class TriForceState:
         plan = causal_plan(0)
         plan.capture_rows = torch.tensor([T - 1], device=dev)
         idx = torch.arange(T, device=dev)
-        logits = self.engine.forward(self.cache, self.prompt, idx, idx, plan, logits="last")
+        logits = self.engine.forward(self.cache, self.prompt, idx, idx, plan, logits="last", kind="prefill")
         if self.retrieval is not None:
             self.retrieval.build(self.cache, self.aligned, plan.captured, T)
         if self.draft is not None:
@@ -273,14 +262,20 @@ class TriForceState:
         idx = torch.arange(len(tokens), device=dev)  # positions N + valid.., slots base + valid.. (scratch)
         rows = torch.arange(len(v) - 1 - valid, len(feed), device=dev)  # real rows only: len(drafts) + 1
         out = self.engine.forward(kv, tokens, self.N + valid + idx, base + valid + idx,
-                                  AttentionPlan(prefix=base + valid), logits=rows)
-        self.stats["middle_forwards"] += 1
+                                  AttentionPlan(prefix=base + valid), logits=rows, kind="draft")
         return out[0] if self.sampling is not None else out[0].argmax(-1).tolist()
 
-    def step(self, remaining: int, eos_ids) -> tuple[list[int], int]:
-        """One round: the middle level proposes, the full cache verifies. Returns (committed tokens, accepted)."""
+    def step(self, remaining: int) -> Step:
+        """One round: the middle level proposes, the full cache verifies."""
+        proposed = self.stats["proposed"]
         if self.sampling is not None:
-            return self._sampled_step(remaining, eos_ids)
+            new, accepted = self._sampled_step(remaining, self.eos_ids)
+        else:
+            new, accepted = self._greedy_step(remaining, self.eos_ids)
+        return Step(new, self.stats["proposed"] - proposed, accepted)
+
+    def _greedy_step(self, remaining: int, eos_ids) -> tuple[list[int], int]:
+        """The greedy round. Returns (committed tokens, accepted proposals)."""
         cfg, N = self.cfg, self.N
         v, valid = [self.cur], 0  # v[i] at position N + i; middle KV exists for v[:valid]
         want = min(cfg.gamma2, remaining - 1)
@@ -387,8 +382,9 @@ class TriForceState:
         self.stats["accepted"] += a
         return v[1 : 1 + a] + [tok], a
 
-    def commit(self, new: list[int], accepted: int) -> None:
+    def commit(self, step: Step) -> None:
         """The KV of [current | accepted] is at slots N..N+accepted; update C_r (and maybe rebuild) and the draft."""
+        new, accepted = step.tokens, step.kv
         end = self.N + accepted + 1
         if self.retrieval is not None:
             if self.captured:  # rebuild with the newest committed token's query (its row: accepted)
@@ -403,13 +399,18 @@ class TriForceState:
             d = self.draft.D
             self.draft.commit(self.hist[d:end], d, end)
 
+    def draft_model(self) -> tuple[int, int]:
+        """The draft model's forwards in this generation (its prefill included) and its parameter count."""
+        if self.draft is None:
+            return 0, 0
+        params = sum(p.numel() for p in self.draft.engine.model.parameters())
+        return (self.draft.engine.ledger.mark() - self.draft_mark).total, params
+
     def extras(self) -> dict:
         s = self.stats
         retrieval_bytes = self.retrieval.kv.nbytes if self.retrieval is not None else 0
         draft_bytes = self.draft.nbytes if self.draft is not None else 0
         return {
-            "middle_forwards": s["middle_forwards"],
-            "draft_forwards": (self.draft.forwards - self.draft_forwards0) if self.draft else 0,
             "budget_used": self.retrieval.budget if self.retrieval is not None else 0,
             "rebuilds": s["rebuilds"],
             "accept_rate": s["accepted"] / max(s["proposed"], 1),  # official acceptance_rate (final level)

@@ -168,7 +168,7 @@ class StreamingDraft:
             out = self._run(piece + piece[-1:] * (pad - len(piece)), p0 + s, last)
         return out
 
-    def _run(self, tokens: list[int], p0: int, logits, eager: bool = False):
+    def _run(self, tokens: list[int], p0: int, logits, eager: bool = False, kind: str = "verify"):
         """One forward of ``tokens`` at positions p0.., slots right after the committed ones and scratch < p0
         (``eager``: never compiled, for the prompt's chunks, whose lengths vary)."""
         off = self._base() + p0 - self.D
@@ -176,7 +176,8 @@ class StreamingDraft:
             raise RuntimeError(f"triforce draft scratch overflow ({off + len(tokens)} > {self.kv.max_len} slots)")
         dev = self.engine.device
         idx = torch.arange(len(tokens), device=dev)
-        return self.engine.forward(self.kv, tokens, p0 + idx, off + idx, causal_plan(off), logits=logits, eager=eager)
+        return self.engine.forward(self.kv, tokens, p0 + idx, off + idx, causal_plan(off), logits=logits, eager=eager,
+                                   kind=kind)
 
     def prefill(self, prompt: list[int]) -> None:
         self.reset()
@@ -184,7 +185,7 @@ class StreamingDraft:
         while self.D < len(prompt):
             n = full - self.D if self.D < full else min(self.PREFILL_CHUNK, self.window)
             chunk = prompt[self.D : self.D + n]
-            self._run(chunk, self.D, "none", eager=True)
+            self._run(chunk, self.D, "none", eager=True, kind="prefill")
             self.spec = chunk
             self.commit(prompt, 0, self.D + len(chunk))
 

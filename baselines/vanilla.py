@@ -4,10 +4,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fafo.decoding import Clock, Decoder, Generation, NullClock
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
 from fafo.sampling import GREEDY, Sampling
+
+
+class _VanillaState(StepState):
+    def __init__(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, generator):
+        self.engine, self.sampling, self.generator = engine, sampling, generator
+        self.history = list(prompt_ids) if sampling.uses_history else None  # the repetition penalty reads it
+        self.prompt = prompt_ids
+        self.cache = engine.cache(len(prompt_ids) + max_new_tokens)
+        self.pos = len(prompt_ids)  # the current token's position = its KV slot
+
+    def _select(self, logits) -> int:
+        token = int(self.sampling.select(logits[0, -1], self.generator, self.history))
+        if self.history is not None:
+            self.history.append(token)
+        return token
+
+    def prefill(self) -> int:
+        self.cur = self._select(self.engine.prefill(self.cache, self.prompt))
+        return self.cur
+
+    def step(self, remaining: int) -> Step:
+        pos = self.pos
+        logits = self.engine.forward(self.cache, [self.cur], [pos], [pos], causal_plan(pos), logits="last")
+        return Step([self._select(logits)])
+
+    def commit(self, step: Step) -> None:
+        self.cur = step.tokens[0]
+        self.pos += 1
 
 
 @dataclass
@@ -19,19 +47,5 @@ class VanillaDecoder(Decoder):
 
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        sampling = sampling or GREEDY
-        clock = clock or NullClock()
-        n = len(prompt_ids)
-        cache = engine.cache(n + max_new_tokens)
-        logits = engine.prefill(cache, prompt_ids)
-        token = int(sampling.select(logits[0, -1], generator, list(prompt_ids) if sampling.uses_history else None))
-        clock.mark("prefill")
-        tokens = [token]
-        while len(tokens) < max_new_tokens and token not in eos_ids:
-            pos = n + len(tokens) - 1  # the last token's KV goes to the slot equal to its position
-            logits = engine.forward(cache, [token], [pos], [pos], causal_plan(pos), logits="last")
-            token = int(sampling.select(logits[0, -1], generator,
-                                          list(prompt_ids) + tokens if sampling.uses_history else None))
-            tokens.append(token)
-        n_forwards = len(tokens) - 1
-        return Generation(tokens, [1] * n_forwards, n_forwards)
+        state = _VanillaState(engine, prompt_ids, max_new_tokens, sampling or GREEDY, generator)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)

@@ -3,16 +3,27 @@
 A decoder is a dataclass whose fields are its hyperparameters (they become the Hydra schema; ``__post_init__``
 validates them, so a bad value fails before any model is loaded). The runner builds it from config, calls
 :meth:`Decoder.setup` once with the engine, then :meth:`Decoder.generate` per prompt. Decoders never time
-themselves: they call ``clock.mark("prefill")`` when the prompt is processed and the runner does the timing.
+themselves: ``clock.mark("prefill")`` is called when the prompt is processed and the runner does the timing.
+
+Step-based methods (all of them) implement a :class:`StepState` and share :func:`decode`, the one loop that cuts
+at EOS / max_new_tokens and counts: the target's forwards come from its engine's ledger
+(:mod:`fafo.engine.ledger`), so tau means the same for every method.
+
+Cross-request state (what a method learns from earlier requests: SuffixDecoding's global tree, Token Recycling's
+matrix, SWIFT's layer-set search) is named in :attr:`Decoder.cross_request_state`; the runner snapshots it so
+that warm-up leaves no trace and every timing repeat of a sample starts from the same state.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from fafo.engine.engine import Engine
+from fafo.engine.ledger import ForwardCounts
 from fafo.sampling import Sampling
 
 
@@ -28,29 +39,135 @@ class NullClock:
 
 @dataclass
 class Generation:
-    """What one generate call produced.
+    """What one generate call produced, with the counters every metric is computed from.
 
     Attributes:
         tokens: the new token ids (prompt excluded), ending at the first EOS or at max_new_tokens.
-        accept_lengths: tokens committed by each decode forward of the target model (prefill excluded).
-        n_forwards: decode forwards of the target model with its full cache (prefill excluded); tau is
-            ``len(tokens) / (n_forwards + 1)``.
-        extras: method-specific counters (draft forwards, pool hits, extra buffer bytes under ``buffer_bytes``...).
+        accept_lengths: tokens committed by each decoding step (one verification forward each; prefill
+            excluded), after the EOS / max_new_tokens cut: ``sum(accept_lengths) == len(tokens) - 1``.
+        forwards: the target's forwards by kind (:class:`~fafo.engine.ledger.ForwardCounts`: prefill, verify,
+            self-draft, aux) as its engine's ledger recorded them.
+        draft_model_forwards: forwards of a separate draft model (TriForce's llama-68m, LongSpec's draft layer).
+        draft_model_params: that draft model's parameter count (0: none).
+        drafted: tokens proposed for verification over all steps (None: the method does not draft).
+        accepted: proposed tokens that verification accepted (before the EOS / max_new_tokens cut).
+        extras: method-specific diagnostics (pool sizes, retrieval budget, extra buffer bytes under
+            ``buffer_bytes``...); counters that metrics read are the fields above, never keys here.
     """
 
     tokens: list[int]
     accept_lengths: list[int] = field(default_factory=list)
-    n_forwards: int = 0
+    forwards: ForwardCounts = field(default_factory=ForwardCounts)
+    draft_model_forwards: int = 0
+    draft_model_params: int = 0
+    drafted: int | None = None
+    accepted: int | None = None
     extras: dict = field(default_factory=dict)
 
     @property
+    def n_forwards(self) -> int:
+        """Verification forwards of the target with its full cache (the decoding steps)."""
+        return self.forwards.verify
+
+    @property
     def tau(self) -> float:
+        """Tokens committed per decoding step, prefill excluded (the FAFO paper's tau); NaN without a step."""
+        return (len(self.tokens) - 1) / self.n_forwards if self.n_forwards else math.nan
+
+    @property
+    def tau_with_prefill(self) -> float:
+        """New tokens per (verification forward + 1 for the prefill): Spec-Bench's convention."""
         return len(self.tokens) / (self.n_forwards + 1)
+
+    @property
+    def tau_all(self) -> float:
+        """New tokens per forward of the target's weights of any kind (prefill and self-drafts included)."""
+        return len(self.tokens) / max(self.forwards.total, 1)
+
+
+@dataclass
+class Step:
+    """What one decoding step proposes to commit.
+
+    Attributes:
+        tokens: accepted guesses then the bonus (or correction) token, before any EOS / budget cut.
+        drafted: guess tokens this step verified (None: the method does not draft).
+        kv: the method's own handle for :meth:`StepState.commit` (e.g. which scratch rows hold the KV).
+    """
+
+    tokens: list[int]
+    drafted: int | None = None
+    kv: object = None
+
+
+class StepState(ABC):
+    """One generation of a step-based method: prefill, then steps (propose + verify) and commits.
+
+    :func:`decode` drives it and owns everything the methods share: the EOS / max_new_tokens cut, accept
+    lengths, drafted / accepted counts and the forward ledger.
+    """
+
+    @abstractmethod
+    def prefill(self) -> int:
+        """Process the prompt; return the first new token."""
+
+    @abstractmethod
+    def step(self, remaining: int) -> Step:
+        """One decoding step; ``remaining`` tokens may still be committed (the step's own token included)."""
+
+    def commit(self, step: Step) -> None:
+        """Keep ``step``'s committed tokens (only called when the generation goes on after it)."""
+
+    def finish(self, tokens: list[int]) -> None:
+        """Called once with the final tokens (e.g. to cache the output for later requests)."""
+
+    def extras(self) -> dict:
+        return {}
+
+    def draft_model(self) -> tuple[int, int]:
+        """(forwards, parameters) of a separate draft model used in this generation."""
+        return 0, 0
+
+
+def decode(engine: Engine, state: StepState, max_new_tokens: int, eos_ids=(), clock: Clock | None = None) -> Generation:
+    """The decode loop every step-based method shares (vanilla included); see :class:`StepState`."""
+    clock = clock or NullClock()
+    start = engine.ledger.mark()
+    tokens, finished = truncate_at_stop([state.prefill()], max_new_tokens, eos_ids)
+    clock.mark("prefill")
+    accept_lengths: list[int] = []
+    drafted = accepted = None
+    while not finished:
+        step = state.step(max_new_tokens - len(tokens))
+        if step.drafted is not None:
+            drafted = (drafted or 0) + step.drafted
+            accepted = (accepted or 0) + len(step.tokens) - 1
+        new, finished = truncate_at_stop(step.tokens, max_new_tokens - len(tokens), eos_ids)
+        tokens += new
+        accept_lengths.append(len(new))
+        if not finished:
+            state.commit(step)
+    state.finish(tokens)
+    n_draft, params = state.draft_model()
+    return Generation(tokens, accept_lengths, engine.ledger.mark() - start, n_draft, params, drafted, accepted,
+                      state.extras())
 
 
 @dataclass
 class Decoder(ABC):
     """Base class of all decoding methods."""
+
+    #: attributes holding what the method learns across requests (restored by :meth:`restore`)
+    cross_request_state: ClassVar[tuple[str, ...]] = ()
+
+    def snapshot(self) -> dict:
+        """A copy of the cross-request state (cheap when the method has none)."""
+        return {name: copy.deepcopy(getattr(self, name, None)) for name in self.cross_request_state}
+
+    def restore(self, snapshot: dict) -> None:
+        """Return to a :meth:`snapshot` (which stays reusable)."""
+        for name, value in snapshot.items():
+            setattr(self, name, copy.deepcopy(value))
 
     def setup(self, engine: Engine) -> None:
         """Called once per run, before any generate (state that persists across samples lives here)."""

@@ -40,7 +40,7 @@ import torch
 
 from fafo.compress.base import Compression, FixedRegion
 from fafo.compress.stream import StreamingLLM
-from fafo.decoding import Clock, Decoder, Generation, NullClock, truncate_at_stop
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan, length_block_mask, step_block_mask
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
@@ -122,24 +122,11 @@ class FAFODecoder(Decoder):
 
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        clock = clock or NullClock()
         state = FAFOState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
-        cur = state.prefill()
-        clock.mark("prefill")
-        tokens, finished = truncate_at_stop([cur], max_new_tokens, eos_ids)
-        accept_lengths: list[int] = []
-        while not finished:
-            new, kv_src = state.step()
-            tokens, finished = truncate_at_stop(tokens + new, max_new_tokens, eos_ids)
-            accept_lengths.append(len(tokens) - sum(accept_lengths) - 1)
-            if not finished:
-                state.commit(new, kv_src)
-        extras = {"pool_entries": len(state.pool), "fumble_forwards": state.fumble_forwards,
-                  "buffer_bytes": state.buffer_bytes}
-        return Generation(tokens, accept_lengths, len(accept_lengths), extras)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
 
 
-class FAFOState:
+class FAFOState(StepState):
     """Everything one FAFO generation owns: the fixed-region layout, streams, discard buffers, pool, static masks."""
 
     def __init__(self, cfg: FAFODecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
@@ -160,7 +147,6 @@ class FAFOState:
         init = torch.randint(len(self.prompt), (self.n, self.k), generator=g)
         self.streams = torch.tensor(self.prompt)[init]  # [n, k], CPU
         self.discarded: list[list[int]] = [[] for _ in range(self.n)]
-        self.fumble_forwards = 0
         self._build_static()
 
     def _build_static(self) -> None:
@@ -193,17 +179,17 @@ class FAFOState:
         eager_flex = flex and self.engine.compiled is None  # compiled steps keep their own region mask
         self.region_mask = length_block_mask(self.region_len_t, n * k, capacity) if eager_flex else None
 
-    @property
-    def buffer_bytes(self) -> int:
-        """Extra device memory of the method beyond the cache: the step's scratch slots are inside the cache."""
-        return 0
+    def extras(self) -> dict:
+        # buffer_bytes: extra device memory beyond the cache (the step's scratch slots are inside the cache)
+        return {"pool_entries": len(self.pool), "buffer_bytes": 0}
 
     def prefill(self) -> int:
         """Prefill in position order, then let C select and swap its entries into the fixed region."""
         T = len(self.prompt)
         plan = causal_plan(0)
         plan.capture_rows = self.cfg.compress.prefill_query_rows(T)
-        logits = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan, logits="last")
+        logits = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan, logits="last",
+                                     kind="prefill")
         self.layout.prefill(T, plan.captured or None)
         if self.sampling is None:
             self.cur = int(logits[0, -1].argmax())
@@ -245,20 +231,24 @@ class FAFOState:
         (f_mask, f_bm), (v_mask, v_bm) = self.masks
         pos_f = P + torch.cat([torch.zeros(1, dtype=torch.long), self.stream_rel])
         fumble = self.engine.forward(self.cache, torch.cat([cur, streams]), pos_f, None,
-                                     self.plan(f_mask, f_bm, 1), logits=self.rows)
-        self.fumble_forwards += 1
+                                     self.plan(f_mask, f_bm, 1), logits=self.rows, kind="draft")
         pos_v = P + torch.cat([torch.zeros(1, dtype=torch.long), self.cand_rel])
         plan = self.plan(v_mask, v_bm, None, capture=True)
         verify = self.engine.forward(self.cache, torch.cat([cur, cands.flatten()]), pos_v, self.scratch_slots, plan)
         self.captured = plan.captured
         return torch.cat([verify[0], fumble[0]])
 
-    def step(self) -> tuple[list[int], torch.Tensor]:
-        """One FAFO step: returns the committed tokens (accepted + bonus) and the scratch rows holding their KV
-        (the current token's and the accepted candidate tokens')."""
+    def step(self, remaining: int) -> Step:
+        """One FAFO step: the committed tokens (accepted + bonus), the candidate tokens verified, and the scratch
+        rows holding the committed tokens' KV (the current token's and the accepted candidate tokens')."""
         cands, n_real = self.candidates()
         if self.sampling is not None:
-            return self._sampled_step(cands, n_real)
+            new, kv_rows = self._sampled_step(cands, n_real)
+        else:
+            new, kv_rows = self._greedy_step(cands, n_real)
+        return Step(new, n_real * self.k, kv_rows)
+
+    def _greedy_step(self, cands: torch.Tensor, n_real: int) -> tuple[list[int], torch.Tensor]:
         preds = self.forward_logits(cands).argmax(-1).cpu()  # the one host sync of the step
         v, new_stream = preds[: self.v_len], preds[self.v_len :]
         best_len, best = 0, 0
@@ -300,8 +290,9 @@ class FAFOState:
             del buf[: -self.k]
             self.pool.add_stream(buf, state)
 
-    def commit(self, new: list[int], kv_rows: torch.Tensor) -> None:
+    def commit(self, step: Step) -> None:
         """Keep the KV of the current token and the accepted candidate tokens; the bonus becomes current."""
+        new, kv_rows = step.tokens, step.kv
         last = int(kv_rows[-1])  # query-aware C re-selects with the newest committed token's query
         query = {layer: q[:, :, last : last + 1] for layer, q in self.captured.items()} or None
         self.layout.commit(self.scratch_slots_cpu[kv_rows], query)

@@ -92,7 +92,7 @@ def _state(eng, n=4, k=2, max_new=8, see_current=True):
     state = FAFOState(FAFODecoder(compress=SMALL, n=n, k=k, see_current=see_current), eng, ids, max_new)
     state.prefill()
     for _ in range(3):  # a few steps so the region has swapped and the tail holds evicted entries
-        state.commit(*state.step())
+        state.commit(state.step(max_new))
     return state
 
 
@@ -124,8 +124,8 @@ def track_region_after_commits(monkeypatch) -> list[bool]:
     checks = []
     original = FAFOState.commit
 
-    def commit_and_check(self, new, kv_rows):
-        original(self, new, kv_rows)
+    def commit_and_check(self, step):
+        original(self, step)
         checks.append(region_holds_selection(self.layout))
 
     monkeypatch.setattr(FAFOState, "commit", commit_and_check)
@@ -139,7 +139,7 @@ def test_fixed_region_holds_the_selection_and_committed_kv_is_exact(engine, monk
     state = FAFOState(FAFODecoder(compress=SMALL, n=8, k=3), eng, ids, 40)
     state.prefill()
     while len(state.history) < len(ids) + 30:
-        state.commit(*state.step())
+        state.commit(state.step(40))
     assert checks and all(checks)
     assert_cache_is_permuted_prefill(eng, state.layout, state.history)
 
@@ -174,7 +174,8 @@ def test_forwards_per_step(fused, per_step, engine, monkeypatch):
     monkeypatch.setattr(eng.model, "forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     gen = FAFODecoder(compress=SMALL, n=8, k=3, fused=fused).generate(eng, eng.tokenizer(PROMPTS[2]).input_ids, 30)
     assert gen.n_forwards > 0 and len(calls) == 1 + per_step * gen.n_forwards  # + the prefill
-    assert gen.extras["fumble_forwards"] == (0 if fused else gen.n_forwards)
+    assert gen.forwards.draft == (0 if fused else gen.n_forwards)  # FAFO-2forward's fumble pass: a self-draft
+    assert gen.forwards.prefill == 1 and gen.forwards.total == len(calls)
 
 
 def test_block_masks_are_built_once_per_generation(engine, monkeypatch):

@@ -216,7 +216,7 @@ class PositionModel:
     def cache(self, min_len):
         return KVCache(1, 1, 1, min_len, 1, torch.float32, "cpu")
 
-    def forward(self, cache, tokens, positions, slots, plan, logits="all"):
+    def forward(self, cache, tokens, positions, slots, plan, logits="all", kind="verify"):
         pos = torch.as_tensor(positions)[torch.as_tensor(logits)]
         self.calls.append((list(tokens), torch.as_tensor(positions).tolist()))
         return torch.nn.functional.one_hot(100 + pos + 1, 200).float()[None]
@@ -233,9 +233,9 @@ def test_window_warm_up_advance_and_acceptance_follow_the_official_loop():
     assert eng.calls[0] == ([1, 2, 3, 7, 8, 9], [0, 1, 2, 3, 4, 5])
     steps = []
     for _ in range(5):
-        new, rows = state.step()
-        steps.append((eng.calls[-1], new, [lv[:] for lv in state.levels]))
-        state.commit(new, rows)
+        step = state.step(20)
+        steps.append((eng.calls[-1], step.tokens, [lv[:] for lv in state.levels]))
+        state.commit(step)
     assert steps[0] == (([103, 8, 9, 104, 105, 106], [3, 4, 5, 4, 5, 6]), [104],
                         [[9], [105, 106], [106, 107]])
     assert steps[1] == (([104, 9, 105, 106, 106, 107], [4, 5, 5, 6, 6, 7]), [105],

@@ -133,7 +133,7 @@ def test_one_verification_forward_per_step_and_never_skipping_first_or_last(deep
         full = [q for q, skip in calls if not skip or not (skip[0] or skip[1])]
         drafts = [skip for q, skip in calls if skip and (skip[0] or skip[1])]
         assert full[0] == len(ids) and len(full) == 1 + gen.n_forwards == 1 + len(gen.accept_lengths)
-        assert len(drafts) == gen.extras["draft_forwards"] + gen.extras["optimisation_forwards"]
+        assert len(drafts) == gen.forwards.draft + gen.forwards.aux
         assert all(2 <= q <= method.max_tree() for q in full[1:])  # root + at least one drafted token
         assert all(0 not in a | m and 5 not in a | m for a, m in drafts)
     assert method.optimizer.opt_iter > 0
@@ -155,7 +155,7 @@ def test_reset_per_sample_restarts_the_search(deep):
     method = SwiftDecoder(**{**SEARCH, "reset_per_sample": True, "max_score": 1.0})
     for text in PROMPTS[:2]:
         gen = method.generate(eng, eng.tokenizer(text).input_ids, 24)
-        assert method.optimizer.opt_iter == gen.extras["optimisation_forwards"] > 0
+        assert method.optimizer.opt_iter == gen.forwards.aux > 0
         assert method.optimizer.history[0]["iter"] == 0
 
 
@@ -286,14 +286,14 @@ def record_shapes(eng: Engine, monkeypatch) -> dict[str, set]:
     seen = {"verify": set(), "skip": set()}
     original = eng.forward
 
-    def forward(cache, tokens, positions, slots, plan, logits="all", skip=None):
+    def forward(cache, tokens, positions, slots, plan, logits="all", skip=None, kind="verify"):
         if plan.prefix > 0 and skip is None:
             rows = logits if isinstance(logits, str) else len(logits)
             mask = None if plan.step_mask is None else tuple(plan.step_mask.shape)
             seen["verify"].add((len(tokens), len(positions), mask, None if slots is None else len(slots), rows))
         elif plan.prefix > 0:
             seen["skip"].add(len(tokens))
-        return original(cache, tokens, positions, slots, plan, logits, skip)
+        return original(cache, tokens, positions, slots, plan, logits, skip, kind=kind)
 
     monkeypatch.setattr(eng, "forward", forward)
     return seen

@@ -48,7 +48,7 @@ def test_flex_backend_is_token_identical(engine, draft_path):
     eng = engine("llama_gqa", "flex")
     ids = eng.tokenizer(LONG[0]).input_ids
     gen = TriForceDecoder(**SMALL, gamma2=3, draft={"path": draft_path}).generate(eng, ids, 12)
-    assert gen.tokens == VanillaDecoder().generate(eng, ids, 12).tokens and gen.extras["draft_forwards"] > 0
+    assert gen.tokens == VanillaDecoder().generate(eng, ids, 12).tokens and gen.draft_model_forwards > 0
 
 
 def fresh_queries(eng, tokens):
@@ -98,8 +98,8 @@ def test_retrieval_cache_equals_brute_force(name, reduce, rebuild, engine):
     rounds = 0
     while state.N - state.aligned <= 24 + 4:  # until the recent region outgrew budget - chunk and wrapped
         rounds += 1
-        new, accepted = state.step(60, ())
-        state.commit(new, accepted)
+        step = state.step(60)
+        state.commit(step)
         if rebuild:  # re-selected with the newest committed token's query
             query = fresh_queries(eng, state.hist[: state.N])
         brute_force_check(state, query, reduce)
@@ -133,8 +133,7 @@ def test_draft_streaming_cache_slots_and_sink_positions(engine, draft_path):
             sinks = layer0_keys(draft.engine, state.hist[:start], draft.delta + torch.arange(start))
             assert torch.allclose(keys[:, :start], sinks, atol=1e-5)  # re-rotated right before the window
             if step == 0:
-                new, accepted = state.step(40, ())
-                state.commit(new, accepted)
+                state.commit(state.step(40))
 
 
 def test_draft_without_eviction_is_the_draft_models_greedy_chain(engine):
@@ -158,7 +157,9 @@ def test_extras_and_tau_on_repetitive_text(engine, checkpoint):
     assert gen.tokens == VanillaDecoder().generate(eng, ids, 120).tokens
     assert gen.tau > 1.5 and max(gen.accept_lengths) > 2
     x = gen.extras
-    assert x["middle_forwards"] >= gen.n_forwards and x["draft_forwards"] == 2 * x["middle_forwards"]
+    draft_prefill = method._loaded[1].engine.ledger.counts["prefill"]  # a fresh draft: this generation's only
+    assert gen.forwards.draft >= gen.n_forwards and gen.draft_model_forwards == draft_prefill + 2 * gen.forwards.draft
+    assert gen.draft_model_params == sum(p.numel() for p in method._loaded[1].engine.model.parameters())
     assert x["middle_accept_rate"] > 0.3 and x["budget_used"] == 32
     assert x["buffer_bytes"] == x["retrieval_bytes"] + x["draft_bytes"] > eng.weights_nbytes
 
@@ -280,12 +281,12 @@ class StepShapes:
         return "retrieval" if self.method._rkv is not None and cache is self.method._rkv[1] else "full"
 
     def wrap(self, forward):
-        def record(cache, tokens, positions, slots, plan, logits="all", skip=None, eager=False):
+        def record(cache, tokens, positions, slots, plan, logits="all", skip=None, eager=False, kind="verify"):
             if self.on and plan.prefix > 0 and not eager:  # eager: the draft's chunked prefill
                 rows = {"all": len(tokens), "last": 1}[logits] if isinstance(logits, str) else len(logits)
                 shape = (len(tokens), len(positions), len(slots), rows)
                 self.seen.setdefault(self.kind(cache), set()).add(shape)
-            return forward(cache, tokens, positions, slots, plan, logits, skip, eager)
+            return forward(cache, tokens, positions, slots, plan, logits, skip, eager, kind)
 
         return record
 

@@ -142,8 +142,9 @@ def test_draft_path_is_the_draft_that_is_read(my_llama, tmp_path):
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (out_path,) = tmp_path.glob("tiny_llama/builtin/triforce/*/outputs.jsonl")
-    extras = json.loads(out_path.read_text().splitlines()[0])["extras"]
-    assert extras["draft_forwards"] > 0
+    output = json.loads(out_path.read_text().splitlines()[0])
+    extras = output["extras"]
+    assert output["draft_model_forwards"] > 0
     # the draft's weights are part of the method's buffers: hidden 16 x 1024 embeddings, not llama-68m's
     assert extras["buffer_bytes"] >= n_weights(draft) * 4
 

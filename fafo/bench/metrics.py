@@ -1,17 +1,31 @@
-"""Summary metrics over a run's rows, with the definitions of DESIGN.md.
+"""Summary metrics over a run's rows (``samples.csv``), with the definitions of DESIGN.md "Runner and records".
 
-* ``tau`` = new tokens / (target decode forwards + 1 for prefill), step-weighted: sums over all (sample, turn)
-  before dividing. ``tau_request`` is the mean of the per-(sample, turn) values. Vanilla is exactly 1.0.
-* ``speedup`` = sum of vanilla ``total_s`` / sum of method ``total_s`` over the same (sample, turn)s (primary);
-  ``speedup_mean`` = mean of the per-(sample, turn) ratios.
-* With ``bench.repeats`` > 1, times are the median over repeats per (sample, turn); the spread across repeats is
-  reported as ``speedup_min`` / ``speedup_max`` (speedup of each repeat index over all samples) and
-  ``total_s_iqr`` (median over samples of each one's inter-quartile range of total_s relative to its median).
-* ``speedup_ci95``: bootstrap 95 % confidence interval of ``speedup`` over samples (``bench.bootstrap``
-  resamples of the samples with replacement, a sample's turns kept together; percentile interval, seeded).
-* ``flagged``: (sample, turn)s whose repeats disagree by more than ``bench.max_spread`` (max/min of the method's
-  or the interleaved reference's ``total_s``); ``ref_sources`` counts rows per ``ref_source``.
-* ``exact_match_rate``: share of (sample, turn)s whose tokens equal vanilla greedy's on the same engine and dtype.
+Everything here is recomputable from ``samples.csv`` alone. Per (sample, turn), counts come from the first
+repeat (they are deterministic) and times are the median over repeats. Then:
+
+* ``tau`` = sum of (new_tokens - 1) / sum of verification forwards: tokens committed per decoding step, prefill
+  excluded (the FAFO paper's "tokens accepted per decoding step"). Vanilla: 1.0.
+* ``tau_with_prefill`` = sum of new_tokens / sum of (verification forwards + 1): Spec-Bench's convention.
+* ``tau_all`` = sum of new_tokens / sum of every forward of the target's weights (prefill, verify, self-draft,
+  aux): the cost-aware figure that makes self-drafting methods comparable. A separate draft model's forwards are
+  ``draft_model_forwards`` and ``draft_model_share`` (of all forwards), apart.
+* ``speedup_e2e`` = (method new tokens / method total time) / (reference new tokens / reference total time),
+  prefill included; ``speedup_decode`` = the same on decode time and the tokens after the first (the papers that
+  report decoding speed: TriForce, QuantSpec, LongSpec); ``speedup_specbench`` = mean over samples of the method's
+  tokens/s over the mean of the reference's (Spec-Bench ``evaluation/speed.py``; a sample's turns summed).
+  Token-normalised, so a sampled run whose method and reference decode different lengths compares throughputs.
+  ``speedup`` is the one named by ``speedup_kind`` (set per preset to what its paper reports).
+* Every tau and speedup has ``<name>_ci95``: a 95 % percentile bootstrap interval, samples resampled with
+  replacement (a sample's turns kept together), ``n_boot`` resamples, seeded.
+* ``speedup_mean`` / ``speedup_min`` / ``speedup_max``: mean of the per-(sample, turn) headline ratios and the
+  headline of each repeat index over all samples (the spread across repeats).
+* Coverage: ``n_samples`` / ``n_turns`` counted over ok rows, ``n_failed`` rows, ``failed`` (the first 20
+  "sample/turn: status"); ``flagged``: (sample, turn)s whose repeats disagree by more than ``max_spread``.
+* ``exact_match_rate``: share of (sample, turn)s whose tokens equal the reference's; mismatches split into
+  ``n_mismatch_tie`` (numerics: the two tokens within the fp32 margin) and ``n_mismatch_divergence``.
+* ``accept_rate`` = accepted / drafted tokens (tokens proposed for verification); ``verify_ms`` = decode time per
+  verification forward (drafting included); ``mem_overhead_mb`` = peak memory minus the reference's.
+* ``by_category``: the main figures per sample category (MT-Bench's 8, Spec-Bench's 6, Multi-IF languages...).
 """
 
 from __future__ import annotations
@@ -19,8 +33,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-NUMERIC = ["turn", "repeat", "prompt_tokens", "new_tokens", "forwards", "tau", "prefill_s", "decode_s", "total_s",
-           "tokens_per_s", "peak_mem_mb", "ref_total_s", "ref_decode_s", "speedup", "first_mismatch"]
+SPEEDUP_KINDS = ("e2e", "decode", "specbench")
+NUMERIC = ["turn", "repeat", "prompt_tokens", "new_tokens", "forwards", "prefill_forwards", "draft_forwards",
+           "aux_forwards", "target_forwards", "target_tokens", "draft_model_forwards", "draft_model_params",
+           "drafted", "accepted", "tau", "prefill_s", "decode_s", "total_s", "tokens_per_s", "peak_mem_mb",
+           "ref_peak_mem_mb", "ref_new_tokens", "ref_total_s", "ref_decode_s", "speedup", "first_mismatch"]
+_FIRST = ["category", "new_tokens", "forwards", "target_forwards", "draft_model_forwards", "draft_model_params",
+          "drafted", "accepted", "ref_new_tokens", "exact_match", "mismatch_kind"]
+_MEDIAN = ["prefill_s", "decode_s", "total_s", "ref_total_s", "ref_decode_s"]
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -34,15 +54,15 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
-def bootstrap_ci(ref: np.ndarray, method: np.ndarray, n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of sum(ref) / sum(method), resampling the paired entries (samples)."""
-    if len(ref) < 2 or n_boot < 1:
-        value = float(ref.sum() / method.sum())
-        return value, value
-    idx = np.random.default_rng(seed).integers(0, len(ref), size=(n_boot, len(ref)))  # [n_boot, n_samples]
-    ratios = ref[idx].sum(axis=1) / method[idx].sum(axis=1)
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return float(lo), float(hi)
+def _per_turn(ok: pd.DataFrame) -> pd.DataFrame:
+    """One line per (sample, turn): counts of its first repeat, median times, max peaks."""
+    for col in _FIRST + _MEDIAN + ["peak_mem_mb", "ref_peak_mem_mb"]:
+        if col not in ok:
+            ok = ok.assign(**{col: np.nan})
+    agg = {c: (c, "first") for c in _FIRST} | {c: (c, "median") for c in _MEDIAN}
+    agg |= {"peak_mem_mb": ("peak_mem_mb", "max"), "ref_peak_mem_mb": ("ref_peak_mem_mb", "max"),
+            "spread": ("total_s", _spread)}
+    return ok.groupby(["sample_id", "turn"], sort=False).agg(**agg)
 
 
 def _spread(s: pd.Series) -> float:
@@ -50,60 +70,174 @@ def _spread(s: pd.Series) -> float:
     return float(s.max() / s.min()) if len(s) > 1 and s.min() > 0 else 1.0
 
 
-def summarize(rows: list[dict], max_spread: float = 1.5, n_boot: int = 1000) -> dict:
-    """Aggregate a run's rows (dicts with :data:`fafo.bench.records.SAMPLE_COLUMNS`)."""
+# ------------------------------------------------------------------ statistics over per-sample sums
+# Each statistic takes arrays whose last axis is the samples (a sample's turns summed), so one call evaluates it
+# on the data ([n]) or on every bootstrap resample at once ([n_boot, n]).
+def _ratio(num: str, den: str):
+    return lambda a: a[num].sum(-1) / a[den].sum(-1)
+
+
+STATS = {
+    "tau": _ratio("steps_tokens", "forwards"),
+    "tau_with_prefill": _ratio("new_tokens", "forwards_p1"),
+    "tau_all": _ratio("new_tokens", "target_forwards"),
+    "speedup_e2e": lambda a: (a["new_tokens"].sum(-1) / a["total_s"].sum(-1))
+    / (a["ref_new_tokens"].sum(-1) / a["ref_total_s"].sum(-1)),
+    "speedup_decode": lambda a: (a["steps_tokens"].sum(-1) / a["decode_s"].sum(-1))
+    / (a["ref_steps_tokens"].sum(-1) / a["ref_decode_s"].sum(-1)),
+    "speedup_specbench": lambda a: (a["new_tokens"] / a["total_s"]).mean(-1)
+    / (a["ref_new_tokens"] / a["ref_total_s"]).mean(-1),
+}
+_NEEDS = {"tau": ["forwards"], "tau_with_prefill": ["forwards"], "tau_all": ["target_forwards"],
+          "speedup_e2e": ["ref_total_s", "ref_new_tokens"], "speedup_decode": ["ref_decode_s", "ref_new_tokens"],
+          "speedup_specbench": ["ref_total_s", "ref_new_tokens"]}
+
+
+def per_sample(per: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Sums over each sample's turns of what the statistics read (arrays over samples)."""
+    d = per.assign(steps_tokens=per["new_tokens"] - 1, forwards_p1=per["forwards"] + 1,
+                   ref_steps_tokens=per["ref_new_tokens"] - 1)
+    cols = ["new_tokens", "steps_tokens", "forwards", "forwards_p1", "target_forwards", "total_s", "decode_s",
+            "ref_new_tokens", "ref_steps_tokens", "ref_total_s", "ref_decode_s"]
+    sums = d.groupby(level="sample_id", sort=False)[cols].sum(min_count=1)
+    return {c: sums[c].to_numpy(dtype=float) for c in cols}
+
+
+def _value(name: str, per: pd.DataFrame, arrays: dict) -> float | None:
+    if any(per[c].isna().any() for c in _NEEDS[name]) or not len(per):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = float(STATS[name](arrays))
+    return v if np.isfinite(v) else None
+
+
+def bootstrap_ci(stat, arrays: dict[str, np.ndarray], n_boot: int = 1000, seed: int = 0) -> list[float] | None:
+    """95 % percentile bootstrap interval of ``stat`` over samples resampled with replacement."""
+    n = len(next(iter(arrays.values())))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if n < 2 or n_boot < 1:
+            v = float(stat(arrays))
+            return [v, v] if np.isfinite(v) else None
+        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))  # [n_boot, n_samples]
+        values = stat({k: a[idx] for k, a in arrays.items()})
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return None
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def headline(per: pd.DataFrame, n_boot: int = 0) -> dict:
+    """tau, tau_with_prefill, tau_all and the three speedups of a set of (sample, turn)s, with intervals."""
+    arrays = per_sample(per)
+    out = {}
+    for name, stat in STATS.items():
+        out[name] = _value(name, per, arrays)
+        if n_boot:
+            out[f"{name}_ci95"] = bootstrap_ci(stat, arrays, n_boot) if out[name] is not None else None
+    return out
+
+
+def _row_ratio(per: pd.DataFrame, kind: str) -> pd.Series:
+    """The headline speedup of each (sample, turn) alone (specbench: its e2e ratio)."""
+    if kind == "decode":
+        return ((per["new_tokens"] - 1) / per["decode_s"]) / ((per["ref_new_tokens"] - 1) / per["ref_decode_s"])
+    return (per["new_tokens"] / per["total_s"]) / (per["ref_new_tokens"] / per["ref_total_s"])
+
+
+def summarize(rows: list[dict], max_spread: float = 1.5, n_boot: int = 1000, speedup_kind: str = "e2e") -> dict:
+    """Aggregate a run's rows (dicts with :data:`fafo.bench.records.SAMPLE_COLUMNS`; older files' missing
+    columns give None for what needs them)."""
     df = frame(rows)
     n_rows = len(df)
     ok = df[df["status"] == "ok"] if n_rows else df
-    out = {"n_rows": n_rows, "n_failed": int(n_rows - len(ok))}
+    failed = df[df["status"] != "ok"] if n_rows else df
+    out = {"n_rows": n_rows, "n_failed": len(failed), "speedup_kind": speedup_kind,
+           "failed": [f"{r.sample_id}/{r.turn}: {r.status}" for r in failed.head(20).itertuples()]}
     if ok.empty:
-        return out | {"n_samples": 0}
-    per = ok.groupby(["sample_id", "turn"], sort=False).agg(
-        new_tokens=("new_tokens", "first"), forwards=("forwards", "first"), tau=("tau", "first"),
-        prefill_s=("prefill_s", "median"), decode_s=("decode_s", "median"), total_s=("total_s", "median"),
-        ref_total_s=("ref_total_s", "median"), peak_mem_mb=("peak_mem_mb", "max"),
-        exact_match=("exact_match", "first"),
-        total_lo=("total_s", lambda s: s.quantile(0.25)), total_hi=("total_s", lambda s: s.quantile(0.75)),
-        spread=("total_s", _spread),
-    )
+        return out | {"n_samples": 0, "n_turns": 0}
+    per = _per_turn(ok)
     interleaved = ok[ok["ref_source"] == "interleaved"] if "ref_source" in ok else ok.iloc[:0]
     ref_spread = interleaved.groupby(["sample_id", "turn"], sort=False)["ref_total_s"].agg(_spread)
     spread = pd.concat([per["spread"], ref_spread], axis=1).max(axis=1)
     flagged = [f"{sid}/{int(turn)}" for (sid, turn), v in spread.items() if v > max_spread]
-    timed = per.dropna(subset=["ref_total_s"])
+    kinds = per["mismatch_kind"].fillna("").astype(str)
     out |= {
         "n_samples": int(ok["sample_id"].nunique()),
         "n_turns": len(per),
         "new_tokens": int(per["new_tokens"].sum()),
-        "tau": float(per["new_tokens"].sum() / (per["forwards"] + 1).sum()),
-        "tau_request": float(per["tau"].mean()),
+        **headline(per, n_boot),
+        "tau_request": _nan_none(((per["new_tokens"] - 1) / per["forwards"].where(per["forwards"] > 0)).mean()),
         "prefill_s": float(per["prefill_s"].sum()),
         "decode_s": float(per["decode_s"].sum()),
         "total_s": float(per["total_s"].sum()),
         "tokens_per_s": float(per["new_tokens"].sum() / per["total_s"].sum()),
+        "verify_ms": _nan_none(1000 * per["decode_s"].sum() / per["forwards"].sum()),
         "peak_mem_mb": float(per["peak_mem_mb"].max()),
+        "ref_peak_mem_mb": _nan_none(per["ref_peak_mem_mb"].max()),
         "exact_match_rate": float(per["exact_match"].mean()) if per["exact_match"].notna().any() else None,
-        "total_s_iqr": float(((per["total_hi"] - per["total_lo"]) / per["total_s"]).median()),
+        "n_mismatch_tie": int((kinds == "tie").sum()),
+        "n_mismatch_divergence": int((kinds == "divergence").sum()),
+        "total_s_iqr": _nan_none(_iqr(ok).median()),
         "flagged": flagged,
         "n_flagged": len(flagged),
         "ref_sources": {str(k): int(v) for k, v in ok["ref_source"].value_counts().items()}
         if "ref_source" in ok else {},
     }
+    out["mem_overhead_mb"] = (out["peak_mem_mb"] - out["ref_peak_mem_mb"]) if out["ref_peak_mem_mb"] is not None \
+        else None
+    out |= _forward_totals(ok, per)
+    key = f"speedup_{speedup_kind}"
+    out["speedup"], out["speedup_ci95"] = out.get(key), out.get(f"{key}_ci95")
+    timed = per.dropna(subset=["ref_total_s", "ref_new_tokens"])
     if not timed.empty:
-        ratios = timed["ref_total_s"] / timed["total_s"]
-        by_repeat = ok.dropna(subset=["ref_total_s"]).groupby("repeat")
-        repeat_speedups = by_repeat["ref_total_s"].sum() / by_repeat["total_s"].sum()
-        by_sample = timed.groupby(level="sample_id", sort=False)[["ref_total_s", "total_s"]].sum()
-        lo, hi = bootstrap_ci(by_sample["ref_total_s"].to_numpy(), by_sample["total_s"].to_numpy(), n_boot)
-        out |= {
-            "speedup": float(timed["ref_total_s"].sum() / timed["total_s"].sum()),
-            "speedup_ci95": [lo, hi],
-            "speedup_mean": float(ratios.mean()),
-            "speedup_min": float(repeat_speedups.min()),
-            "speedup_max": float(repeat_speedups.max()),
-            "ref_total_s": float(timed["ref_total_s"].sum()),
-        }
+        by_repeat = [_value(key, g, per_sample(_per_turn(g)))
+                     for _, g in ok.dropna(subset=["ref_total_s"]).groupby("repeat")]
+        by_repeat = [v for v in by_repeat if v is not None]
+        out |= {"speedup_mean": _nan_none(_row_ratio(timed, speedup_kind).mean()),
+                "speedup_min": min(by_repeat, default=None), "speedup_max": max(by_repeat, default=None),
+                "ref_total_s": float(timed["ref_total_s"].sum())}
+    cats = per["category"].fillna("").astype(str)
+    if (cats != "").any():
+        out["by_category"] = {c: _category(g) for c, g in per.groupby(cats, sort=True) if c}
     return out
+
+
+def _category(per: pd.DataFrame) -> dict:
+    h = headline(per)
+    return {"n_samples": int(per.index.get_level_values("sample_id").nunique()), "n_turns": len(per),
+            "tau": h["tau"], "tau_all": h["tau_all"], "speedup_e2e": h["speedup_e2e"],
+            "speedup_decode": h["speedup_decode"],
+            "exact_match_rate": float(per["exact_match"].mean()) if per["exact_match"].notna().any() else None}
+
+
+def _forward_totals(ok: pd.DataFrame, per: pd.DataFrame) -> dict:
+    """Forward counts by kind (first repeat of each (sample, turn)), acceptance and the draft model's share."""
+    first = ok.groupby(["sample_id", "turn"], sort=False).first()
+    out = {}
+    for col, key in (("prefill_forwards", "prefill_forwards"), ("forwards", "verify_forwards"),
+                     ("draft_forwards", "draft_forwards"), ("aux_forwards", "aux_forwards"),
+                     ("target_forwards", "target_forwards"), ("draft_model_forwards", "draft_model_forwards")):
+        out[key] = int(first[col].sum()) if col in first and first[col].notna().all() else None
+    params = first["draft_model_params"].max() if "draft_model_params" in first else np.nan
+    out["draft_model_params"] = None if pd.isna(params) else int(params)
+    dm, tf = out["draft_model_forwards"], out["target_forwards"]
+    out["draft_model_share"] = dm / (dm + tf) if dm is not None and tf else None
+    drafted = per["drafted"].dropna()
+    out["drafted"] = int(drafted.sum()) if len(drafted) else None
+    out["accepted"] = int(per["accepted"].dropna().sum()) if len(drafted) else None
+    out["accept_rate"] = out["accepted"] / out["drafted"] if out["drafted"] else None
+    return out
+
+
+def _iqr(ok: pd.DataFrame) -> pd.Series:
+    """Each (sample, turn)'s inter-quartile range of total_s over repeats, relative to its median."""
+    g = ok.groupby(["sample_id", "turn"], sort=False)["total_s"]
+    return (g.quantile(0.75) - g.quantile(0.25)) / g.median()
+
+
+def _nan_none(x) -> float | None:
+    return None if x is None or pd.isna(x) or not np.isfinite(x) else float(x)
 
 
 def accept_histogram(accept_lengths) -> dict[int, int]:
@@ -113,13 +247,3 @@ def accept_histogram(accept_lengths) -> dict[int, int]:
         for n in lengths:
             hist[int(n)] = hist.get(int(n), 0) + 1
     return dict(sorted(hist.items()))
-
-
-def draft_acceptance(extras) -> float | None:
-    """Per-token draft acceptance alpha = accepted / drafted tokens over all generations (QuantSpec's "acceptance
-    rate"), from each generation's ``extras`` (an iterable of dicts); None when no method reports drafts."""
-    drafted = accepted = 0
-    for x in extras:
-        if x and x.get("drafted") is not None and x.get("accepted") is not None:
-            drafted, accepted = drafted + int(x["drafted"]), accepted + int(x["accepted"])
-    return accepted / drafted if drafted else None

@@ -30,10 +30,13 @@ from fafo.errors import ConfigError
 
 SAMPLE_COLUMNS = [
     "sample_id", "turn", "repeat", "category", "model", "method", "task",
-    "prompt_tokens", "new_tokens", "forwards", "tau", "mean_accept",
-    "prefill_s", "decode_s", "total_s", "tokens_per_s", "peak_mem_mb",
-    "ref_new_tokens", "ref_total_s", "ref_decode_s", "speedup",
-    "exact_match", "first_mismatch", "ref_source", "seed", "compiles", "threads", "load", "status", "crc",
+    "prompt_tokens", "new_tokens", "forwards", "tau", "tau_with_prefill", "tau_all", "mean_accept",
+    "prefill_forwards", "draft_forwards", "aux_forwards", "target_forwards", "target_tokens",
+    "draft_model_forwards", "draft_model_params", "drafted", "accepted",
+    "prefill_s", "decode_s", "total_s", "tokens_per_s", "verify_ms", "peak_mem_mb", "ref_peak_mem_mb",
+    "mem_overhead_mb", "ref_new_tokens", "ref_total_s", "ref_decode_s", "speedup", "speedup_e2e", "speedup_decode",
+    "exact_match", "first_mismatch", "mismatch_kind", "mismatch_gap",
+    "ref_source", "seed", "compiles", "threads", "load", "status", "crc",
 ]
 OUTPUT_KEYS = ("sample_id", "turn", "tokens", "text")
 SKIPPED = "skipped: turn "
@@ -43,9 +46,10 @@ def row_key(sample_id, turn, repeat) -> tuple[str, int, int]:
     return str(sample_id), int(turn), int(repeat)
 
 
-def row_crc(row: dict) -> str:
-    """CRC-32 (8 hex digits) of a row's fields as written, ``crc`` itself excluded."""
-    blob = "\x1f".join(str(row.get(c, "")) for c in SAMPLE_COLUMNS if c != "crc")
+def row_crc(row: dict, columns: list[str] = SAMPLE_COLUMNS) -> str:
+    """CRC-32 (8 hex digits) of a row's fields as written under ``columns`` (its file's header), ``crc``
+    excluded."""
+    blob = "\x1f".join(str(row.get(c, "")) for c in columns if c != "crc")
     return f"{zlib.crc32(blob.encode()):08x}"
 
 
@@ -180,10 +184,10 @@ class RecordWriter:
         rewrite |= header != SAMPLE_COLUMNS  # written by an older version: rewritten with today's columns
         rows, bad = [], 0
         for r in reader:
-            if None in r or not r.get("status") or (has_crc and r.get("crc") != row_crc(r)):
+            if None in r or not r.get("status") or (has_crc and r.get("crc") != row_crc(r, header)):
                 bad += 1  # garbled, too many fields, or a crc mismatch
                 continue
-            rows.append(_as_written(r) if not has_crc else {c: r.get(c, "") for c in SAMPLE_COLUMNS})
+            rows.append(_as_written(r) if header != SAMPLE_COLUMNS else r)  # older columns: new ones empty
         if bad:
             self.repairs.append(f"samples.csv: dropped {bad} torn or garbled rows")
             rewrite = True

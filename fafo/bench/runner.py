@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from fafo.bench.cost_curve import CostCurve, summary_fields
-from fafo.bench.metrics import accept_histogram, draft_acceptance, summarize
+from fafo.bench.metrics import accept_histogram, summarize
+from fafo.bench.mismatch import MismatchJudge
 from fafo.bench.naming import cli_overrides, model_name
 from fafo.bench.records import RecordWriter, check_lock_free, first_mismatch, write_json_atomic
 from fafo.bench.reference import ReferenceStore, reference_key, timing_reusable
@@ -131,6 +132,7 @@ class Runner:
         self.method.setup(self.engine)
         self.reference.setup(self.engine)
         self.clock, self.memory = SyncClock(self.device), PeakMemory(self.device)
+        self.judge = MismatchJudge(self.engine, self.ckpt, self.context, self.bench.get("tie_margin", 0.1))
         self.store = ReferenceStore(self.bench.reference_dir)  # always written; read for reuse when asked
         records = RecordWriter(self.run_dir)
         if records.repairs:
@@ -177,7 +179,8 @@ class Runner:
         summary.update(compile=asdict(self.compile) if self.compile else None, step_attention=self.engine.step_backend,
                        compile_s=self.warm_compile["compile_s"], compiled_graphs=self.warm_compile["graphs"])
         summary["accept_hist"] = accept_histogram(o["accept_lengths"] for o in records.outputs.values())
-        summary["alpha"] = draft_acceptance(o.get("extras") for o in records.outputs.values())
+        if self.judge.note:
+            summary["mismatch_check"] = self.judge.note
         write_json_atomic(self.run_dir / "summary.json", summary)
         logger.finish(records.rows, summary)
         if report:
@@ -189,18 +192,22 @@ class Runner:
 
         With compiled steps at least one is run: it compiles every step shape (compile time is reported apart as
         ``compile_s``; each row counts the graphs compiled during its own timing in ``compiles``, normally 0).
+        Cross-request state (:attr:`~fafo.decoding.Decoder.cross_request_state`) is restored afterwards.
         """
         rounds = max(self.bench.warmup, 1 if self.compile is not None else 0)
         if not rounds or not self.samples:
             return 0.0
         sample = self.samples[0]
         prompt = self.task.prompt_ids(self.engine.tokenizer, sample, 0, [])
+        before = [d.snapshot() for d in (self.method, self.reference)]  # warm-up leaves no learnt state behind
         self.clock.start()
         for _ in range(rounds):
             for decoder in (self.method, self.reference):
                 decoder.generate(self.engine, prompt, min(self.budget(sample), 64), self.eos, self.sampling,
                                  self.sampling.generator(0, self.device))
         self.clock.stop()
+        for decoder, snapshot in zip((self.method, self.reference), before):
+            decoder.restore(snapshot)
         return self.clock.total_s
 
     def _expected_keys(self) -> set[tuple[str, int, int]]:
@@ -219,9 +226,14 @@ class Runner:
             except Exception as exc:  # noqa: BLE001 - a bad sample must not stop the sweep
                 prompt, error = None, exc
             ref = None
+            # every timing repeat starts from the cross-request state the sample's first run started from
+            snapshots = [d.snapshot() for d in (self.method, self.reference)] if self.bench.repeats > 1 else None
             for key in keys:
                 if key in done:
                     continue
+                if snapshots is not None and key[2] > 0:
+                    for decoder, snapshot in zip((self.method, self.reference), snapshots):
+                        decoder.restore(snapshot)
                 if prompt is None:
                     records.write(self._failed_row(sample, turn, key[2], error))
                     continue
@@ -272,32 +284,47 @@ class Runner:
         ref = ref or self._stored_reference(key)
         if ref.get("stored_ok"):  # bench.reuse_reference=true and the stored timing passed timing_reusable
             ref_total, ref_decode, ref_source = _median(ref["total_s"]), _median(ref["decode_s"]), "stored"
+            ref_peak = ref.get("peak_mem_mb")
         else:  # interleaved: the reference runs right before the method, in this process, every repeat
             gen_ref, t_ref = self._generate(self.reference, prompt, budget, seed_index)
+            ref_peak = self.memory.peak_mb(self.engine, gen_ref.extras)
             ref["tokens"] = gen_ref.tokens  # this run's own reference tokens decide exact_match
             ref["total_s"].append(t_ref["total_s"])
             ref["decode_s"].append(t_ref["decode_s"])
+            ref["peak_mem_mb"] = ref_peak
             ref_total, ref_decode, ref_source = t_ref["total_s"], t_ref["decode_s"], "interleaved"
             if len(ref["total_s"]) >= self.bench.repeats:
                 self._store_reference(key, ref)
         gen, t = self._generate(self.method, prompt, budget, seed_index)
         peak = self.memory.peak_mb(self.engine, gen.extras)
         greedy = self.sampling.greedy
-        mismatch = first_mismatch(gen.tokens, ref["tokens"])
+        mismatch = first_mismatch(gen.tokens, ref["tokens"]) if greedy else -1
+        kind, gap = self.judge(prompt, gen.tokens, ref["tokens"], mismatch) if mismatch >= 0 else ("", "")
+        n, ref_n, f = len(gen.tokens), len(ref["tokens"]), gen.forwards
+        e2e = (n / t["total_s"]) / (ref_n / ref_total)
         row = {
-            **self._base_row(sample, turn, repeat), "prompt_tokens": len(prompt), "new_tokens": len(gen.tokens),
-            "forwards": gen.n_forwards, "tau": gen.tau,
-            "mean_accept": sum(gen.accept_lengths) / max(1, len(gen.accept_lengths)), **t,
-            "tokens_per_s": len(gen.tokens) / t["total_s"], "peak_mem_mb": peak,
-            "ref_new_tokens": len(ref["tokens"]), "ref_total_s": ref_total, "ref_decode_s": ref_decode,
-            "speedup": ref_total / t["total_s"], "exact_match": (mismatch == -1) if greedy else "",
-            "first_mismatch": mismatch if greedy else "", "ref_source": ref_source, "seed": seed_index,
+            **self._base_row(sample, turn, repeat), "prompt_tokens": len(prompt), "new_tokens": n,
+            "forwards": f.verify, "tau": _nan_blank(gen.tau), "tau_with_prefill": gen.tau_with_prefill,
+            "tau_all": gen.tau_all, "mean_accept": sum(gen.accept_lengths) / max(1, len(gen.accept_lengths)),
+            "prefill_forwards": f.prefill, "draft_forwards": f.draft, "aux_forwards": f.aux,
+            "target_forwards": f.total, "target_tokens": f.tokens, "draft_model_forwards": gen.draft_model_forwards,
+            "draft_model_params": gen.draft_model_params, "drafted": gen.drafted, "accepted": gen.accepted, **t,
+            "tokens_per_s": n / t["total_s"], "verify_ms": 1000 * t["decode_s"] / f.verify if f.verify else "",
+            "peak_mem_mb": peak, "ref_peak_mem_mb": ref_peak,
+            "mem_overhead_mb": peak - ref_peak if ref_peak is not None else "",
+            "ref_new_tokens": ref_n, "ref_total_s": ref_total, "ref_decode_s": ref_decode,
+            "speedup": e2e, "speedup_e2e": e2e,
+            "speedup_decode": ((n - 1) / t["decode_s"]) / ((ref_n - 1) / ref_decode) if min(n, ref_n) > 1 else "",
+            "exact_match": (mismatch == -1) if greedy else "", "first_mismatch": mismatch if greedy else "",
+            "mismatch_kind": kind, "mismatch_gap": gap, "ref_source": ref_source, "seed": seed_index,
             "compiles": compile_stats()["graphs"] - graphs, "threads": torch.get_num_threads(),
             "load": load_average(), "status": "ok",
         }
         output = {"sample_id": str(sample.id), "turn": turn, "prompt_tokens": len(prompt), "tokens": gen.tokens,
                   "text": self.engine.tokenizer.decode(gen.tokens, skip_special_tokens=True),
-                  "accept_lengths": gen.accept_lengths, "extras": gen.extras}
+                  "accept_lengths": gen.accept_lengths, "forwards": asdict(gen.forwards),
+                  "draft_model_forwards": gen.draft_model_forwards, "drafted": gen.drafted,
+                  "accepted": gen.accepted, "extras": gen.extras}
         return row, output, ref
 
     def _stored_reference(self, key: str) -> dict:
@@ -320,6 +347,7 @@ class Runner:
             old, self.bench.get("max_spread", 1.5), self.bench.get("busy_load", 0.75))[0]
         if not keep_old:
             self.store.put(key, {"tokens": ref["tokens"], "total_s": ref["total_s"], "decode_s": ref["decode_s"],
+                                 "peak_mem_mb": ref.get("peak_mem_mb"),
                                  "device": self.env["device_name"], "load": load_average(),
                                  "cpu_count": self.machine["cpu_count"], "threads": torch.get_num_threads(),
                                  "time": time.time()})
@@ -335,12 +363,18 @@ class Runner:
         return {**self._base_row(sample, turn, repeat), "prompt_tokens": prompt_tokens, "status": error}
 
     def _summary(self, rows, warmup_s: float, load_s: float) -> dict:
-        return {**self.names, **summarize(rows, self.bench.get("max_spread", 1.5), self.bench.get("bootstrap", 1000)),
+        return {**self.names, **summarize(rows, self.bench.get("max_spread", 1.5), self.bench.get("bootstrap", 1000),
+                                          self.bench.get("speedup_kind", "e2e")),
+                "tie_margin": self.judge.margin,
                 "dtype": self.dtype, **self.env,
                 "attention": self.engine.backend, "repeats": self.bench.repeats, "warmup_s": warmup_s,
                 "load_s": load_s, "sampling": asdict(self.sampling), "ignore_eos": bool(self.bench.ignore_eos),
                 "random_model": self.ckpt.random, "checkpoint": self.ckpt.source, "n_params": self.n_params,
                 "run_dir": str(self.run_dir), **summary_fields(self.method, self.cost_curve, rows)}
+
+
+def _nan_blank(x: float):
+    return "" if math.isnan(x) else x
 
 
 def _median(values: list[float]) -> float:
@@ -367,9 +401,12 @@ def print_summary(summary: dict, random_model: bool) -> None:
     """The end-of-run block: which checkpoint was loaded (path or hub id, parameter count, dtype), then the
     metrics."""
     keys = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples", "n_turns", "n_failed",
-            "new_tokens", "tau", "tau_request", "tokens_per_forward", "break_even_tau", "tokens_per_s", "speedup",
-            "speedup_mean", "speedup_min", "speedup_max", "speedup_ci95", "n_flagged", "peak_mem_mb",
-            "exact_match_rate", "device_name", "threads", "load_start", "warmup_s", "compile_s", "run_dir"]
+            "new_tokens", "tau", "tau_ci95", "tau_with_prefill", "tau_all", "accept_rate", "draft_model_forwards",
+            "tokens_per_forward", "break_even_tau", "tokens_per_s", "verify_ms", "speedup_kind", "speedup",
+            "speedup_ci95", "speedup_e2e", "speedup_e2e_ci95", "speedup_decode", "speedup_decode_ci95",
+            "speedup_specbench", "speedup_min", "speedup_max", "n_flagged", "peak_mem_mb", "ref_peak_mem_mb",
+            "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence", "device_name",
+            "threads", "load_start", "warmup_s", "compile_s", "run_dir"]
     width = max(map(len, keys))
     lines = ["", "== fafo-bench summary =="]
     for k in keys:
@@ -378,8 +415,8 @@ def print_summary(summary: dict, random_model: bool) -> None:
             continue
         if k == "n_params":
             v = format_params(v)
-        if k == "speedup_ci95":
-            v = f"[{v[0]:.3f}, {v[1]:.3f}] (bootstrap over samples)"
+        if k.endswith("_ci95"):
+            v = f"[{v[0]:.3f}, {v[1]:.3f}] (95 %, bootstrap over samples)"
         if k == "n_flagged" and v:
             v = f"{v} (repeats disagree by > bench.max_spread: {', '.join(summary.get('flagged', [])[:5])})"
         lines.append(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")

@@ -21,6 +21,7 @@ from fafo.engine.gguf import gguf_checkpoint
 from fafo.engine.loader import load_hf_config, load_tokenizer, resolve_checkpoint
 from fafo.bench.naming import model_name, model_source
 from fafo.engine.tiny import tiny_checkpoint
+from fafo.bench.metrics import SPEEDUP_KINDS
 from fafo.errors import ConfigError
 
 
@@ -117,6 +118,13 @@ def check_bench(bench: DictConfig) -> None:
         value = bench[key]
         if value is not None and (not _is_int(value) or value < 1):
             raise ConfigError(f"bench.{key}={value!r} must be a positive integer or null")
+    kind = bench.get("speedup_kind", "e2e")
+    if kind not in SPEEDUP_KINDS:
+        raise ConfigError(f"bench.speedup_kind={kind!r} is not a speedup; use one of {', '.join(SPEEDUP_KINDS)} "
+                          "(e2e: prefill included; decode: decoding speed; specbench: Spec-Bench's mean tokens/s)")
+    margin = bench.get("tie_margin", 0.1)
+    if not _is_number(margin) or margin < 0:
+        raise ConfigError(f"bench.tie_margin={margin!r} must be a number >= 0 (a float32 logit gap, e.g. 0.1)")
 
 
 def resolve_compile(bench: DictConfig, device: torch.device) -> CompileOptions | None:

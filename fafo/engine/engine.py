@@ -12,6 +12,7 @@ import torch
 from fafo.engine.attention import BACKENDS, AttentionPlan, causal_plan
 from fafo.engine.cache import KVCache
 from fafo.engine.compiled import CompiledStep, CompileOptions
+from fafo.engine.ledger import ForwardLedger
 from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
 from fafo.engine.model import Transformer
 from fafo.errors import ConfigError
@@ -44,6 +45,7 @@ class Engine:
         static_shapes: decoders must give every decode-step forward a shape that depends only on their
             hyperparameters (pad trees, guess sets and verification windows to their maximum), so compiled
             steps never recompile; set when steps are compiled (``bench.compile``).
+        ledger: every forward of this engine's weights by kind (:mod:`fafo.engine.ledger`).
     """
 
     model: Transformer
@@ -55,6 +57,7 @@ class Engine:
     static_shapes: bool = False
     compiled: CompiledStep | None = field(default=None, repr=False)
     _cache: KVCache | None = field(default=None, repr=False)
+    ledger: ForwardLedger = field(default_factory=ForwardLedger, repr=False)
 
     @classmethod
     def from_pretrained(cls, path: str, *, device="cpu", dtype="float32", backend="sdpa",
@@ -125,8 +128,10 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, cache: KVCache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None,
-                eager: bool = False):
+                eager: bool = False, kind: str = "verify"):
         """One model step (see :meth:`Transformer.forward`); tokens/positions/slots may be lists or tensors.
+        ``kind`` is what the forward is for, recorded in :attr:`ledger` (``prefill``, ``verify``, ``draft``,
+        ``aux``: :mod:`fafo.engine.ledger`).
 
         Decode steps (``plan.prefix > 0``) without layer skipping run compiled when :meth:`enable_compile` was
         called; prefill, layer-skipping forwards and ``eager=True`` ones (e.g. a chunked prefill, whose lengths
@@ -137,6 +142,7 @@ class Engine:
             tokens = tokens[None]
         slots = None if slots is None else self.tensor(slots)
         positions = self.tensor(positions)
+        self.ledger.record(kind, tokens.shape[-1])
         if self.compiled is not None and plan.prefix > 0 and skip is None and not eager:
             return self.compiled(tokens, positions, cache, slots, plan, logits)
         return self.model(tokens, positions, cache, slots, plan, self.backend, logits, skip)
@@ -144,7 +150,7 @@ class Engine:
     def prefill(self, cache: KVCache, prompt_ids: list[int], logits="last") -> torch.Tensor:
         """Write the prompt's KV to slots ``[0, T)`` at positions ``[0, T)``; returns its logits rows."""
         idx = torch.arange(len(prompt_ids), device=self.device)
-        return self.forward(cache, prompt_ids, idx, idx, causal_plan(0), logits)
+        return self.forward(cache, prompt_ids, idx, idx, causal_plan(0), logits, kind="prefill")
 
 
 def eos_token_ids(ckpt, config, tokenizer) -> tuple[int, ...]:

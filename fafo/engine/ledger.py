@@ -1,0 +1,56 @@
+"""The forward ledger: every forward that reads a model's weights, counted by kind, at the engine boundary.
+
+Counting where the forward happens (:meth:`fafo.engine.engine.Engine.forward`) rather than in each decoder makes
+every method's tau comparable: a forward cannot be left out by one method and counted by another. The kinds:
+
+* ``prefill``: the prompt (and whatever a method appends to it in the same forward, e.g. Lookahead's window);
+* ``verify``: a forward over the target's full cache whose outputs decide what is committed (one per decoding
+  step; vanilla's decode forwards are its verifications of nothing);
+* ``draft``: a self-draft of the target's own weights that commits nothing by itself: SWIFT's layer-skipped
+  pass, QuantSpec's INT4 pass, TriForce's retrieval-cache (middle) pass, FAFO-2forward's fumble pass;
+* ``aux``: any other forward of the target's weights (SWIFT's layer-set scoring).
+
+A separate draft model (TriForce's llama-68m) has an engine and a ledger of its own; a draft that is not an
+engine (LongSpec's draft layer) reports its forwards to the decode loop directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+KINDS = ("prefill", "verify", "draft", "aux")
+
+
+@dataclass(frozen=True)
+class ForwardCounts:
+    """Forwards of one model by kind, and the tokens they carried (padding included: it is computed)."""
+
+    prefill: int = 0
+    verify: int = 0
+    draft: int = 0
+    aux: int = 0
+    tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prefill + self.verify + self.draft + self.aux
+
+    def __sub__(self, other: ForwardCounts) -> ForwardCounts:
+        return ForwardCounts(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
+
+@dataclass
+class ForwardLedger:
+    """Running counts of one engine's forwards (never reset: a generation reads the difference of two marks)."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    tokens: int = 0
+
+    def record(self, kind: str, n_tokens: int) -> None:
+        if kind not in self.counts:
+            raise ValueError(f"unknown forward kind {kind!r}; one of {KINDS}")
+        self.counts[kind] += 1
+        self.tokens += n_tokens
+
+    def mark(self) -> ForwardCounts:
+        return ForwardCounts(**self.counts, tokens=self.tokens)
