@@ -2,14 +2,14 @@
 
 Rows are (model, method); one column group per task, or with ``--by KEY`` (any config key, e.g.
 ``method.compress.local`` or ``bench.max_new_tokens``; else a summary key such as ``dtype``) per value of that key
-(per task and value when the runs cover several tasks). Each cell is ``speedup× [95 % CI] (tau/tau_all)``; each row ends
-with its coverage (samples/turns and failed rows), exact-match rate (over its (sample, turn)s, mismatches classified
-as fp32 tie / divergence), peak memory (max over its runs) beside vanilla's own and the overhead, tokens/s (its new
-tokens over its total time), time per verification forward and acceptance histogram. The methods of one model in
-one column are compared on the (sample, turn)s all of them cover (:func:`fafo.bench.report.align`, marked †); runs
-whose samples carry categories get a second, per-category table. Written as ``<name>.csv`` (long form: one line per cell with every number and its run directory),
-``<name>.md`` and ``<name>.tex`` like the paper tables. Runs are read by :func:`make_tables.collect` and
-aggregated with pandas.
+(per task and value when the runs cover several tasks). Each cell is ``speedup× [95 % CI] (tau/tau_all)``; each
+row ends with its coverage (samples/turns and failed rows), exact-match rate (over its (sample, turn)s, mismatches
+classified as fp32 tie / divergence), peak memory (max over its runs) beside vanilla's own and the overhead,
+tokens/s (its new tokens over its total time), time per verification forward and acceptance histogram. The methods
+of one model in one column are compared on the (sample, turn)s all of them cover (:func:`fafo.bench.report.align`,
+marked †); runs whose samples carry categories get a second, per-category table. Written as ``<name>.csv`` (long
+form: one line per cell with every number and its run directory), ``<name>.md`` and ``<name>.tex`` like the paper
+tables. Runs are read by :func:`fafo.bench.report.collect` and aggregated with pandas.
 """
 
 from __future__ import annotations

@@ -132,9 +132,10 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
 
 def categories_markdown(run_dir: Path, summaries: dict[str, dict]) -> str:
     """The per-category table of the methods whose samples carry categories ("" when none do)."""
-    from fafo.bench.report import category_table
+    from fafo.bench.report import align, category_table
 
-    split = category_table([([name], run) for name, run in zip(summaries, _runs(run_dir, summaries))], "-")
+    runs, _ = align(_runs(run_dir, summaries))  # per category on the common samples too
+    split = category_table([([name], run) for name, run in zip(summaries, runs)], "-")
     if split is None:
         return ""
     cats, lines = split

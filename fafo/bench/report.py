@@ -216,7 +216,7 @@ def align(runs: list[Run], label=lambda run: run.rel) -> tuple[list[Run], str | 
         missing = union - keys
         if missing:
             failed = {row_key(r) for r in runs[i].sample_rows() if r.get("status") != "ok"} & missing
-            example = "/".join(map(str, sorted(missing)[0]))
+            example = "/".join(map(str, min(missing)))
             lacks.append(f"{label(runs[i])} lacks {len(missing)} ({len(failed)} failed, {len(missing) - len(failed)}"
                          f" not run; e.g. {example})")
     note = (f"computed on the {len(common)} (sample, turn)s common to its {len(sets)} runs (of {len(union)}): "
