@@ -8,11 +8,16 @@
 
 Reads every run directory under the given roots (``summary.json`` + ``config.yaml``; a run that has rows in
 ``samples.csv`` but no ``summary.json`` yet, e.g. killed or still running, is summarised from its rows and marked
-partial) and the published numbers in ``results/paper/<table>.csv``. Rows are (model, method), columns are tasks
-or, for ablations, the values of the table's axis (``k``, ``n``, ``budget``, ``guesses``...). Each column shows
-ours, the paper's and ours minus the paper's, as ``speedup x (tau)``; each row ends with our peak memory
-(max over its runs, the paper's where it has one) and our exact-match rate (over all its (sample, turn)s).
-Cells without a run (a partial sweep) print as "—". Runs from no paper preset (or ``--by KEY``) get the generic
+partial; see ``fafo/bench/report.py``) and the published numbers in ``results/paper/<table>.csv``. Rows are
+(model, method), columns are tasks or, for ablations, the values of the table's axis (``k``, ``n``, ``budget``,
+``guesses``...). Each column shows ours as ``speedup× [95 % CI] (tau)``, our coverage ``n`` (samples[/turns] and
+failed rows), the paper's and ours minus the paper's; each row ends with our peak memory (max over its runs, the
+paper's where it has one), vanilla's own peak and the overhead, and our exact-match rate (over all its
+(sample, turn)s; mismatches classified in fp32 as tie / divergence). The footnotes name the speedup and the tau
+shown with their definitions. The methods of one model in one column are compared on the (sample, turn)s all of
+them cover: when one failed or skipped a sample, the others are recomputed without it, the cells are marked † and
+a footnote gives the count. Runs whose samples carry categories get a second, per-category table. Cells without a
+run (a partial sweep) print as "—". Runs from no paper preset (or ``--by KEY``) get the generic
 comparison table of ``scripts/generic_table.py`` instead (one row per (model, method), a column per task or KEY
 value). Writes ``<table>.csv`` (long form: one line per cell, every
 number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and prints the Markdown.

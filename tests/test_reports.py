@@ -185,3 +185,31 @@ def test_plots_draw_95_intervals_and_coverage(tmp_path):
     rows = plot_equal_budget.main([str(tmp_path), "--out", str(tmp_path / "eq.png")])
     text = plot_equal_budget.table(rows)
     assert f"| {fmt_ci(cis[0])} | e2e |" in text and "| 4 (0) |" in text and (tmp_path / "eq.png").stat().st_size
+
+
+def test_runs_with_no_common_sample_are_marked_not_comparable(tmp_path):
+    from fafo.bench.report import align, collect
+
+    write_run(tmp_path, "a", "m", "fafo", seed=15, fail={"s0", "s1"})
+    write_run(tmp_path, "b", "m", "lookahead", seed=16, fail={"s2", "s3"})
+    runs = collect([tmp_path]).runs
+    aligned, note = align(runs, label=lambda r: r.summary["method"])
+    assert note.startswith("NOT comparable: no (sample, turn) is covered by all 2 runs")
+    assert [r.summary for r in aligned] == [r.summary for r in runs]  # each keeps its own numbers
+    assert all(r.coverage is not None and len(r.coverage.common) == 2 for r in aligned)
+
+
+def test_per_category_table_from_the_summary_when_the_rows_are_gone(tmp_path):
+    d, _ = write_run(tmp_path, "m/mt_bench/fafo/default", "m", "fafo", seed=17)
+    by = {"writing": {"n_samples": 2, "n_turns": 4, "tau": 2.5, "tau_all": 2.1, "speedup_e2e": 1.3,
+                      "speedup_decode": 1.61, "exact_match_rate": 1.0},
+          "coding": {"n_samples": 1, "n_turns": 2, "tau": 3.25, "tau_all": 2.8, "speedup_e2e": 1.5,
+                     "speedup_decode": 1.87, "exact_match_rate": 1.0}}
+    s = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**s, "speedup_kind": "decode", "by_category": by}))
+    (d / "samples.csv").unlink()
+    md = generic_table.to_markdown(generic_table.build(mt.collect([tmp_path])))
+    head, line = md_rows(md.split("per category")[1])
+    assert head[3:] == ["writing", "coding"]  # the headline kind (decode) per category
+    assert line[3:] == ["1.61× (2.50) n=4", "1.87× (3.25) n=2"]
+    assert "speedup_decode = (method tokens after the first / method decode time)" in md

@@ -210,7 +210,8 @@ def plot(table, path: Path, text: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * max(len(methods), 1) + 2.2), sharey=True)
     y = list(range(len(methods)))
     for ax, col, label in ((axes[0], "speedup", f"{name} vs vanilla (x), 95% CI"),
-                           (axes[1], "tau", "tau (tokens per verification step, prefill excluded), 95% CI")):
+                           (axes[1], "tau", ("tau (tokens per verification step, prefill excluded)" if kinds
+                                             else "tau (new tokens / (forwards + 1))") + ", 95% CI")):
         values = methods[col].astype(float).fillna(0.0)
         ax.barh(y, values, xerr=_errors(values, methods[f"{col}_ci95"]), capsize=3,
                 color=["#4c72b0" if v >= 1.0 else "#c44e52" for v in values])

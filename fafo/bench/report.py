@@ -219,6 +219,13 @@ def align(runs: list[Run], label=lambda run: run.rel) -> tuple[list[Run], str | 
             example = "/".join(map(str, min(missing)))
             lacks.append(f"{label(runs[i])} lacks {len(missing)} ({len(failed)} failed, {len(missing) - len(failed)}"
                          f" not run; e.g. {example})")
+    if not common:  # nothing to compare on: each run keeps its own numbers, and the note says they do not compare
+        note = (f"NOT comparable: no (sample, turn) is covered by all {len(sets)} runs; each is shown on its own "
+                "samples: " + "; ".join(lacks))
+        out = list(runs)
+        for i, keys in covered.items():
+            out[i] = replace(runs[i], coverage=Coverage(frozenset(keys), len(keys), note))
+        return out, note
     note = (f"computed on the {len(common)} (sample, turn)s common to its {len(sets)} runs (of {len(union)}): "
             + "; ".join(lacks))
     out = list(runs)
