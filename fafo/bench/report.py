@@ -181,6 +181,8 @@ def resummarize(run: Run, keys) -> dict:
     fresh = summarize_rows(rows, run.config, speedup_kind(run.summary, run.config))
     kept = {k: v for k, v in run.summary.items() if k not in METRIC_KEYS}
     out = {**kept, **fresh, "n_failed": run.summary.get("n_failed", fresh.get("n_failed"))}
+    if "failed" in run.summary:  # the run's own failures, as n_failed
+        out["failed"] = run.summary["failed"]
     hist = accept_hist(run.path, keys) if run.path is not None else None
     return out | ({"accept_hist": hist} if hist else {})
 
