@@ -2,27 +2,37 @@
 
 Rows are (model, method); one column group per task, or with ``--by KEY`` (any config key, e.g.
 ``method.compress.local`` or ``bench.max_new_tokens``; else a summary key such as ``dtype``) per value of that key
-(per task and value when the runs cover several tasks). Each cell is ``speedup× (tau)``; each row ends with its
-exact-match rate (over its (sample, turn)s), peak memory (max over its runs) and tokens/s (its new tokens over its
-total time). Written as ``<name>.csv`` (long form: one line per cell with every number and its run directory),
-``<name>.md`` and ``<name>.tex`` like the paper tables. Runs are read by :func:`make_tables.collect` and
-aggregated with pandas.
+(per task and value when the runs cover several tasks). Each cell is ``speedup× [95 % CI] (tau/tau_all)``; each
+row ends with its coverage (samples/turns and failed rows), exact-match rate (over its (sample, turn)s, mismatches
+classified as fp32 tie / divergence), peak memory (max over its runs) beside vanilla's own and the overhead,
+tokens/s (its new tokens over its total time), time per verification forward and acceptance histogram. The methods
+of one model in one column are compared on the (sample, turn)s all of them cover (:func:`fafo.bench.report.align`,
+marked †); runs whose samples carry categories get a second, per-category table. Written as ``<name>.csv`` (long
+form: one line per cell with every number and its run directory), ``<name>.md`` and ``<name>.tex`` like the paper
+tables. Runs are read by :func:`fafo.bench.report.collect` and aggregated with pandas.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 import make_tables as mt
+from fafo.bench import report
+from fafo.bench import report_format as rf
 
 CELL_KEYS = ["speedup", "tau", "exact_match_rate", "peak_mem_mb", "tokens_per_s", "new_tokens", "total_s",
-             "n_samples", "n_turns"]
+             "n_samples", "n_turns", "tau_all", "n_failed", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms",
+             "n_mismatch_tie", "n_mismatch_divergence"]
 LONG_COLUMNS = ["table", "model", "method", "column", "task", "by", "value", "speedup", "tau", "exact_match_rate",
-                "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns", "status", "run_dir", "checkpoint", "n_params"]
-TAIL = ["Exact", "Peak MB", "tok/s"]
+                "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns", "status", "run_dir", "checkpoint", "n_params",
+                "speedup_kind", "speedup_ci95_lo", "speedup_ci95_hi", "tau_all", "n_failed", "ref_peak_mem_mb",
+                "mem_overhead_mb", "verify_ms", "n_mismatch_tie", "n_mismatch_divergence", "accept_hist",
+                "common_samples"]
+TAIL = ["n (failed)", "Exact", "Peak MB", "Vanilla MB", "Overhead MB", "tok/s", "verify ms", "Accept hist"]
 
 
 def run_value(run: mt.Run, key: str):
@@ -36,18 +46,33 @@ def run_value(run: mt.Run, key: str):
 
 def runs_frame(collected: mt.Collected, by: str | None = None) -> pd.DataFrame:
     """One line per run: its (model, method, task, by-value), its summary numbers and where it lives."""
+    return _frame(sorted(collected.runs, key=lambda r: r.order), by)
+
+
+def _frame(runs: list[mt.Run], by: str | None) -> pd.DataFrame:
     records = []
-    for run in sorted(collected.runs, key=lambda r: r.order):
+    for run in runs:
         s = run.summary
         value = mt.norm_value(run_value(run, by)) if by else ""
         records.append({"model": str(s.get("model", "?")), "method": str(s.get("method", "?")),
                         "task": str(s.get("task", "?")), "value": value or (mt.DASH if by else ""),
                         **{k: mt._num(s.get(k)) for k in CELL_KEYS}, "complete": run.complete,
                         "weight": run.weight, "run_dir": run.rel, "checkpoint": s.get("checkpoint", ""),
-                        "n_params": s.get("n_params", ""), "config": run.config})
+                        "n_params": s.get("n_params", ""), "config": run.config, "run": run})
     columns = ["model", "method", "task", "value", *CELL_KEYS, "complete", "weight", "run_dir", "checkpoint",
-               "n_params", "config"]
+               "n_params", "config", "run"]
     return pd.DataFrame.from_records(records, columns=columns)
+
+
+def align_cells(cells: pd.DataFrame, by: str | None) -> tuple[pd.DataFrame, list[str]]:
+    """Each model's runs in one column recomputed on the (sample, turn)s all of them cover; the footnotes."""
+    runs, notes = [], []
+    for (model, task, value), g in cells.groupby(["model", "task", "value"], sort=False):
+        aligned, note = report.align(list(g["run"]), label=lambda r: str(r.summary.get("method", r.rel)))
+        runs += aligned
+        if note:
+            notes.append(f"† {model}, {task}{f' {by}={value}' if by else ''}: {note}")
+    return _frame(runs, by).sort_values(["model", "method"], kind="stable"), notes
 
 
 def _flat(config, prefix="") -> dict:
@@ -94,8 +119,7 @@ def build(collected: mt.Collected, by: str | None = None, name: str | None = Non
     # a cell keeps its most complete run: finished, most (sample, turn)s, then the path (as the paper tables)
     runs = runs.sort_values(["complete", "weight", "run_dir"], ascending=False)
     group = ["model", "method", "task", "value"]
-    cells = runs.drop_duplicates(group).sort_values(["model", "method"])
-    notes = []
+    cells, notes = align_cells(runs.drop_duplicates(group).sort_values(["model", "method"]), by)
     dup = runs[runs.duplicated(group, keep=False)]
     if not dup.empty:
         keys = differing_keys(dup["config"])
@@ -117,7 +141,9 @@ def build(collected: mt.Collected, by: str | None = None, name: str | None = Non
 
 
 def _row_stats(g: pd.DataFrame) -> pd.Series:
-    """A row's exact-match rate (weighted by (sample, turn)s), peak memory (max) and tokens/s (tokens / time)."""
+    """A row's exact-match rate (weighted by (sample, turn)s), peak memory (max) and tokens/s (tokens / time), its
+    coverage and mismatch counts (sums), vanilla's peak and the overhead (max), time per verification forward (mean
+    weighted by (sample, turn)s) and acceptance histogram (summed)."""
     rated = g.dropna(subset=["exact_match_rate"])
     rated = rated[rated["weight"] > 0]
     exact = (rated["exact_match_rate"] * rated["weight"]).sum() / rated["weight"].sum() if len(rated) else None
@@ -126,7 +152,16 @@ def _row_stats(g: pd.DataFrame) -> pd.Series:
     if tps is None and g["tokens_per_s"].notna().any():
         tps = g["tokens_per_s"].mean()
     peak = g["peak_mem_mb"].max() if g["peak_mem_mb"].notna().any() else None
-    return pd.Series({"exact_match_rate": exact, "peak_mem_mb": peak, "tokens_per_s": tps})
+    out = {"exact_match_rate": exact, "peak_mem_mb": peak, "tokens_per_s": tps}
+    for key in ("n_samples", "n_turns", "n_failed", "n_mismatch_tie", "n_mismatch_divergence"):
+        out[key] = g[key].sum() if g[key].notna().any() else None
+    for key in ("ref_peak_mem_mb", "mem_overhead_mb"):
+        out[key] = g[key].max() if g[key].notna().any() else None
+    ms = g.dropna(subset=["verify_ms"])
+    out["verify_ms"] = (ms["verify_ms"] * ms["weight"]).sum() / ms["weight"].sum() \
+        if len(ms) and ms["weight"].sum() > 0 else (ms["verify_ms"].mean() if len(ms) else None)
+    out["accept_hist"] = rf.merge_hists(r.summary.get("accept_hist") for r in g["run"]) or None
+    return pd.Series(out)
 
 
 # ------------------------------------------------------------------ formatting
@@ -135,9 +170,13 @@ def _cell_text(table: GenericTable, model, method, col) -> str:
                       & (table.cells["task"] == col[0]) & (table.cells["value"] == col[1])]
     if hit.empty:
         return mt.DASH
-    run = hit.iloc[0]
-    text = mt.fmt_pair(run["speedup"], run["tau"])
-    return text + "*" if not run["complete"] and text != mt.DASH else text
+    run = hit.iloc[0]["run"]
+    text = mt.fmt_pair(run.summary.get("speedup"), run.summary.get("tau"), run.summary.get("speedup_ci95"))
+    if mt._num(run.summary.get("tau_all")) is not None and text.endswith(")"):
+        text = text[:-1] + f"/{mt._num(run.summary['tau_all']):.2f})"
+    if text == mt.DASH:
+        return text
+    return text + ("*" if not run.complete else "") + ("†" if run.coverage is not None else "")
 
 
 def header(table: GenericTable) -> list[str]:
@@ -146,21 +185,35 @@ def header(table: GenericTable) -> list[str]:
 
 def body(table: GenericTable) -> list[list[str]]:
     lines, last_model = [], None
-    for r in table.rows.itertuples(index=False):
-        line = [r.model if r.model != last_model else "", r.method]
-        last_model = r.model
-        line += [_cell_text(table, r.model, r.method, c) for c in table.cols]
-        line += [mt._fmt_num(mt._num(r.exact_match_rate), ".3f"), mt._fmt_num(mt._num(r.peak_mem_mb), ".1f"),
-                 mt._fmt_num(mt._num(r.tokens_per_s), ".1f")]
+    for r in table.rows.to_dict("records"):
+        line = [r["model"] if r["model"] != last_model else "", r["method"]]
+        last_model = r["model"]
+        line += [_cell_text(table, r["model"], r["method"], c) for c in table.cols]
+        line += [rf.fmt_n(r), rf.fmt_exact(r), mt._fmt_num(mt._num(r["peak_mem_mb"]), ".1f"),
+                 mt._fmt_num(mt._num(r["ref_peak_mem_mb"]), ".1f"), mt._fmt_num(mt._num(r["mem_overhead_mb"]), ".1f"),
+                 mt._fmt_num(mt._num(r["tokens_per_s"]), ".1f"), mt._fmt_num(mt._num(r["verify_ms"]), ".2f"),
+                 rf.fmt_hist(r["accept_hist"])]
         lines.append(line)
     return lines
 
 
 def to_markdown(table: GenericTable) -> str:
-    notes = ["cells: speedup over vanilla × (tau, tokens per target forward); Exact: exact-match rate over the "
-             "row's (sample, turn)s; Peak MB: max over the row's runs; tok/s: the row's new tokens / total time.",
-             *table.notes]
-    return mt.markdown(table.title, header(table), body(table), notes)
+    notes = ["cells: speedup over vanilla × [95 % CI] (tau/tau_all; tau_all where recorded); n: samples[/turns] of "
+             "the row's runs (failed rows); Exact: exact-match rate over the row's (sample, turn)s (mismatches "
+             "classified in fp32 as tie / div); Peak MB: max over the row's runs, Vanilla MB: vanilla's own peak, "
+             "Overhead MB: method - vanilla; tok/s: the row's new tokens / total time; verify ms: time per "
+             "verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",
+             *report.definitions([r.summary for r in table.cells["run"]], ("tau", "tau_all")), *table.notes]
+    md = mt.markdown(table.title, header(table), body(table), notes)
+    entries = [([r.model, r.method, table.col_names[(r.task, r.value)]], r.run)
+               for r in table.cells.itertuples(index=False)]
+    split = report.category_table(entries, mt.DASH)
+    if split is not None:
+        cats, lines = split
+        md += "\n" + mt.markdown(f"{table.title}: per category", ["Model", "Method", "Column", *cats], lines,
+                                 ["cells: speedup× [95 % CI] (tau) n=(sample, turn)s of the category; "
+                                  "recomputed from samples.csv."])
+    return md
 
 
 def to_latex(table: GenericTable) -> str:
@@ -185,6 +238,9 @@ def long_frame(table: GenericTable) -> pd.DataFrame:
         "peak_mem_mb": c["peak_mem_mb"].round(1), "n_samples": c["n_samples"].astype("Int64"),
         "n_turns": c["n_turns"].astype("Int64"), "status": c["complete"].map({True: "ok", False: "partial"}),
         "run_dir": c["run_dir"], "checkpoint": c["checkpoint"], "n_params": c["n_params"],
+        **{k: [mt.extra_columns(run)[k] for run in c["run"]] for k in mt.extra_columns(None)},
+        "accept_hist": [json.dumps(run.summary.get("accept_hist")) if run.summary.get("accept_hist") else ""
+                        for run in c["run"]],
     })
     order = {col: i for i, col in enumerate(table.cols)}
     out = out.assign(_o=[order[(t, v)] for t, v in zip(c["task"], c["value"])])

@@ -8,11 +8,16 @@
 
 Reads every run directory under the given roots (``summary.json`` + ``config.yaml``; a run that has rows in
 ``samples.csv`` but no ``summary.json`` yet, e.g. killed or still running, is summarised from its rows and marked
-partial) and the published numbers in ``results/paper/<table>.csv``. Rows are (model, method), columns are tasks
-or, for ablations, the values of the table's axis (``k``, ``n``, ``budget``, ``guesses``...). Each column shows
-ours, the paper's and ours minus the paper's, as ``speedup x (tau)``; each row ends with our peak memory
-(max over its runs, the paper's where it has one) and our exact-match rate (over all its (sample, turn)s).
-Cells without a run (a partial sweep) print as "—". Runs from no paper preset (or ``--by KEY``) get the generic
+partial; see ``fafo/bench/report.py``) and the published numbers in ``results/paper/<table>.csv``. Rows are
+(model, method), columns are tasks or, for ablations, the values of the table's axis (``k``, ``n``, ``budget``,
+``guesses``...). Each column shows ours as ``speedup× [95 % CI] (tau)``, our coverage ``n`` (samples[/turns] and
+failed rows), the paper's and ours minus the paper's; each row ends with our peak memory (max over its runs, the
+paper's where it has one), vanilla's own peak and the overhead, and our exact-match rate (over all its
+(sample, turn)s; mismatches classified in fp32 as tie / divergence). The footnotes name the speedup and the tau
+shown with their definitions. The methods of one model in one column are compared on the (sample, turn)s all of
+them cover: when one failed or skipped a sample, the others are recomputed without it, the cells are marked † and
+a footnote gives the count. Runs whose samples carry categories get a second, per-category table. Cells without a
+run (a partial sweep) print as "—". Runs from no paper preset (or ``--by KEY``) get the generic
 comparison table of ``scripts/generic_table.py`` instead (one row per (model, method), a column per task or KEY
 value). Writes ``<table>.csv`` (long form: one line per cell, every
 number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and prints the Markdown.
@@ -22,26 +27,24 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from fafo.bench import report  # noqa: E402
+from fafo.bench import report_format as rf  # noqa: E402
+from fafo.bench.report import Collected, Run, collect  # noqa: E402,F401 - the readers' names, kept here
+
 PAPER_DIR = REPO / "results" / "paper"
-SKIP_DIRS = {"_reference", ".submitit", "wandb", ".hydra", "tables", "plots"}
-DASH = "—"
+SKIP_DIRS = report.SKIP_DIRS
+DASH = rf.DASH
 
 
 # ------------------------------------------------------------------ axes: where a run's ablation value lives
-def _get(cfg: dict, dotted: str):
-    node = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+_get = report.dotted
 
 
 def _budget(cfg):
@@ -113,89 +116,10 @@ def norm_value(v) -> str:
         return str(v)
 
 
-def _num(v) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(x) else x
+_num = rf.num
 
 
-# ------------------------------------------------------------------ reading
-@dataclass
-class Run:
-    rel: str                  # run directory relative to its root
-    summary: dict
-    config: dict
-    complete: bool            # summary.json written (False: summarised from samples.csv)
-    order: tuple = ()
-
-    @property
-    def weight(self) -> int:
-        return int(self.summary.get("n_turns") or self.summary.get("n_samples") or 0)
-
-
-@dataclass
-class Collected:
-    runs: list[Run] = field(default_factory=list)
-    failed: list[tuple[str, str]] = field(default_factory=list)  # (run dir, first line of error.txt)
-
-
-def _load_yaml(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    from omegaconf import OmegaConf
-
-    try:
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
-    except Exception:  # noqa: BLE001 - a damaged config.yaml only loses the axis value
-        return {}
-
-
-def _summary_from_samples(path: Path) -> dict | None:
-    sys.path.insert(0, str(REPO))
-    from fafo.bench.metrics import summarize
-
-    with open(path, newline="") as f:
-        text = f.read()
-    lines = text.splitlines(keepends=True)
-    if text and not text.endswith("\n"):
-        lines = lines[:-1]  # a half-written last line of a killed run
-    rows = [r for r in csv.DictReader(lines) if r.get("status")]
-    if not rows:
-        return None
-    return {**{k: rows[0].get(k) for k in ("model", "method", "task")}, **summarize(rows)}
-
-
-def collect(roots: list[str | Path]) -> Collected:
-    """Every run under ``roots``: finished ones (summary.json), partial ones (samples.csv only), failed ones."""
-    out = Collected()
-    for i, root in enumerate(map(Path, roots)):
-        if not root.exists():
-            raise SystemExit(f"error: results directory {root} does not exist")
-        dirs = set()
-        for name in ("summary.json", "samples.csv", "error.txt"):
-            dirs.update(p.parent for p in root.rglob(name) if not SKIP_DIRS & set(p.relative_to(root).parts))
-        for d in sorted(dirs):
-            rel = d.relative_to(root).as_posix()
-            rel = rel if len(roots) == 1 else f"{root.as_posix()}/{rel}"
-            config = _load_yaml(d / "config.yaml")
-            summary, complete = None, True
-            if (d / "summary.json").exists():
-                try:
-                    summary = json.loads((d / "summary.json").read_text())
-                except json.JSONDecodeError:
-                    summary = None
-            if summary is None and (d / "samples.csv").exists():
-                summary, complete = _summary_from_samples(d / "samples.csv"), False
-            if summary is None:
-                if (d / "error.txt").exists():
-                    out.failed.append((rel, (d / "error.txt").read_text().strip().splitlines()[0]))
-                continue
-            out.runs.append(Run(rel, summary, config, complete, (i, rel)))
-    return out
-
-
+# ------------------------------------------------------------------ reading (fafo/bench/report.py)
 def load_paper(table: str, paper_dir: str | Path = PAPER_DIR) -> list[dict]:
     path = Path(paper_dir) / f"{table}.csv"
     if not path.exists():
@@ -243,6 +167,7 @@ class Table:
     col_names: dict[tuple, str]
     failed: list[tuple[str, str]]
     has_paper_peak: bool
+    coverage: list[str] = field(default_factory=list)  # footnotes of the columns compared on common samples
 
     def cell(self, row, col) -> Cell:
         return self.cells.get((row, col)) or Cell()
@@ -310,15 +235,44 @@ def build_table(name: str, collected: Collected, paper: list[dict], only_paper_r
             col_names[col] = f"{col_names[col]} {label}" if len(tasks) > 1 else label
     title = TITLES.get(name, name)
     has_peak = any(_num(p.get("peak_mem_mb")) is not None for p in paper)
-    return Table(name, title, axes, rows, cols, cells, row_names, col_names, collected.failed, has_peak)
+    table = Table(name, title, axes, rows, cols, cells, row_names, col_names, collected.failed, has_peak)
+    return align_columns(table)
+
+
+def align_columns(table: Table) -> Table:
+    """Each model's methods in one column compared on the (sample, turn)s all of them cover (fafo.bench.report)."""
+    for col in table.cols:
+        for model in dict.fromkeys(row[0] for row in table.rows):
+            hits = [table.cells[(row, col)] for row in table.rows
+                    if row[0] == model and (row, col) in table.cells and table.cells[(row, col)].ours is not None]
+            runs, note = report.align([c.ours for c in hits], label=lambda r: str(r.summary.get("method", r.rel)))
+            for c, run in zip(hits, runs):
+                c.ours = run
+            if note:
+                name = next(table.row_names[row][0] for row in table.rows if row[0] == model)
+                table.coverage.append(f"† {name}, {table.col_names[col]}: {note}")
+    return table
 
 
 # ------------------------------------------------------------------ formatting
-def fmt_pair(speedup, tau) -> str:
+def fmt_pair(speedup, tau, ci=None) -> str:
+    """``speedup× [lo–hi] (tau)``; the interval when ``ci`` (a ``speedup_ci95``) is given."""
     s, t = _num(speedup), _num(tau)
     if s is None and t is None:
         return DASH
+    if s is not None and rf.fmt_ci(ci):
+        return f"{s:.2f}× {rf.fmt_ci(ci)}" + ("" if t is None else f" ({t:.2f})")
     return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{DASH} ({t:.2f})"
+
+
+def fmt_ours(run: Run | None) -> str:
+    """Our cell: ``speedup× [95 % CI] (tau)``, ``*`` for a partial run, ``†`` when computed on common samples."""
+    if run is None:
+        return DASH
+    text = fmt_pair(*_ours(run), ci=run.summary.get("speedup_ci95"))
+    if text != DASH:
+        text += ("*" if not run.complete else "") + ("†" if run.coverage is not None else "")
+    return text
 
 
 def fmt_diff(ours: tuple, paper: tuple) -> str:
@@ -350,6 +304,18 @@ def row_stats(table: Table, row) -> tuple[float | None, float | None, float | No
     return peak, paper_peak, exact
 
 
+def row_extra(table: Table, row) -> dict:
+    """A row's vanilla peak MB and memory overhead (max over its runs) and its fp32-classified mismatches (sums);
+    None where no run of the row has the key (runs written before these were recorded)."""
+    runs = [table.cell(row, c).ours.summary for c in table.cols if table.cell(row, c).ours is not None]
+    out = {}
+    for key, agg in (("ref_peak_mem_mb", max), ("mem_overhead_mb", max), ("n_mismatch_tie", sum),
+                     ("n_mismatch_divergence", sum)):
+        values = [_num(s.get(key)) for s in runs if _num(s.get(key)) is not None]
+        out[key] = agg(values) if values else None
+    return out
+
+
 def _fmt_num(x, spec) -> str:
     return DASH if x is None else format(x, spec)
 
@@ -369,8 +335,8 @@ def header(table: Table) -> list[str]:
     head = ["Model", "Method"] + (["Tokens/fwd"] if has_tokens(table) else [])
     for col in table.cols:
         name = table.col_names[col]
-        head += [f"{name} ours", f"{name} paper", f"{name} Δ"]
-    head += ["Peak MB"] + (["Peak MB paper"] if table.has_paper_peak else []) + ["Exact"]
+        head += [f"{name} ours", f"{name} n", f"{name} paper", f"{name} Δ"]
+    head += ["Peak MB"] + (["Peak MB paper"] if table.has_paper_peak else []) + ["Vanilla MB", "Overhead MB", "Exact"]
     return head
 
 
@@ -384,13 +350,14 @@ def body(table: Table) -> list[list[str]]:
         last_model = model
         for col in table.cols:
             cell = table.cell(row, col)
-            ours = fmt_pair(*_ours(cell.ours))
-            if cell.ours is not None and not cell.ours.complete and ours != DASH:
-                ours += "*"
-            line += [ours, fmt_pair(*_theirs(cell.paper)), fmt_diff(_ours(cell.ours), _theirs(cell.paper))]
+            n = rf.fmt_n(cell.ours.summary) if cell.ours is not None else DASH
+            line += [fmt_ours(cell.ours), n, fmt_pair(*_theirs(cell.paper)),
+                     fmt_diff(_ours(cell.ours), _theirs(cell.paper))]
         peak, paper_peak, exact = row_stats(table, row)
+        extra = row_extra(table, row)
         line += [_fmt_num(peak, ".0f")] + ([_fmt_num(paper_peak, ".0f")] if table.has_paper_peak else [])
-        line += [_fmt_num(exact, ".3f")]
+        line += [_fmt_num(extra["ref_peak_mem_mb"], ".0f"), _fmt_num(extra["mem_overhead_mb"], ".0f"),
+                 rf.fmt_exact({"exact_match_rate": exact, **extra})]
         lines.append(line)
     return lines
 
@@ -401,7 +368,12 @@ def footnotes(table: Table) -> list[str]:
     n_numbers = sum(1 for c in published if any(_num(x) is not None for x in _theirs(c.paper)))
     n_both = sum(1 for c in published if c.ours is not None)
     notes.append(f"{n_both} of {len(published)} published cells have a run ({n_numbers} of them have published "
-                 "numbers); ours = this harness, paper = results/paper, Δ = ours - paper (speedup, tau).")
+                 "numbers); ours = this harness as speedup× [95 % CI] (tau), paper = results/paper, Δ = ours - paper "
+                 "(speedup, tau); n = samples[/turns] covered (failed rows); Vanilla MB = vanilla's own peak, "
+                 "Overhead MB = method peak - vanilla peak; Exact: mismatches classified in fp32 as tie / div.")
+    runs = [c.ours.summary for c in table.cells.values() if c.ours is not None]
+    notes += report.definitions(runs)
+    notes += table.coverage
     partial = sorted(c.ours.rel for c in table.cells.values() if c.ours is not None and not c.ours.complete)
     if partial:
         notes.append("* partial run (no summary.json yet; summarised from samples.csv): " + ", ".join(partial))
@@ -422,26 +394,42 @@ def markdown(title: str, head: list[str], lines, notes) -> str:
 
 
 def to_markdown(table: Table) -> str:
-    return markdown(table.title, header(table), body(table), footnotes(table))
+    return markdown(table.title, header(table), body(table), footnotes(table)) + category_markdown(table)
+
+
+def category_markdown(table: Table) -> str:
+    """The second table: each run whose samples carry categories, per category ("" when none do)."""
+    if "category" in table.axes:  # Spec-Bench's subtasks are the main table's columns already
+        return ""
+    entries = [([*table.row_names[row], table.col_names[col]], table.cell(row, col).ours)
+               for row in table.rows for col in table.cols if table.cell(row, col).ours is not None]
+    split = report.category_table(entries, DASH)
+    if split is None:
+        return ""
+    cats, lines = split
+    return "\n" + markdown(f"{table.title}: per category", ["Model", "Method", "Column", *cats], lines,
+                            ["cells: speedup× [95 % CI] (tau) n=(sample, turn)s of the category; "
+                             "recomputed from samples.csv."])
 
 
 def _tex(s: str) -> str:
     s = s.replace("\\", r"\textbackslash{}")
     for a, b in (("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$")):
         s = s.replace(a, b)
-    return s.replace("×", r"$\times$").replace("Δ", r"$\Delta$").replace(DASH, "--").replace("*", r"$^*$")
+    s = s.replace("×", r"$\times$").replace("Δ", r"$\Delta$").replace(DASH, "--").replace("*", r"$^*$")
+    return s.replace("–", "--").replace("†", r"$^\dagger$")
 
 
 def to_latex(table: Table) -> str:
-    n_tail = 2 + table.has_paper_peak
+    n_tail = 4 + table.has_paper_peak
     lead = ["Model", "Method"] + (["Tokens/fwd"] if has_tokens(table) else [])
-    spec = "l" * len(lead) + "rrr" * len(table.cols) + "r" * n_tail
-    top = [""] * len(lead) + [rf"\multicolumn{{3}}{{c}}{{{_tex(table.col_names[c])}}}" for c in table.cols]
+    spec = "l" * len(lead) + "rrrr" * len(table.cols) + "r" * n_tail
+    top = [""] * len(lead) + [rf"\multicolumn{{4}}{{c}}{{{_tex(table.col_names[c])}}}" for c in table.cols]
     top += [""] * n_tail
     first = len(lead) + 1
-    rules = " ".join(rf"\cmidrule(lr){{{first + 3 * i}-{first + 2 + 3 * i}}}" for i in range(len(table.cols)))
-    sub = lead + ["ours", "paper", r"$\Delta$"] * len(table.cols)
-    sub += ["Peak MB"] + (["Peak MB (paper)"] if table.has_paper_peak else []) + ["Exact"]
+    rules = " ".join(rf"\cmidrule(lr){{{first + 4 * i}-{first + 3 + 4 * i}}}" for i in range(len(table.cols)))
+    sub = lead + ["ours", "n", "paper", r"$\Delta$"] * len(table.cols)
+    sub += ["Peak MB"] + (["Peak MB (paper)"] if table.has_paper_peak else []) + ["Vanilla MB", "Overhead MB", "Exact"]
     out = [f"% {table.title} (scripts/make_tables.py)", r"\begin{tabular}{" + spec + "}", r"\toprule",
            " & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\", r"\midrule"]
     for i, line in enumerate(body(table)):
@@ -454,7 +442,9 @@ def to_latex(table: Table) -> str:
 
 LONG_COLUMNS = ["table", "model", "method", "paper_model", "paper_method", "column", "task", "axis", "value",
                 "speedup", "tau", "paper_speedup", "paper_tau", "d_speedup", "d_tau", "peak_mem_mb",
-                "paper_peak_mem_mb", "exact_match_rate", "n_samples", "n_turns", "status", "run_dir", "paper_note"]
+                "paper_peak_mem_mb", "exact_match_rate", "n_samples", "n_turns", "status", "run_dir", "paper_note",
+                "speedup_kind", "speedup_ci95_lo", "speedup_ci95_hi", "tau_all", "n_failed", "ref_peak_mem_mb",
+                "mem_overhead_mb", "verify_ms", "n_mismatch_tie", "n_mismatch_divergence", "common_samples"]
 
 
 def long_rows(table: Table) -> list[dict]:
@@ -478,7 +468,20 @@ def long_rows(table: Table) -> list[dict]:
                 "paper_peak_mem_mb": p.get("peak_mem_mb", ""), "exact_match_rate": _r(s.get("exact_match_rate")),
                 "n_samples": s.get("n_samples", ""), "n_turns": s.get("n_turns", ""), "status": status,
                 "run_dir": cell.ours.rel if cell.ours is not None else "", "paper_note": p.get("note", ""),
+                **extra_columns(cell.ours),
             })
+    return out
+
+
+def extra_columns(run: Run | None) -> dict:
+    """The long CSV's coverage, interval, tau_all, memory and exactness columns ("" where unknown)."""
+    s = run.summary if run is not None else {}
+    ci = s.get("speedup_ci95") if isinstance(s.get("speedup_ci95"), (list, tuple)) else ("", "")
+    out = {"speedup_kind": s.get("speedup_kind") or "", "speedup_ci95_lo": _r(ci[0]), "speedup_ci95_hi": _r(ci[1]),
+           "common_samples": len(run.coverage.common) if run is not None and run.coverage is not None else ""}
+    for key, digits in (("tau_all", 4), ("n_failed", 0), ("ref_peak_mem_mb", 1), ("mem_overhead_mb", 1),
+                        ("verify_ms", 3), ("n_mismatch_tie", 0), ("n_mismatch_divergence", 0)):
+        out[key] = _r(s.get(key), digits)
     return out
 
 
@@ -500,23 +503,19 @@ def write_outputs(table: Table, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
-def split_by_category(collected: Collected, roots) -> Collected:
+def split_by_category(collected: Collected, roots=None) -> Collected:
     """One run per (run, sample category) plus its ``overall``, for tables whose axis is ``category`` (Spec-Bench:
     one run covers every subtask); each part is summarised from the run's ``samples.csv`` rows."""
-    from fafo.bench.metrics import summarize
+    from dataclasses import replace
 
     out = Collected(failed=collected.failed)
     for run in collected.runs:
-        out.runs.append(Run(run.rel, run.summary, {**run.config, "_category": "overall"}, run.complete, run.order))
-        path = (Path(run.rel) if len(roots) > 1 else Path(roots[0]) / run.rel) / "samples.csv"
-        if not path.exists():
-            continue
-        with open(path, newline="") as f:
-            rows = [r for r in csv.DictReader(f) if r.get("status")]
+        out.runs.append(replace(run, config={**run.config, "_category": "overall"}))
+        rows = run.sample_rows() or []
         for cat in dict.fromkeys(r.get("category", "") for r in rows):
             part = [r for r in rows if r.get("category", "") == cat]
-            summary = {**run.summary, **summarize(part)}
-            out.runs.append(Run(run.rel, summary, {**run.config, "_category": cat}, run.complete, run.order))
+            summary = report.resummarize(run, {report.row_key(r) for r in part})
+            out.runs.append(replace(run, summary=summary, config={**run.config, "_category": cat}, rows=part))
     return out
 
 

@@ -14,6 +14,10 @@ the figure and its points to Weights & Biases (``--wandb-mode``, default $WANDB_
 ``--x KEY`` plots any runs (no paper preset needed) against any config key: one line per (model, method), and
 per task when the runs cover several; the x axis is numeric when every value is a number, else categorical.
 Writes ``runs_by_<KEY>.png`` / ``.pdf``.
+
+Every point of ours carries its 95 % bootstrap interval as an error bar (where the run recorded one) and its
+coverage ``n`` (samples[/turns], failed rows) beside it; the figure names the speedup and tau it shows with their
+definitions, and the methods of one column are compared on their common samples (see ``fafo/bench/report.py``).
 """
 
 from __future__ import annotations
@@ -31,8 +35,36 @@ import matplotlib.pyplot as plt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generic_table
 import make_tables as mt
+from fafo.bench import report
+from fafo.bench import report_format as rf
 
-METRICS = [("speedup", "speedup over vanilla (×)"), ("tau", "τ (tokens per target forward)")]
+METRICS = [("speedup", "speedup over vanilla (×), 95 % CI"),
+           ("tau", "τ (tokens per verification step, prefill excluded)")]
+
+
+def _point(summary: dict, metric: str, x) -> tuple:
+    """(x, y, (lo, hi) or None, n text) of one run's metric."""
+    ci = summary.get(f"{metric}_ci95")
+    ci = (float(ci[0]), float(ci[1])) if rf.fmt_ci(ci) else None
+    return x, mt._num(summary.get(metric)), ci, rf.fmt_n(summary)
+
+
+def _draw(ax, points, color, label):
+    """Our line, its error bars and each point's coverage."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    ax.plot(xs, ys, "o-", color=color, label=label)
+    bars = [(x, y, ci) for x, y, ci, _ in points if ci is not None]
+    if bars:
+        ax.errorbar([b[0] for b in bars], [b[1] for b in bars], capsize=3, fmt="none", ecolor=color,
+                    yerr=[[max(0.0, y - lo) for _, y, (lo, _) in bars], [max(0.0, hi - y) for _, y, (_, hi) in bars]])
+    for x, y, _, n in points:
+        ax.annotate(f"n={n}", (x, y), textcoords="offset points", xytext=(3, -10), fontsize=6, color=color)
+
+
+def _caption(fig, summaries, notes=()) -> None:
+    lines = report.definitions(summaries) + list(notes)
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=5.5, va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.04 + 0.025 * len(lines), 1, 1))
 
 
 def series(table: mt.Table, axis: str) -> list[dict]:
@@ -52,10 +84,11 @@ def series(table: mt.Table, axis: str) -> list[dict]:
                     continue
                 cell = table.cell(row, col)
                 if cell.ours is not None and mt._num(cell.ours.summary.get(metric)) is not None:
-                    ours.append((x, mt._num(cell.ours.summary.get(metric))))
+                    ours.append(_point(cell.ours.summary, metric, x))
                 if cell.paper is not None and mt._num(cell.paper.get(metric)) is not None:
                     paper.append((x, mt._num(cell.paper.get(metric))))
-            entry[metric] = sorted(ours)
+            entry[metric] = [p[:2] for p in sorted(ours, key=lambda p: p[0])]
+            entry[f"{metric}_points"] = sorted(ours, key=lambda p: p[0])
             entry[f"paper_{metric}"] = sorted(paper)
         if any(entry[m] or entry[f"paper_{m}"] for m, _ in METRICS):
             out.append(entry)
@@ -74,8 +107,7 @@ def plot_table(table: mt.Table, axis: str | None = None):
         color = colors[i % len(colors)]
         for ax, (metric, _) in zip(axes, METRICS):
             if entry[metric]:
-                xs, ys = zip(*entry[metric])
-                ax.plot(xs, ys, "o-", color=color, label=entry["label"])
+                _draw(ax, entry[f"{metric}_points"], color, entry["label"])
             if entry[f"paper_{metric}"]:
                 xs, ys = zip(*entry[f"paper_{metric}"])
                 ax.plot(xs, ys, linestyle="none", marker="s", markersize=8, markerfacecolor="none",
@@ -89,7 +121,7 @@ def plot_table(table: mt.Table, axis: str | None = None):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle(table.title)
-    fig.tight_layout()
+    _caption(fig, [c.ours.summary for c in table.cells.values() if c.ours is not None], table.coverage)
     return fig, data
 
 
@@ -100,6 +132,8 @@ def sweep_series(roots, key: str) -> list[dict]:
     if runs.empty:
         raise SystemExit(f"error: no run under {', '.join(map(str, roots))} has the config key {key}; "
                          "pass --x with a key the runs were swept over (e.g. method.compress.local)")
+    runs = runs.sort_values(["complete", "weight", "run_dir"], ascending=False)
+    runs, notes = generic_table.align_cells(runs.drop_duplicates(["model", "method", "task", "value"]), key)
     numeric = all(mt._num(v) is not None for v in runs["value"])
     categories = sorted(set(runs["value"]), key=lambda v: (mt._num(v) is None, mt._num(v) or 0, v))
     runs = runs.assign(x=[mt._num(v) if numeric else categories.index(v) for v in runs["value"]])
@@ -112,7 +146,9 @@ def sweep_series(roots, key: str) -> list[dict]:
         for metric, _ in METRICS:
             pts = g.dropna(subset=[metric])
             entry[metric] = list(zip(pts["x"].tolist(), pts[metric].tolist()))
+            entry[f"{metric}_points"] = [_point(r.summary, metric, x) for x, r in zip(pts["x"], pts["run"])]
             entry[f"paper_{metric}"] = []
+        entry["summaries"], entry["coverage"] = [r.summary for r in g["run"]], notes
         out.append(entry)
     return out
 
@@ -121,11 +157,11 @@ def plot_sweep(roots, key: str):
     """The figure (speedup and tau vs ``key``) of any runs, and the series it shows."""
     data = sweep_series(roots, key)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for entry in data:
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, entry in enumerate(data):
         for ax, (metric, _) in zip(axes, METRICS):
             if entry[metric]:
-                xs, ys = zip(*entry[metric])
-                ax.plot(xs, ys, "o-", label=entry["label"])
+                _draw(ax, entry[f"{metric}_points"], colors[i % len(colors)], entry["label"])
     categories = data[0]["categories"] if data else None
     for ax, (metric, ylabel) in zip(axes, METRICS):
         ax.set_xlabel(key)
@@ -138,7 +174,7 @@ def plot_sweep(roots, key: str):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle(f"speedup and tau vs {key}")
-    fig.tight_layout()
+    _caption(fig, [s for entry in data for s in entry["summaries"]], data[0]["coverage"] if data else ())
     return fig, data
 
 

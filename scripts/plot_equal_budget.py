@@ -6,14 +6,19 @@
 Reads every ``summary.json`` under the roots (``tokens_per_forward``, ``tau``, ``speedup`` and, when the runs had
 ``bench.cost_curve``, ``break_even_tau``), prints a Markdown table sorted by method and budget, and draws two
 panels: tau (with each point's break-even tau, dashed: above it the method beats vanilla on the curve's device)
-and measured speedup.
+and measured speedup with its 95 % bootstrap interval as error bars. The table also gives each run's coverage
+(samples, failed rows), tau_all and which speedup it is (``speedup_kind``; definitions in DESIGN.md "Runner and
+records"); runs recorded before those keys show a dash.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def collect(roots: list[str]) -> list[dict]:
@@ -23,7 +28,8 @@ def collect(roots: list[str]) -> list[dict]:
             s = json.loads(path.read_text())
             if s.get("tokens_per_forward"):
                 rows.append({k: s.get(k) for k in ("method", "model", "task", "tokens_per_forward", "tau",
-                                                   "break_even_tau", "speedup")})
+                                                   "break_even_tau", "speedup", "speedup_ci95", "speedup_kind",
+                                                   "tau_all", "n_samples", "n_turns", "n_failed")})
     return sorted(rows, key=lambda r: (r["method"], r["tokens_per_forward"]))
 
 
@@ -31,10 +37,17 @@ def table(rows: list[dict]) -> str:
     def f(x, spec):
         return "—" if x is None else format(x, spec)
 
-    lines = ["| method | tokens/forward | tau | break-even tau | speedup |", "|---|---|---|---|---|"]
+    from fafo.bench.report_format import fmt_ci, fmt_n
+
+    lines = ["| method | tokens/forward | tau | break-even tau | speedup | 95% CI | speedup kind | tau_all | "
+             "n (failed) |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['method']} | {r['tokens_per_forward']} | {f(r['tau'], '.2f')} | {f(r['break_even_tau'], '.2f')} "
-              f"| {f(r['speedup'], '.2f')} |" for r in rows]
-    return "\n".join(lines)
+              f"| {f(r['speedup'], '.2f')} | {fmt_ci(r['speedup_ci95']) or '—'} | {r['speedup_kind'] or '—'} "
+              f"| {f(r['tau_all'], '.2f')} | {fmt_n(r)} |" for r in rows]
+    notes = ["tau = tokens committed per verification step, prefill excluded (runs before tau_all: new tokens / "
+             "(forwards + 1)); tau_all = new tokens / every forward of the target's weights; speedup kind: e2e "
+             "(prefill included), decode (prefill excluded) or specbench (mean of per-question tokens/s ratios)"]
+    return "\n".join(lines + [""] + notes)
 
 
 def plot(rows: list[dict], out: Path) -> None:
@@ -50,8 +63,14 @@ def plot(rows: list[dict], out: Path) -> None:
         line, = ax_tau.plot(x, [r["tau"] for r in pts], marker="o", label=method)
         if any(r["break_even_tau"] is not None for r in pts):
             ax_tau.plot(x, [r["break_even_tau"] for r in pts], ls="--", color=line.get_color())
-        ax_speed.plot(x, [r["speedup"] for r in pts], marker="o", label=method)
-    for ax, name in ((ax_tau, "tau (dashed: break-even tau)"), (ax_speed, "speedup vs vanilla")):
+        ys = [r["speedup"] for r in pts]
+        ax_speed.plot(x, ys, marker="o", label=method, color=line.get_color())
+        cis = [r["speedup_ci95"] if isinstance(r["speedup_ci95"], list) else [y, y] for r, y in zip(pts, ys)]
+        if None not in ys:
+            ax_speed.errorbar(x, ys, yerr=[[max(0.0, y - c[0]) for y, c in zip(ys, cis)],
+                                           [max(0.0, c[1] - y) for y, c in zip(ys, cis)]],
+                              fmt="none", ecolor=line.get_color(), capsize=3)
+    for ax, name in ((ax_tau, "tau (dashed: break-even tau)"), (ax_speed, "speedup vs vanilla, 95% CI")):
         ax.set_xscale("log")
         ax.set_xlabel("tokens per forward")
         ax.set_ylabel(name)

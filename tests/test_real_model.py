@@ -172,6 +172,10 @@ def test_compare_job_on_a_tiny_model(tmp_path):
         summary = json.loads((run_dir / name / "summary.json").read_text())
         assert summary["n_samples"] == 2 and summary["model"] == "tiny-llama"
     assert "| lookahead |" in proc.stdout and "CPU" in proc.stdout  # the printed table and its caption
+    # vanilla is the A/A noise floor, not a result; every row says its coverage
+    assert [r["role"] for r in rows] == ["A/A noise floor", "method", "method"]
+    assert "| vanilla (A/A noise floor) | 2 (0) | A/A " in proc.stdout and "| n (failed) |" in proc.stdout
+    assert all(r["n_failed"] == "0" and r["n_samples"] == "2" for r in rows)
     again = run_cli(tmp_path, *args)  # resumes: nothing is run twice
     assert again.returncode == 0, again.stderr[-3000:]
     with open(run_dir / "lookahead" / "samples.csv") as f:

@@ -38,9 +38,10 @@ def test_three_method_sweep_gives_a_three_row_table(tmp_path):
         f"bench.output_dir={tmp_path}", *QUICK, cwd=tmp_path)
     proc = run(str(REPO / "scripts" / "make_tables.py"), str(tmp_path), cwd=tmp_path)
     head, *rows = md_table(proc.stdout)
-    assert head == ["Model", "Method", "builtin", "Exact", "Peak MB", "tok/s"]
+    assert head == ["Model", "Method", "builtin", *generic_table.TAIL] and head[4] == "Exact"
     assert [r[1] for r in rows] == ["fafo-stream", "lookahead", "vanilla"] and rows[0][0] == "tiny-llama"
-    assert all(r[2].endswith(")") and "×" in r[2] and r[3] == "1.000" for r in rows)
+    assert all(r[2].endswith(")") and "×" in r[2] and r[4] == "1.000" for r in rows)
+    assert all(r[3].endswith("(0)") for r in rows)  # coverage: samples (failed rows)
     with open(tmp_path / "tables" / "runs.csv", newline="") as f:
         cells = list(csv.DictReader(f))
     assert len(cells) == 3 and {c["checkpoint"] for c in cells} != {""} and all(int(c["n_params"]) for c in cells)
@@ -53,7 +54,8 @@ def test_by_on_a_two_value_sweep_gives_two_columns_and_a_plot(tmp_path):
     proc = run(str(REPO / "scripts" / "make_tables.py"), str(tmp_path), "--by", "bench.max_new_tokens",
                cwd=tmp_path)
     head, *rows = md_table(proc.stdout)
-    assert head[2:4] == ["bench.max_new_tokens=3", "bench.max_new_tokens=5"] and len(head) == 7
+    assert head[2:4] == ["bench.max_new_tokens=3", "bench.max_new_tokens=5"]
+    assert len(head) == 4 + len(generic_table.TAIL)
     assert len(rows) == 1 and rows[0][:2] == ["tiny-llama", "vanilla"]
     # without --by the two runs share one cell: the note names the key that separates them
     proc = run(str(REPO / "scripts" / "make_tables.py"), str(tmp_path), cwd=tmp_path)
@@ -92,9 +94,12 @@ def test_generic_table_rows_columns_and_row_statistics(tmp_path):
     (tmp_path / "m/x/y/z").mkdir(parents=True)
     (tmp_path / "m/x/y/z/error.txt").write_text("error: bench.dtype='float64' is not supported\n")
     table = generic_table.build(mt.collect([tmp_path]))
-    assert generic_table.header(table) == ["Model", "Method", "gsm8k", "mt_bench", "Exact", "Peak MB", "tok/s"]
-    assert generic_table.body(table) == [["m", "fafo", "1.50× (2.00)", "1.20× (1.80)", "0.750", "30.0", "50.0"],
-                                         ["", "vanilla", "1.00× (1.00)", "—", "1.000", "10.0", "50.0"]]
+    assert generic_table.header(table) == ["Model", "Method", "gsm8k", "mt_bench", "n (failed)", "Exact", "Peak MB",
+                                           "Vanilla MB", "Overhead MB", "tok/s", "verify ms", "Accept hist"]
+    # summaries without the newer keys (failed rows, vanilla's peak, verify time, histogram) show a dash
+    assert generic_table.body(table) == [
+        ["m", "fafo", "1.50× (2.00)", "1.20× (1.80)", "4 (—)", "0.750", "30.0", "—", "—", "50.0", "—", "—"],
+        ["", "vanilla", "1.00× (1.00)", "—", "2 (—)", "1.000", "10.0", "—", "—", "50.0", "—", "—"]]
     md = generic_table.to_markdown(table)
     assert "failed: m/x/y/z: error: bench.dtype='float64'" in md
     long = generic_table.long_frame(table)

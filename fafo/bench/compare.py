@@ -11,7 +11,12 @@
 * ``compare.warm_each=false`` runs ``bench.warmup`` generations for the first method only (they warm the shared
   engine; later methods start on it warm);
 * one progress bar covers the whole job; at the end one table (``compare.csv``, ``compare.md``) is printed and a
-  plot of speedup and tau per method (``compare.png``) is written beside it.
+  plot of speedup and tau per method with their 95 % intervals (``compare.png``) is written beside it;
+* vanilla against its own interleaved reference is not a result: it is the A/A line, the noise floor (its interval
+  is how far two identical decoders' speedup wanders on this machine), drawn as a band, not as a bar;
+* every method is compared on the (sample, turn)s all of them completed (:func:`fafo.bench.report.align`: a
+  method that failed a sample makes the others recomputed without it, and the table says so); samples that carry
+  categories get a per-category table in ``compare.md``.
 """
 
 from __future__ import annotations
@@ -22,10 +27,17 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from fafo.bench.report import definitions
+from fafo.bench.report_format import fmt_ci, fmt_exact, fmt_hist, fmt_n
 from fafo.errors import ConfigError
 
-COLUMNS = ["method", "tau", "tokens_per_s", "speedup", "speedup_ci95", "exact_match_rate", "peak_mem_mb", "new_tokens",
-           "n_failed"]
+COLUMNS = ["method", "role", "n_samples", "n_turns", "n_failed", "speedup", "speedup_kind", "speedup_ci95",
+           "speedup_e2e", "speedup_e2e_ci95", "speedup_decode", "speedup_decode_ci95", "tau", "tau_ci95", "tau_all",
+           "tau_with_prefill", "tokens_per_s", "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence",
+           "peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms", "accept_hist", "new_tokens",
+           "common_samples"]
+REFERENCE = "vanilla"
+AA_LABEL = "vanilla (A/A noise floor)"
 
 
 def method_configs(cfg: DictConfig, overrides: list[str]) -> dict[str, DictConfig]:
@@ -69,20 +81,40 @@ def run_compare(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
         summaries[name] = runner.run(engine=engine, progress=bar, report=False)
         engine = runner.engine
     bar.close()
-    table = comparison_table(summaries)
-    write_outputs(table, run_dir, caption(cfg, summaries))
+    aligned, notes = on_common_samples(run_dir, summaries)
+    table = comparison_table(aligned)
+    write_outputs(table, run_dir, caption(cfg, aligned, notes), categories_markdown(run_dir, aligned))
     return summaries
 
 
+def _runs(run_dir: Path, summaries: dict[str, dict]):
+    from fafo.bench.report import Run
+
+    return [Run(name, s, {}, True, path=Path(run_dir) / name) for name, s in summaries.items()]
+
+
+def on_common_samples(run_dir: Path, summaries: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
+    """{method: summary} recomputed on the (sample, turn)s every method completed, and the note saying so."""
+    from fafo.bench.report import align
+
+    runs, note = align(_runs(run_dir, summaries), label=lambda r: r.rel)
+    out = {r.rel: {**r.summary, "common_samples": len(r.coverage.common) if r.coverage else None} for r in runs}
+    return out, ([f"† {note}"] if note else [])
+
+
 def comparison_table(summaries: dict[str, dict]):
-    """One row per method: tau, tokens/s, speedup, exact-match rate, peak memory (pandas DataFrame)."""
+    """One row per method: coverage, speedups with intervals, tau and tau_all, exactness, memory beside vanilla's,
+    time per verification forward, acceptance histogram (pandas DataFrame); vanilla's row has role "A/A noise
+    floor"."""
     import pandas as pd
 
-    rows = [{"method": s.get("method", name), **{k: s.get(k) for k in COLUMNS[1:]}} for name, s in summaries.items()]
+    rows = [{"method": s.get("method", name), **{k: s.get(k) for k in COLUMNS[1:]},
+             "role": "A/A noise floor" if REFERENCE in (name, s.get("method")) else "method"}
+            for name, s in summaries.items()]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def caption(cfg: DictConfig, summaries: dict[str, dict]) -> str:
+def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) -> str:
     """What the numbers came from: model, task, budget, dtype, machine, threads and load (start-end)."""
     s = next(iter(summaries.values()))
     params = f"{s['n_params'] / 1e6:.1f}M params, " if s.get("n_params") else ""
@@ -90,30 +122,60 @@ def caption(cfg: DictConfig, summaries: dict[str, dict]) -> str:
     load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     text = (f"{s['model']} ({params}{s['dtype']}), task {s['task']}, {s['n_samples']} samples, "
             f"{cfg.bench.get('max_new_tokens') or 'task-default'} new tokens per turn, greedy; "
-            f"{s.get('device_name', s.get('device'))}, {s.get('threads', '?')} threads{load}; "
-            "speedup = summed vanilla time / summed method time, vanilla timed beside each method.")
+            f"{s.get('device_name', s.get('device'))}, {s.get('threads', '?')} threads{load}; vanilla timed beside "
+            f"each method; the {AA_LABEL} row is vanilla against its own interleaved run, not a result: speedups "
+            "inside its interval are noise. n = samples[/turns] (failed rows). "
+            + " ".join(f"{line}." for line in definitions(summaries.values(), ("tau", "tau_all"))))
     note = cfg.compare.get("note")
-    return text + (f" {note}" if note else "")
+    return " ".join([text, *notes] + ([note] if note else []))
 
 
-def write_outputs(table, run_dir: Path, text: str) -> None:
+def categories_markdown(run_dir: Path, summaries: dict[str, dict]) -> str:
+    """The per-category table of the methods whose samples carry categories ("" when none do)."""
+    from fafo.bench.report import align, category_table
+
+    runs, _ = align(_runs(run_dir, summaries))  # per category on the common samples too
+    split = category_table([([name], run) for name, run in zip(summaries, runs)], "-")
+    if split is None:
+        return ""
+    cats, lines = split
+    head = ["method", *cats]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(line) + " |" for line in lines]
+                     + ["", "per category: speedup× [95% CI] (tau) n=(sample, turn)s of the category."])
+
+
+def write_outputs(table, run_dir: Path, text: str, by_category: str = "") -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     table.to_csv(run_dir / "compare.csv", index=False)
     md = markdown(table)
-    (run_dir / "compare.md").write_text(f"{md}\n\n{text}\n")
+    extra = f"\n\n{by_category}" if by_category else ""
+    (run_dir / "compare.md").write_text(f"{md}\n\n{text}{extra}\n")
     plot(table, run_dir / "compare.png", text)
-    print(f"\n== fafo-bench comparison ({run_dir}) ==\n{md}\n{text}\n"
+    print(f"\n== fafo-bench comparison ({run_dir}) ==\n{md}\n{text}{extra}\n"
           f"written: compare.csv, compare.md, compare.png", flush=True)
 
 
+HEAD = ["method", "n (failed)", "speedup [95% CI]", "tau [95% CI]", "tau_all", "tokens/s", "exact match", "peak MB",
+        "vanilla MB", "overhead MB", "verify ms", "accept hist"]
+
+
 def markdown(table) -> str:
-    fmt = {"tau": "{:.2f}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x", "exact_match_rate": "{:.0%}",
-           "peak_mem_mb": "{:.0f}", "new_tokens": "{:.0f}", "n_failed": "{:.0f}",
-           "speedup_ci95": lambda v: f"{v[0]:.2f}-{v[1]:.2f}"}
-    head = ["method", "tau", "tokens/s", "speedup", "95% CI", "exact match", "peak MB", "new tokens", "failed"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in table.to_dict("records"):
-        cells = [str(row["method"])] + [cell(row[c], fmt[c]) for c in COLUMNS[1:]]
+    """The table as Markdown: the A/A line first, labelled so, then one line per method."""
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    rows = table.to_dict("records")
+    rows.sort(key=lambda r: r["role"] != "A/A noise floor")
+    for row in rows:
+        aa = row["role"] == "A/A noise floor"
+        speed = cell(row["speedup"], "{:.2f}x") + (f" {fmt_ci(row['speedup_ci95'])}" if fmt_ci(row["speedup_ci95"])
+                                                   else "")
+        tau = cell(row["tau"], "{:.2f}") + (f" {fmt_ci(row['tau_ci95'])}" if fmt_ci(row["tau_ci95"]) else "")
+        mark = "†" if cell(row["common_samples"], "{:.0f}") != "-" else ""
+        cells = [AA_LABEL if aa else str(row["method"]), fmt_n(row, "-"), ("A/A " if aa else "") + speed + mark,
+                 tau, cell(row["tau_all"], "{:.2f}"), cell(row["tokens_per_s"], "{:.1f}"), fmt_exact(row, "-"),
+                 cell(row["peak_mem_mb"], "{:.0f}"), cell(row["ref_peak_mem_mb"], "{:.0f}"),
+                 cell(row["mem_overhead_mb"], "{:.0f}"), cell(row["verify_ms"], "{:.2f}"),
+                 fmt_hist(row["accept_hist"], dash="-")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -124,25 +186,47 @@ def cell(value, fmt) -> str:
     return fmt(value) if callable(fmt) else fmt.format(value)
 
 
+def _errors(values, cis) -> list[list[float]]:
+    """matplotlib ``xerr`` [[below...], [above...]] of 95 % intervals (0 where a value has none)."""
+    lo, hi = [], []
+    for v, ci in zip(values, cis):
+        ok = fmt_ci(ci) is not None and v == v
+        lo.append(max(0.0, v - float(ci[0])) if ok else 0.0)
+        hi.append(max(0.0, float(ci[1]) - v) if ok else 0.0)
+    return [lo, hi]
+
+
 def plot(table, path: Path, text: str) -> None:
+    """Speedup and tau per method with 95 % error bars; vanilla's A/A interval as a grey band (the noise floor)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(table) + 1.8), sharey=True)
-    y = range(len(table))
-    for ax, col, label, ref in ((axes[0], "speedup", "wall-clock speedup vs vanilla (x)", 1.0),
-                                (axes[1], "tau", "tau (tokens per target forward)", 1.0)):
-        values = table[col].astype(float).fillna(0.0)
-        ax.barh(list(y), values, color=["#4c72b0" if v >= ref else "#c44e52" for v in values])
-        ax.axvline(ref, color="black", lw=0.8, ls="--")
-        ax.set_xlabel(label)
+    methods = table[table["role"] != "A/A noise floor"].reset_index(drop=True)
+    aa = table[table["role"] == "A/A noise floor"]
+    kinds = sorted({str(k) for k in table["speedup_kind"] if isinstance(k, str)})
+    name = f"speedup_{'/'.join(kinds)}" if kinds else "speedup"
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * max(len(methods), 1) + 2.2), sharey=True)
+    y = list(range(len(methods)))
+    for ax, col, label in ((axes[0], "speedup", f"{name} vs vanilla (x), 95% CI"),
+                           (axes[1], "tau", ("tau (tokens per verification step, prefill excluded)" if kinds
+                                             else "tau (new tokens / (forwards + 1))") + ", 95% CI")):
+        values = methods[col].astype(float).fillna(0.0)
+        ax.barh(y, values, xerr=_errors(values, methods[f"{col}_ci95"]), capsize=3,
+                color=["#4c72b0" if v >= 1.0 else "#c44e52" for v in values])
+        ax.axvline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_xlabel(label, fontsize=8)
         for i, v in zip(y, values):
             ax.text(v, i, f" {v:.2f}", va="center", fontsize=8)
-    axes[0].set_yticks(list(y), list(table["method"]))
+    for row in aa.to_dict("records"):
+        if fmt_ci(row["speedup_ci95"]):
+            lo, hi = map(float, row["speedup_ci95"])
+            axes[0].axvspan(lo, hi, color="grey", alpha=0.25, label=f"{AA_LABEL} {fmt_ci(row['speedup_ci95'])}")
+            axes[0].legend(fontsize=7, loc="lower right")
+    axes[0].set_yticks(y, [f"{m} (n={fmt_n(r, '-')})" for m, r in zip(methods["method"], methods.to_dict("records"))])
     axes[0].invert_yaxis()
-    fig.suptitle(text, fontsize=8, wrap=True)
+    fig.suptitle(text, fontsize=7, wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,307 @@
+"""Reading run directories for reports, and comparing runs on the samples they all cover.
+
+Every table and plot (the main job's table in :mod:`fafo.bench.compare`, ``scripts/make_tables.py``,
+``scripts/generic_table.py``, ``scripts/plot.py``) reads runs through this module:
+
+* :func:`collect` finds the runs under some roots: ``summary.json`` (finished), ``samples.csv`` rows without a summary
+  (killed or running: summarised from the rows, marked partial) and ``error.txt`` alone (failed before any row);
+* :func:`align` puts the runs that one table compares on the same footing: when they cover different
+  (sample, turn) sets (a method failed or skipped a sample), every run's numbers are recomputed by
+  :func:`fafo.bench.metrics.summarize` on the (sample, turn)s all of them cover, and each carries a
+  :class:`Coverage` whose note the table prints as a footnote (the numbers a paper compares are over one sample
+  set; averaging two methods over different samples is not a comparison);
+* :func:`category_summaries` gives a run's numbers per sample category (MT-Bench's 8, Spec-Bench's 6, Multi-IF's
+  languages) for the per-category tables.
+
+Which speedup and which tau a table shows is named in its caption with the definitions of DESIGN.md "Runner and
+records" (:func:`definitions`); runs written before ``speedup_kind`` existed are named as what they measured.
+Missing keys (old run directories) print as a dash. Cell formats live in :mod:`fafo.bench.report_format`.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+SKIP_DIRS = {"_reference", ".submitit", "wandb", ".hydra", "tables", "plots"}
+
+# Summary keys that depend on which (sample, turn)s were summarised: dropped before a recomputation on a subset, so
+# a key the recomputation does not produce reads as missing rather than as the whole run's value.
+METRIC_KEYS = {
+    "n_rows", "n_samples", "n_turns", "new_tokens", "tau", "tau_ci95", "tau_request", "tau_with_prefill",
+    "tau_with_prefill_ci95", "tau_all", "tau_all_ci95", "prefill_s", "decode_s", "total_s", "tokens_per_s",
+    "peak_mem_mb", "exact_match_rate", "total_s_iqr", "flagged", "n_flagged", "ref_sources", "speedup",
+    "speedup_ci95", "speedup_mean", "speedup_min", "speedup_max", "ref_total_s", "speedup_e2e", "speedup_e2e_ci95",
+    "speedup_decode", "speedup_decode_ci95", "speedup_specbench", "speedup_specbench_ci95", "prefill_forwards",
+    "verify_forwards", "draft_forwards", "aux_forwards", "target_forwards", "draft_model_forwards",
+    "draft_model_share", "drafted", "accepted", "accept_rate", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms",
+    "n_mismatch_tie", "n_mismatch_divergence", "by_category", "accept_hist", "alpha",
+}
+
+
+def dotted(cfg: dict, key: str):
+    """``cfg["a"]["b"]`` for ``key`` = "a.b"; None where a part is missing."""
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+@dataclass
+class Coverage:
+    """Where a run's numbers come from when the runs of its table cover different (sample, turn)s."""
+
+    common: frozenset        # the (sample_id, turn)s every run of the group covers
+    n_own: int               # the (sample, turn)s this run covers (status ok)
+    note: str                # the group's footnote: the common count and what each run lacks
+
+    @property
+    def recomputed(self) -> bool:
+        return self.n_own != len(self.common)
+
+
+@dataclass
+class Run:
+    rel: str                  # run directory relative to its root
+    summary: dict
+    config: dict
+    complete: bool            # summary.json written (False: summarised from samples.csv)
+    order: tuple = ()
+    path: Path | None = None  # the run directory on disk
+    rows: list | None = None  # its samples.csv rows (read on demand; a subset for one category)
+    coverage: Coverage | None = None
+
+    @property
+    def weight(self) -> int:
+        return int(self.summary.get("n_turns") or self.summary.get("n_samples") or 0)
+
+    def sample_rows(self) -> list[dict] | None:
+        """The run's ``samples.csv`` rows (None when it has none on disk)."""
+        if self.rows is None and self.path is not None and (self.path / "samples.csv").exists():
+            self.rows = read_rows(self.path / "samples.csv")
+        return self.rows
+
+
+@dataclass
+class Collected:
+    runs: list[Run] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (run dir, first line of error.txt)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """``samples.csv`` rows as ``csv.DictReader`` reads them, without a half-written last line."""
+    with open(path, newline="") as f:
+        text = f.read()
+    lines = text.splitlines(keepends=True)
+    if text and not text.endswith("\n"):
+        lines = lines[:-1]  # a half-written last line of a killed run
+    return [r for r in csv.DictReader(lines) if r.get("status")]
+
+
+def load_yaml(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    except Exception:  # noqa: BLE001 - a damaged config.yaml only loses the axis value
+        return {}
+
+
+def speedup_kind(summary: dict, config: dict | None = None) -> str | None:
+    """The headline speedup's kind: the summary's, else the config's (a partial run); None for an old run."""
+    kind = summary.get("speedup_kind")
+    for key in ("bench.speedup_kind", "paper.speedup_kind", "speedup_kind"):
+        kind = kind or dotted(config or {}, key)
+    return kind
+
+
+def summarize_rows(rows: list[dict], config: dict | None = None, kind: str | None = None) -> dict:
+    """:func:`fafo.bench.metrics.summarize` of ``rows`` with the run's bootstrap and spread settings."""
+    from fafo.bench.metrics import summarize
+
+    config = config or {}
+    kwargs = {"max_spread": dotted(config, "bench.max_spread") or 1.5, "n_boot": dotted(config, "bench.bootstrap")
+              if dotted(config, "bench.bootstrap") is not None else 1000}
+    if kind and "speedup_kind" in inspect.signature(summarize).parameters:
+        kwargs["speedup_kind"] = kind
+    return summarize(rows, **kwargs)
+
+
+def collect(roots: list[str | Path]) -> Collected:
+    """Every run under ``roots``: finished ones (summary.json), partial ones (samples.csv only), failed ones."""
+    out = Collected()
+    for i, root in enumerate(map(Path, roots)):
+        if not root.exists():
+            raise SystemExit(f"error: results directory {root} does not exist")
+        dirs = set()
+        for name in ("summary.json", "samples.csv", "error.txt"):
+            dirs.update(p.parent for p in root.rglob(name) if not SKIP_DIRS & set(p.relative_to(root).parts))
+        for d in sorted(dirs):
+            rel = d.relative_to(root).as_posix()
+            rel = rel if len(roots) == 1 else f"{root.as_posix()}/{rel}"
+            config = load_yaml(d / "config.yaml") or load_yaml(d / ".hydra" / "config.yaml")
+            run = Run(rel, {}, config, True, (i, rel), path=d)
+            if (d / "summary.json").exists():
+                try:
+                    run.summary = json.loads((d / "summary.json").read_text())
+                except json.JSONDecodeError:
+                    pass
+            if not run.summary and run.sample_rows():
+                rows = run.sample_rows()
+                run.summary = {**{k: rows[0].get(k) for k in ("model", "method", "task")},
+                               **summarize_rows(rows, config, speedup_kind({}, config))}
+                run.complete = False
+            if not run.summary:
+                if (d / "error.txt").exists():
+                    out.failed.append((rel, (d / "error.txt").read_text().strip().splitlines()[0]))
+                continue
+            out.runs.append(run)
+    return out
+
+
+# ------------------------------------------------------------------ the same samples for every run of a table
+def row_key(row: dict) -> tuple[str, int]:
+    return str(row["sample_id"]), int(float(row["turn"]))
+
+
+def ok_keys(rows: list[dict]) -> set[tuple[str, int]]:
+    return {row_key(r) for r in rows if r.get("status") == "ok"}
+
+
+def resummarize(run: Run, keys) -> dict:
+    """The run's summary recomputed on the (sample, turn)s ``keys`` (its own failures stay in ``n_failed``)."""
+    rows = [r for r in run.sample_rows() or [] if row_key(r) in keys]
+    fresh = summarize_rows(rows, run.config, speedup_kind(run.summary, run.config))
+    kept = {k: v for k, v in run.summary.items() if k not in METRIC_KEYS}
+    out = {**kept, **fresh, "n_failed": run.summary.get("n_failed", fresh.get("n_failed"))}
+    if "failed" in run.summary:  # the run's own failures, as n_failed
+        out["failed"] = run.summary["failed"]
+    hist = accept_hist(run.path, keys) if run.path is not None else None
+    return out | ({"accept_hist": hist} if hist else {})
+
+
+def accept_hist(run_dir: Path, keys) -> dict[int, int] | None:
+    """How many steps committed 1, 2, 3... tokens over the (sample, turn)s ``keys`` (``outputs.jsonl``)."""
+    path = Path(run_dir) / "outputs.jsonl"
+    if not path.exists():
+        return None
+    hist: dict[int, int] = {}
+    for line in path.read_text().splitlines():
+        try:
+            out = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line
+        if (str(out.get("sample_id")), int(out.get("turn", 0))) in keys:
+            for n in out.get("accept_lengths") or []:
+                hist[int(n)] = hist.get(int(n), 0) + 1
+    return dict(sorted(hist.items())) or None
+
+
+def align(runs: list[Run], label=lambda run: run.rel) -> tuple[list[Run], str | None]:
+    """The runs of one comparison on their common (sample, turn)s, and the footnote saying so (None: same sets).
+
+    Runs without ``samples.csv`` rows are left as they are (their coverage cannot be checked)."""
+    covered = {i: ok_keys(run.sample_rows()) for i, run in enumerate(runs) if run.sample_rows()}
+    sets = list(covered.values())
+    if len(sets) < 2 or all(s == sets[0] for s in sets):
+        return list(runs), None
+    common, union = frozenset(set.intersection(*sets)), set.union(*sets)
+    lacks = []
+    for i, keys in covered.items():
+        missing = union - keys
+        if missing:
+            failed = {row_key(r) for r in runs[i].sample_rows() if r.get("status") != "ok"} & missing
+            example = "/".join(map(str, min(missing)))
+            lacks.append(f"{label(runs[i])} lacks {len(missing)} ({len(failed)} failed, {len(missing) - len(failed)}"
+                         f" not run; e.g. {example})")
+    if not common:  # nothing to compare on: each run keeps its own numbers, and the note says they do not compare
+        note = (f"NOT comparable: no (sample, turn) is covered by all {len(sets)} runs; each is shown on its own "
+                "samples: " + "; ".join(lacks))
+        out = list(runs)
+        for i, keys in covered.items():
+            out[i] = replace(runs[i], coverage=Coverage(frozenset(keys), len(keys), note))
+        return out, note
+    note = (f"computed on the {len(common)} (sample, turn)s common to its {len(sets)} runs (of {len(union)}): "
+            + "; ".join(lacks))
+    out = list(runs)
+    for i, keys in covered.items():
+        summary = resummarize(runs[i], common) if keys != common else runs[i].summary
+        out[i] = replace(runs[i], summary=summary, coverage=Coverage(common, len(keys), note))
+    return out, note
+
+
+# ------------------------------------------------------------------ per category
+def categories(rows: list[dict]) -> list[str]:
+    return [c for c in dict.fromkeys(r.get("category") or "" for r in rows) if c]
+
+
+def category_summaries(run: Run) -> dict[str, dict]:
+    """{category: summary} of a run whose samples carry two or more categories (else {}): recomputed from its rows
+    (on the common (sample, turn)s when it was aligned), else the summary's ``by_category``."""
+    rows = run.sample_rows()
+    if rows:
+        cats = categories(rows)
+        if len(cats) < 2:
+            return {}
+        allowed = run.coverage.common if run.coverage is not None else None
+        out = {}
+        for cat in cats:
+            keys = {row_key(r) for r in rows if (r.get("category") or "") == cat}
+            out[cat] = resummarize(run, keys & allowed if allowed is not None else keys)
+        return out
+    by = run.summary.get("by_category") or {}
+    kind = speedup_kind(run.summary, run.config)
+    return {c: {**v, "speedup": v.get(f"speedup_{kind}", v.get("speedup"))} for c, v in by.items()} \
+        if len(by) >= 2 else {}
+
+
+# ------------------------------------------------------------------ what the numbers mean
+SPEEDUP_DEFS = {
+    "e2e": "speedup_e2e = (method new tokens / method total time) / (vanilla new tokens / vanilla total time), "
+           "prefill included",
+    "decode": "speedup_decode = (method tokens after the first / method decode time) / (the same for vanilla), "
+              "prefill excluded",
+    "specbench": "speedup_specbench = mean over questions of method tokens/s / mean over questions of vanilla "
+                 "tokens/s (Spec-Bench evaluation/speed.py; a question's turns summed)",
+    None: "speedup (run recorded before speedup_kind) = summed vanilla total time / summed method total time",
+}
+TAU_DEFS = {
+    "tau": "tau = tokens committed per verification step, prefill excluded: sum of (new tokens - 1) / "
+           "verification forwards of the target (the FAFO paper's)",
+    "tau_all": "tau_all = new tokens / every forward that reads the target's weights (prefill, verify, self-draft, "
+               "aux): the cost-aware figure",
+    "tau_with_prefill": "tau_with_prefill = new tokens / (verification forwards + 1) (Spec-Bench's convention)",
+    None: "tau (run recorded before tau_all) = new tokens / (forwards + 1), the prefill counted as a step",
+}
+
+
+def definitions(summaries, taus=("tau",)) -> list[str]:
+    """Caption lines naming the speedup(s) and tau(s) that ``summaries`` show, with their definitions."""
+    summaries = list(summaries)
+    kinds = list(dict.fromkeys(s.get("speedup_kind") for s in summaries)) or [None]
+    lines = ["speedup shown: " + "; ".join(SPEEDUP_DEFS.get(k, f"speedup_{k}") for k in kinds)
+             + "; [lo–hi] = its 95 % bootstrap interval over samples (a sample's turns kept together)"]
+    new = any("speedup_kind" in s or "tau_all" in s for s in summaries)
+    old = any(not ("speedup_kind" in s or "tau_all" in s) for s in summaries) or not summaries
+    lines.append("tau shown: " + "; ".join([TAU_DEFS[t] for t in taus if new] + ([TAU_DEFS[None]] if old else [])))
+    return lines
+
+
+def category_table(entries, dash: str = "—") -> tuple[list[str], list[list[str]]] | None:
+    """The per-category table of ``entries`` = [(row labels, run)]: (categories, one line per run with a category
+    split: its labels then ``speedup× [lo–hi] (tau) n=N`` per category); None when no run has categories."""
+    from fafo.bench.report_format import fmt_cell
+
+    split = [(labels, category_summaries(run)) for labels, run in entries]
+    split = [(labels, cats) for labels, cats in split if cats]
+    if not split:
+        return None
+    cats = list(dict.fromkeys(c for _, per in split for c in per))
+    return cats, [list(labels) + [fmt_cell(per[c], dash) if c in per else dash for c in cats] for labels, per in split]

@@ -1,0 +1,87 @@
+"""Cell texts shared by every table: speedup with its interval, coverage, exactness, acceptance histogram.
+
+A key a summary lacks (an old run directory, a method that drafts nothing) prints as ``dash`` (default "—").
+"""
+
+from __future__ import annotations
+
+import math
+
+DASH = "—"
+
+
+def num(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def fmt(v, spec: str, dash: str = DASH) -> str:
+    x = num(v)
+    return dash if x is None else format(x, spec)
+
+
+def fmt_ci(ci, spec: str = ".2f") -> str | None:
+    """``[lo–hi]`` of a ``*_ci95`` value, None when there is none."""
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2 or num(ci[0]) is None or num(ci[1]) is None:
+        return None
+    return f"[{num(ci[0]):{spec}}–{num(ci[1]):{spec}}]"
+
+
+def fmt_speedup(s: dict, key: str = "speedup", dash: str = DASH) -> str:
+    """``1.50× [1.20–1.80]`` (the interval when the summary has ``<key>_ci95``)."""
+    x = num(s.get(key))
+    if x is None:
+        return dash
+    ci = fmt_ci(s.get(f"{key}_ci95"))
+    return f"{x:.2f}×" + (f" {ci}" if ci else "")
+
+
+def fmt_n(s: dict, dash: str = DASH) -> str:
+    """Coverage: ``samples[/turns] (failed rows)``, e.g. ``80/160 (2)``."""
+    n, turns, failed = num(s.get("n_samples")), num(s.get("n_turns")), num(s.get("n_failed"))
+    if n is None:
+        return dash
+    text = f"{n:.0f}" + (f"/{turns:.0f}" if turns is not None and turns != n else "")
+    return text + f" ({fmt(failed, '.0f', dash)})"
+
+
+def fmt_exact(s: dict, dash: str = DASH) -> str:
+    """Exact-match rate, with the fp32 classification of the mismatches (``tie`` / ``div``) when below 1."""
+    rate = num(s.get("exact_match_rate"))
+    if rate is None:
+        return dash
+    text = f"{rate:.3f}"
+    tie, div = num(s.get("n_mismatch_tie")), num(s.get("n_mismatch_divergence"))
+    if rate < 1 and (tie is not None or div is not None):
+        text += f" (tie {fmt(tie, '.0f', dash)}, div {fmt(div, '.0f', dash)})"
+    return text
+
+
+def fmt_hist(hist, most: int = 8, dash: str = DASH) -> str:
+    """An acceptance histogram ``{tokens committed: steps}`` as ``1:40 2:12 3:5`` (longer ones summed as ``9+``)."""
+    if not isinstance(hist, dict) or not hist:
+        return dash
+    counts: dict[int, int] = {}
+    for k, v in hist.items():
+        counts[int(k)] = counts.get(int(k), 0) + int(v)
+    parts = [f"{k}:{v}" for k, v in sorted(counts.items()) if k <= most]
+    tail = sum(v for k, v in counts.items() if k > most)
+    return " ".join(parts + ([f"{most + 1}+:{tail}"] if tail else []))
+
+
+def merge_hists(hists) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for h in hists:
+        for k, v in (h or {}).items() if isinstance(h, dict) else ():
+            out[int(k)] = out.get(int(k), 0) + int(v)
+    return dict(sorted(out.items()))
+
+
+def fmt_cell(s: dict, dash: str = DASH) -> str:
+    """A compact ``speedup× [lo–hi] (tau) n=N`` for per-category tables."""
+    if num(s.get("speedup")) is None and num(s.get("tau")) is None:
+        return dash
+    return f"{fmt_speedup(s, dash=dash)} ({fmt(s.get('tau'), '.2f', dash)}) n={fmt(s.get('n_turns'), '.0f', dash)}"
