@@ -51,6 +51,9 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     if "exact_match" in df:
         df["exact_match"] = df["exact_match"].map(
             lambda v: {"True": 1.0, "False": 0.0, True: 1.0, False: 0.0}.get(v, float("nan")))
+        if "new_tokens" in df:  # rows written without the reference's length: identical tokens, identical count
+            known = df["ref_new_tokens"] if "ref_new_tokens" in df else pd.Series(np.nan, index=df.index)
+            df["ref_new_tokens"] = known.fillna(df["new_tokens"].where(df["exact_match"] == 1.0))
     return df
 
 
