@@ -7,7 +7,6 @@ match Hugging Face's.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 
 from fafo.errors import ConfigError
+from fafo.files import Source, weight_files
 from fafo.engine.model import SUPPORTED_FAMILIES, ModelArgs, Transformer
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -66,22 +66,21 @@ def load_hf_config(ckpt: Path):
 
 
 def load_tokenizer(ckpt: Path):
+    """The checkpoint's tokenizer (its files are checked by :func:`fafo.files.check_checkpoint` first)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(ckpt)
+    try:
+        return AutoTokenizer.from_pretrained(ckpt)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError) as exc:  # files of another kind
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"model.path={str(ckpt)!r}: its tokenizer could not be loaded ({why[:160]}); copy the "
+                          "tokenizer files of this checkpoint (tokenizer.json / tokenizer.model) again") from None
 
 
 def _weight_files(ckpt: Path) -> list[Path]:
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        index = ckpt / index_name
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return [ckpt / s for s in shards]
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (ckpt / name).is_file():
-            return [ckpt / name]
-    raise ConfigError(f"model.path={str(ckpt)!r} has no model.safetensors / pytorch_model.bin weights; "
-                      "use a complete checkpoint directory")
+    """The weight files of a checkpoint, each checked (safetensors header and sizes) before anything loads."""
+    return weight_files(ckpt, Source("model.path", str(ckpt), "re-download the checkpoint and point model.path at "
+                                     "the complete directory"))
 
 
 def _read_state_dict(files: list[Path], dtype: torch.dtype, device: torch.device):
