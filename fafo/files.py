@@ -39,7 +39,8 @@ class Source:
         """``<setting>=<given>: <file> <what>; <fix>`` (the file left out when it is the given path itself)."""
         head = f"{self.setting}={self.given!r}"
         name = str(file)
-        body = f"{head} {what}" if name in (self.given, str(Path(self.given).expanduser())) else f"{head}: {name} {what}"
+        same = name in (self.given, str(Path(self.given).expanduser()))
+        body = f"{head} {what}" if same else f"{head}: {name} {what}"
         return ConfigError(f"{body}; {fix or self.fix}")
 
 

@@ -128,6 +128,36 @@ def test_a_partial_checkpoint_directory_is_one_line(ckpt, removed):
     one_line(excinfo, "model.path=", str(ckpt))
 
 
+@pytest.mark.parametrize("how", ["empty", "truncated", "garbage", "wrong_format"])
+def test_damaged_pytorch_bin_weights_and_sentencepiece_files_are_one_line(ckpt, how):
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(ckpt / "model.safetensors")), ckpt / "pytorch_model.bin")
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "tokenizer.model").write_bytes(b"\n\x0bsentencepiece")
+    resolve(ckpt)  # intact: accepted
+    damage(ckpt / "pytorch_model.bin", how, wrong=b"PK\x03\x04 a zip of something else")
+    with pytest.raises(ConfigError) as excinfo:
+        resolve(ckpt)
+    assert "pytorch_model.bin" in one_line(excinfo, "model.path=", str(ckpt))
+    if how == "empty":
+        torch.save({}, ckpt / "pytorch_model.bin")  # intact weights again, but an empty sentencepiece model
+        (ckpt / "tokenizer.model").write_bytes(b"")
+        with pytest.raises(ConfigError) as excinfo:
+            resolve(ckpt)
+        assert "tokenizer.model is empty" in one_line(excinfo, "model.path=", str(ckpt))
+
+
+@pytest.mark.parametrize("other", ["llama_gqa", "qwen2_gqa"])
+def test_weights_of_another_model_in_the_right_place_are_one_line(ckpt, checkpoint, other):
+    shutil.copy(checkpoint(other) / "model.safetensors", ckpt / "model.safetensors")  # intact, but not this model's
+    with pytest.raises(ConfigError) as excinfo:
+        resolve(ckpt)
+    msg = one_line(excinfo, "model.path=", "model.safetensors holds weights that do not match config.json")
+    assert "of another shape" in msg and "re-download" in msg
+
+
 def test_weights_are_checked_from_the_header_without_loading(ckpt, monkeypatch):
     import safetensors
 

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions
 from fafo.engine.engine import DTYPES, check_backend
 from fafo.engine.gguf import gguf_checkpoint
-from fafo.engine.loader import load_hf_config, load_tokenizer, resolve_checkpoint
+from fafo.engine.loader import check_weights_match, load_hf_config, load_tokenizer, resolve_checkpoint
 from fafo.bench.naming import model_name, model_source
 from fafo.engine.tiny import tiny_checkpoint
 from fafo.bounds import check_bound
@@ -190,25 +190,33 @@ def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None
         gguf, given, revision = str(model_cfg.gguf_file), model_cfg.get("path"), model_cfg.get("revision")
         path = gguf_checkpoint(gguf, None if given is None else str(given), revision)
         source = f"{given}:{gguf}" if given else gguf
-        check_checkpoint(path, Source("model.gguf_file", gguf, f"delete {path} so that it is converted again"))
-        return Checkpoint(path, load_hf_config(path), load_tokenizer(path), f"gguf:{path.name}", name, source)
+        config = checked_config(path, Source("model.gguf_file", gguf, f"delete {path} so that it is converted again"))
+        return Checkpoint(path, config, load_tokenizer(path), f"gguf:{path.name}", name, source)
     if kind == "path":
         given, revision = str(model_cfg.path), model_cfg.get("revision")
         path = resolve_checkpoint(given, revision)
-        check_checkpoint(path, Source("model.path", given, "re-download the checkpoint (or copy all of it again) "
-                                      "and point model.path at the complete directory"))
+        config = checked_config(path, Source("model.path", given, "re-download the checkpoint (or copy all of it "
+                                             "again) and point model.path at the complete directory"))
         local = Path(given).expanduser()
         source = str(local.resolve()) if local.is_dir() else given + (f"@{revision}" if revision else "")
         identity = f"{given}@{revision or 'main'}"
-        return Checkpoint(path, load_hf_config(path), load_tokenizer(path), identity, name, source)
+        return Checkpoint(path, config, load_tokenizer(path), identity, name, source)
     if kind == "tiny":
         spec = OmegaConf.to_container(model_cfg.tiny, resolve=True)
         path = tiny_checkpoint(spec)
-        check_checkpoint(path, Source("model.tiny", str(path), f"delete {path} so that it is built again"))
-        return Checkpoint(path, load_hf_config(path), load_tokenizer(path), f"tiny:{path.name}", name, str(path),
-                          random=True)
+        config = checked_config(path, Source("model.tiny", str(path), f"delete {path} so that it is built again"))
+        return Checkpoint(path, config, load_tokenizer(path), f"tiny:{path.name}", name, str(path), random=True)
     raise ConfigError("model.path is not set; give a hub id or a local checkpoint directory "
                       "(or choose model=tiny_llama)")
+
+
+def checked_config(path: Path, src: Source):
+    """The transformers config of a checkpoint directory whose every file was checked (:mod:`fafo.files`) and whose
+    safetensors headers hold the tensors that config needs, before any weight is read."""
+    check_checkpoint(path, src)
+    config = load_hf_config(path)
+    check_weights_match(path, config, src)
+    return config
 
 
 def cpu_name() -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from fafo.errors import ConfigError
-from fafo.files import Source, weight_files
+from fafo.files import Source, check_safetensors, weight_files
 from fafo.engine.model import SUPPORTED_FAMILIES, ModelArgs, Transformer
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -81,6 +81,35 @@ def _weight_files(ckpt: Path) -> list[Path]:
     """The weight files of a checkpoint, each checked (safetensors header and sizes) before anything loads."""
     return weight_files(ckpt, Source("model.path", str(ckpt), "re-download the checkpoint and point model.path at "
                                      "the complete directory"))
+
+
+def check_weights_match(ckpt: Path, config, src: Source | None = None) -> None:
+    """The safetensors headers name exactly the tensors ``config`` needs, with their shapes (nothing is loaded):
+    weights of another model in the right place are one line before any load. ``pytorch_model*.bin`` weights
+    cannot be listed without unpickling and are matched when they load (:func:`load_model`)."""
+    src = src or Source("model.path", str(ckpt), "is config.json from this checkpoint? re-download the checkpoint")
+    args = ModelArgs.from_hf(config)
+    with torch.device("meta"):
+        want = {n: tuple(t.shape) for n, t in Transformer(args, config).state_dict().items()}
+    have: dict[str, tuple] = {}
+    files = weight_files(ckpt, src)
+    if any(f.suffix != ".safetensors" for f in files):
+        return
+    for f in files:
+        have.update({n: tuple(i["shape"]) for n, i in check_safetensors(f, src).items() if n != "__metadata__"})
+    for names in (want, have):
+        for n in [n for n in names if "rotary_emb" in n or (args.tie_embeddings and n == "lm_head.weight")]:
+            del names[n]
+    missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    shapes = [f"{n} {list(have[n])} (needs {list(want[n])})" for n in sorted(set(want) & set(have))
+              if want[n] != have[n]]
+    if missing or unexpected or shapes:
+        what = (f"missing {missing[:2]}" if missing else f"unexpected {unexpected[:2]}" if unexpected
+                else f"shapes {shapes[:2]}")
+        raise src.error(files[0] if len(files) == 1 else ckpt,
+                        f"holds weights that do not match config.json ({args.family}, {args.n_layers} layers: {what}; "
+                        f"{len(missing)} missing, {len(unexpected)} unexpected, {len(shapes)} of another shape)",
+                        "copy config.json and the weights from the same checkpoint (re-download it)")
 
 
 def _read_state_dict(files: list[Path], dtype: torch.dtype, device: torch.device):
