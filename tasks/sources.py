@@ -13,7 +13,8 @@ release when ``task.data_path`` is set:
 * a **.zip** (LongBench's ``data.zip``): the members matching the same globs, sorted.
 
 Records are plain dicts in file order. Any failure is one :class:`~fafo.errors.ConfigError` naming
-``task.data_path``: a missing file, a directory without a matching file, an unreadable file, or a hub data
+``task.data_path``: a missing, empty, truncated, binary or non-UTF-8 file (read through :mod:`fafo.files`), a
+Parquet/gzip/zip file whose magic bytes or end are wrong, a directory without a matching file, or a hub data
 set that cannot be loaded (offline, unknown id, a script-based repo that ``datasets >= 4`` no longer runs);
 the message says which release file to download and to point ``task.data_path`` at it.
 """

@@ -347,6 +347,23 @@ def test_a_damaged_reference_entry_reads_as_absent_and_is_rewritten(tmp_path, ho
     assert store.get("abcdef") == record
 
 
+@pytest.mark.parametrize("name", ["samples.csv", "outputs.jsonl"])
+def test_binary_garbage_appended_to_a_runs_records_is_dropped_not_a_crash(tmp_path, name):
+    """(Tears at line boundaries are tests/test_damage.py's; this is bytes that are not text at all.)"""
+    from fafo.bench.records import RecordWriter
+
+    records = RecordWriter(tmp_path)
+    for sid in ("a", "b"):
+        records.write({"sample_id": sid, "turn": 0, "repeat": 0, "status": "ok"},
+                      {"sample_id": sid, "turn": 0, "tokens": [1, 2], "text": "hi"})
+    records.close()
+    with open(tmp_path / name, "ab") as f:
+        f.write(GARBAGE + b"\n")
+    again = RecordWriter(tmp_path)
+    assert again.done == {("a", 0, 0), ("b", 0, 0)} and any("garbled" in r for r in again.repairs), again.repairs
+    again.close()
+
+
 # ------------------------------------------------------------------------------------- through the CLI
 @pytest.fixture
 def files(ckpt, tmp_path):
