@@ -13,7 +13,14 @@ markers; GGUF: its fixed header), binary garbage or another encoding where UTF-8
 
 Weights are checked by reading the safetensors header (an 8-byte little-endian length, then that many bytes of
 JSON: ``{name: {dtype, shape, data_offsets: [begin, end]}}``, offsets relative to the end of the header), never by
-loading them: a 16 GB checkpoint is checked in milliseconds.
+loading them: a 16 GB checkpoint is checked in milliseconds. The same headers tell weights of another model in the
+right place (:func:`fafo.engine.loader.check_weights_match`, which knows the tensors a config needs).
+
+Who calls what: :func:`fafo.bench.setup.resolve_model` (``model.path``, ``model.gguf_file``, the tiny models and,
+through it, TriForce's ``method.draft``), :func:`baselines.longspec_draft.resolve_draft` (``method.draft.path``),
+:mod:`tasks.sources` and :mod:`tasks.prompts` (``task.data_path``), :class:`fafo.bench.cost_curve.CostCurve`
+(``bench.cost_curve``), :func:`baselines.sam_decoding.read_corpus` (``method.corpus_path``) and
+:func:`fafo.bench.setup.check_config` (``bench.reference_dir``); all of them run before a model loads.
 """
 
 from __future__ import annotations
@@ -134,11 +141,9 @@ MAX_SAFETENSORS_HEADER = 100 << 20  # the format's own limit
 def check_safetensors(file, src: Source) -> dict:
     """The tensor table of a safetensors file, checked against the file size without reading the tensors."""
     path = Path(file)
-    if not path.is_file():
-        raise src.error(path, "does not exist (a shard or weights file is missing)")
-    size = path.stat().st_size
+    size = check_file(path, src)
     if size < 8:
-        raise src.error(path, f"is {'empty' if size == 0 else 'truncated'} ({size} bytes, not a safetensors file)")
+        raise src.error(path, f"is truncated ({size} bytes, not even a safetensors header length)")
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         if n > MAX_SAFETENSORS_HEADER:
@@ -255,7 +260,8 @@ GGUF_HEADER = 24  # magic, version (u32), tensor count (u64), metadata count (u6
 
 
 def check_gguf(file, src: Source) -> None:
-    """A GGUF file's fixed header: magic ``GGUF``, a known version, and more than the header itself."""
+    """A GGUF file's fixed header: magic ``GGUF``, a known version, the whole header there. A file cut inside its
+    tensors is refused when gguf's reader opens it for the conversion (:func:`fafo.engine.gguf.gguf_architecture`)."""
     path = Path(file)
     head = read_head(path, src, GGUF_HEADER)
     if head[:4] != GGUF_MAGIC:
