@@ -121,7 +121,7 @@ class PromptsTask(Task):
                 "`text` or `turns`"
             )
         path = _resolve(str(self.data_path))
-        if not os.path.isfile(path):
+        if not os.path.exists(path):  # a directory or a damaged file: fafo.files.read_text below
             raise ConfigError(
                 f"task.data_path={self.data_path!r} does not exist; point task.data_path at a jsonl file "
                 "whose lines have `id` and `text` or `turns`"

@@ -7,7 +7,6 @@ calls for that setting; one case per kind then runs through the CLI (``python -m
 """
 
 import gzip
-import io
 import json
 import random
 import shutil
