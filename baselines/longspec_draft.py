@@ -37,7 +37,7 @@ from torch import nn
 from fafo.engine.model import RMSNorm
 from fafo.engine.rope import apply_rotary, rope_parameters
 from fafo.errors import ConfigError
-from fafo.files import Source, check_checkpoint, read_json, weight_files
+from fafo.files import Source, check_checkpoint, check_safetensors, read_json, weight_files
 
 SHAPE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
 ARCHITECTURES = {"llama": "LlamaGlideDecoderLayer", "qwen2": "Qwen2GlideDecoderLayer",
@@ -242,7 +242,32 @@ def resolve_draft(path: str, revision: str | None = None) -> Path:
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("model.path", "method.draft.path")) from None
     check_checkpoint(ckpt, _draft_source(path), tokenizer=False)  # the draft uses the target's tokenizer
+    check_draft_weights(ckpt, _draft_source(path))
     return ckpt
+
+
+def check_draft_weights(ckpt: Path, src: Source) -> None:
+    """The safetensors headers hold the Glide layer its config.json describes (names and shapes; nothing is
+    loaded): a target checkpoint or another target's draft in ``method.draft.path`` is one line, before loading."""
+    cfg = read_draft_config(ckpt)
+    try:
+        with torch.device("meta"):
+            want = {n: tuple(t.shape) for n, t in _build(cfg).state_dict().items() if "rotary_emb" not in n}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise src.error(Path(ckpt) / "config.json", f"is not a LongSpec draft config ({type(exc).__name__}: "
+                                                    f"{exc})") from None
+    files = weight_files(Path(ckpt), src)
+    if any(f.suffix != ".safetensors" for f in files):
+        return  # pickled weights are matched when they load (load_draft)
+    have = {n.removeprefix("glide."): tuple(i["shape"]) for f in files for n, i in check_safetensors(f, src).items()
+            if n != "__metadata__" and "rotary_emb" not in n}
+    missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    shapes = sorted(n for n in set(want) & set(have) if want[n] != have[n])
+    if missing or unexpected or shapes:
+        raise src.error(files[0] if len(files) == 1 else ckpt,
+                        f"holds weights that are not the LongSpec Glide layer its config.json describes (missing "
+                        f"{missing[:2]}, unexpected {unexpected[:2]}, of another shape {shapes[:2]})",
+                        "use a released sail/longspec-* draft or one from scripts/train_longspec_draft.py")
 
 
 def _draft_source(path) -> Source:

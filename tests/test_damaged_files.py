@@ -186,15 +186,19 @@ def test_a_damaged_draft_checkpoint_names_method_draft_path(ckpt, how):
     one_line(excinfo, "method.draft.path=", "model.safetensors")
 
 
-def test_a_longspec_draft_needs_no_tokenizer_but_a_config(ckpt):
-    from baselines.longspec_draft import resolve_draft
+def test_a_longspec_draft_is_checked_without_a_tokenizer_and_against_its_config(ckpt, tmp_path):
+    from baselines.longspec_draft import new_draft, resolve_draft, save_draft
+    from fafo.engine.loader import load_hf_config
 
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        (ckpt / name).unlink()
-    assert resolve_draft(str(ckpt)) == ckpt
-    damage(ckpt / "config.json", "wrong_encoding")
+    config = load_hf_config(ckpt)
+    draft = save_draft(new_draft(config), config, tmp_path / "draft")  # config.json + model.safetensors only
+    assert resolve_draft(str(draft)) == draft
     with pytest.raises(ConfigError) as excinfo:
-        resolve_draft(str(ckpt))
+        resolve_draft(str(ckpt))  # a whole target checkpoint where the draft belongs
+    one_line(excinfo, "method.draft.path=", "holds weights that are not the LongSpec Glide layer")
+    damage(draft / "config.json", "wrong_encoding")
+    with pytest.raises(ConfigError) as excinfo:
+        resolve_draft(str(draft))
     assert "not UTF-8" in one_line(excinfo, "method.draft.path=", "config.json")
 
 
