@@ -241,7 +241,7 @@ class Int8KVReference(Decoder):
     """
 
     kv: str = "int8"
-    group_size: int = at_least(2, 128)
+    group_size: int = at_least(4, 128, why="the method's G, even and above its gamma + 1 >= 2")
     chunk_size: int = at_least(1, 1024)
     _inner: Decoder | None = field(default=None, init=False, repr=False, compare=False)
 
