@@ -43,6 +43,7 @@ from baselines.longspec_draft import (WindowCache, check_shapes, load_draft, new
                                      resolve_draft, window_mask)
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.engine import Engine
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 from fafo.tree import DraftTree, greedy_tree_step, sampled_tree_step
@@ -68,8 +69,8 @@ class LongSpecDecoder(Decoder):
     draft: dict = field(default_factory=_default_draft)
     mode: str = "tree"
     tree_shape: list = field(default_factory=lambda: [4, 16, 16, 16, 16])
-    gamma: int = 4
-    window: int = 512
+    gamma: int = at_least(1, 4)
+    window: int = at_least(1, 512)
     _loaded: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _trace: list = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -81,10 +82,7 @@ class LongSpecDecoder(Decoder):
             raise ConfigError(f"method.tree_shape={self.tree_shape!r} must be a non-empty list of integers >= 1, "
                               "e.g. [4, 16, 16, 16, 16]")
         self.tree_shape = shape
-        for name in ("gamma", "window"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"method.{name}={v!r} must be an integer >= 1")
+        check_bounds(self, "method")
         if not isinstance(self.draft, Mapping):
             raise ConfigError(f"method.draft={self.draft!r} must be a mapping with path (or random_seed)")
         self.draft = OmegaConf.to_container(OmegaConf.create(dict(self.draft)), resolve=True)

@@ -37,6 +37,7 @@ from torch import nn
 from fafo.engine.model import RMSNorm
 from fafo.engine.rope import apply_rotary, rope_parameters
 from fafo.errors import ConfigError
+from fafo.files import Source, check_checkpoint, check_safetensors, read_json, weight_files
 
 SHAPE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
 ARCHITECTURES = {"llama": "LlamaGlideDecoderLayer", "qwen2": "Qwen2GlideDecoderLayer",
@@ -237,13 +238,45 @@ def resolve_draft(path: str, revision: str | None = None) -> Path:
     from fafo.engine.loader import resolve_checkpoint
 
     try:
-        return resolve_checkpoint(path, revision)
+        ckpt = resolve_checkpoint(path, revision)
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("model.path", "method.draft.path")) from None
+    check_checkpoint(ckpt, _draft_source(path), tokenizer=False)  # the draft uses the target's tokenizer
+    check_draft_weights(ckpt, _draft_source(path))
+    return ckpt
+
+
+def check_draft_weights(ckpt: Path, src: Source) -> None:
+    """The safetensors headers hold the Glide layer its config.json describes (names and shapes; nothing is
+    loaded): a target checkpoint or another target's draft in ``method.draft.path`` is one line, before loading."""
+    cfg = read_draft_config(ckpt)
+    try:
+        with torch.device("meta"):
+            want = {n: tuple(t.shape) for n, t in _build(cfg).state_dict().items() if "rotary_emb" not in n}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise src.error(Path(ckpt) / "config.json", f"is not a LongSpec draft config ({type(exc).__name__}: "
+                                                    f"{exc})") from None
+    files = weight_files(Path(ckpt), src)
+    if any(f.suffix != ".safetensors" for f in files):
+        return  # pickled weights are matched when they load (load_draft)
+    have = {n.removeprefix("glide."): tuple(i["shape"]) for f in files for n, i in check_safetensors(f, src).items()
+            if n != "__metadata__" and "rotary_emb" not in n}
+    missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    shapes = sorted(n for n in set(want) & set(have) if want[n] != have[n])
+    if missing or unexpected or shapes:
+        raise src.error(files[0] if len(files) == 1 else ckpt,
+                        f"holds weights that are not the LongSpec Glide layer its config.json describes (missing "
+                        f"{missing[:2]}, unexpected {unexpected[:2]}, of another shape {shapes[:2]})",
+                        "use a released sail/longspec-* draft or one from scripts/train_longspec_draft.py")
+
+
+def _draft_source(path) -> Source:
+    return Source("method.draft.path", str(path), "re-download the LongSpec draft (or train one with "
+                  "scripts/train_longspec_draft.py) and point method.draft.path at the complete directory")
 
 
 def read_draft_config(ckpt: Path) -> dict:
-    return json.loads((Path(ckpt) / "config.json").read_text())
+    return read_json(Path(ckpt) / "config.json", _draft_source(ckpt))
 
 
 def check_shapes(cfg: dict, target_config, where: str) -> None:
@@ -275,17 +308,13 @@ def _as_config(cfg: dict):
 
 def load_draft(ckpt: Path, target_config, dtype, device) -> GlideLayer:
     """Load a released-format draft (strict key check: one clear error naming what is missing/unexpected)."""
-    from fafo.engine.loader import _read_state_dict, _weight_files
+    from fafo.engine.loader import _read_state_dict
 
     cfg = read_draft_config(ckpt)
     check_shapes(cfg, target_config, repr(str(ckpt)))
     with torch.device("meta"):
         layer = _build(cfg)
-    try:
-        files = _weight_files(Path(ckpt))
-    except ConfigError:
-        raise ConfigError(f"method.draft.path={str(ckpt)!r} has no model.safetensors / pytorch_model.bin; point it "
-                          "at a released LongSpec draft directory") from None
+    files = weight_files(Path(ckpt), _draft_source(ckpt))
     state = {n.removeprefix("glide."): t for n, t in _read_state_dict(files, dtype, torch.device(device))
              if "rotary_emb" not in n}
     missing, unexpected = layer.load_state_dict(state, strict=False, assign=True)

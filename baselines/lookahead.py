@@ -59,6 +59,7 @@ import torch
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan, step_block_mask
 from fafo.engine.engine import Engine
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
@@ -140,20 +141,15 @@ class LookaheadDecoder(Decoder):
         seed: seeds the window's initial tokens (drawn from the prompt).
     """
 
-    level: int = 5
-    window: int = 15
-    guess_set: int = 15
+    level: int = at_least(3, 5, why="N-1 >= 2 levels; N=2 would commit one token per step")
+    window: int = at_least(1, 15)
+    guess_set: int = at_least(0, 15)  # 0: no guesses verified (the window alone)
     bonus_token: bool = False
     pool_from_prompt: bool = False
     seed: int = 0
 
     def __post_init__(self):
-        lows = {"level": 3, "window": 1, "guess_set": 0}
-        for name, low in lows.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                why = " (N-1 >= 2 levels; N=2 would commit one token per step)" if name == "level" else ""
-                raise ConfigError(f"method.{name}={value!r} must be an integer >= {low}{why}")
+        check_bounds(self, "method")
         for name in ("bonus_token", "pool_from_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"method.{name}={getattr(self, name)!r} must be true or false")

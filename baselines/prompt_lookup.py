@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from baselines.tree_drafting import DraftState, TreeDrafter, chain
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.tree import DraftTree
 
@@ -78,15 +79,12 @@ class PromptLookupDecoder(TreeDrafter):
         min_ngram: shortest n-gram matched (transformers and the original: 1).
     """
 
-    num_tokens: int = 10
-    max_ngram: int = 3
-    min_ngram: int = 1
+    num_tokens: int = at_least(1, 10)
+    max_ngram: int = at_least(1, 3)
+    min_ngram: int = at_least(1, 1)
 
     def __post_init__(self):
-        for name in ("num_tokens", "max_ngram", "min_ngram"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"method.{name}={value!r} must be an integer >= 1")
+        check_bounds(self, "method")
         if self.min_ngram > self.max_ngram:
             raise ConfigError(f"method.min_ngram={self.min_ngram} is above method.max_ngram={self.max_ngram}; "
                               "set min_ngram <= max_ngram")

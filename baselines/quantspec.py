@@ -47,15 +47,11 @@ from baselines.quantspec_cache import Int4MLP, QuantKVCache, quantized_count, sw
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
 TARGETS = ("int8kv", "fp16")
-
-
-def _check_int(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"method.{name}={value!r} must be an integer >= {low}")
 
 
 @dataclass
@@ -63,7 +59,7 @@ class QuantSpecDecoder(Decoder):
     """QuantSpec, greedy (paper defaults: G = 128, gamma 6 of its best 4-6, 4-bit draft MLP weights).
 
     Attributes:
-        gamma: draft tokens per verification (0: no draft, an autoregressive decoder on the same cache).
+        gamma: draft tokens per verification, >= 1 (the reference's 0, no draft, is Int8KVReference).
         target: ``int8kv`` (the verifier reads the INT8 view, the paper) or ``fp16`` (full-precision cache for
             the verifier: lossless against vanilla, no memory saving).
         group_size: ``G``: tokens per key group; the buffer holds G..2G recent tokens. Must exceed gamma + 1.
@@ -75,20 +71,18 @@ class QuantSpecDecoder(Decoder):
         chunk_size: quantized tokens dequantized at a time in attention (rounded down to whole groups).
     """
 
-    gamma: int = 6
+    gamma: int = at_least(1, 6)  # 0 only inside Int8KVReference (autoregressive on the INT8 cache)
     target: str = "int8kv"
-    group_size: int = 128
+    group_size: int = at_least(2, 128)
     weight_bits: int | None = 4
-    weight_group: int = 128
+    weight_group: int = at_least(2, 128)
     resident_weights: bool = False
-    chunk_size: int = 1024
+    chunk_size: int = at_least(1, 1024)
     _mlps: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _kv: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        _check_int("gamma", self.gamma, 0)
-        _check_int("group_size", self.group_size, 2)
-        _check_int("chunk_size", self.chunk_size, 1)
+        check_bounds(self, "method")
         if self.target not in TARGETS:
             raise ConfigError(f"method.target={self.target!r} must be one of {', '.join(TARGETS)} (int8kv = the "
                               "paper's INT8 verifier, fp16 = full-precision verifier, lossless against vanilla)")
@@ -97,7 +91,6 @@ class QuantSpecDecoder(Decoder):
                               f"= {self.gamma + 1} (a step may cross at most one group boundary)")
         if self.weight_bits not in (None, 4):
             raise ConfigError(f"method.weight_bits={self.weight_bits!r} must be 4 (RTN 4-bit draft MLP) or null")
-        _check_int("weight_group", self.weight_group, 2)
         if self.weight_group % 2:
             raise ConfigError(f"method.weight_group={self.weight_group} must be even (two codes per byte)")
         if not isinstance(self.resident_weights, bool):
@@ -252,16 +245,18 @@ class Int8KVReference(Decoder):
     """
 
     kv: str = "int8"
-    group_size: int = 128
-    chunk_size: int = 1024
+    group_size: int = at_least(4, 128, why="the method's G, even and above its gamma + 1 >= 2")
+    chunk_size: int = at_least(1, 1024)
     _inner: Decoder | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.kv not in ("int8", "fp"):
             raise ConfigError(f"bench.reference.kv={self.kv!r} must be int8 (INT8-KV autoregressive) or fp (vanilla)")
+        check_bounds(self, "bench.reference")
         if self.kv == "int8":
-            self._inner = QuantSpecDecoder(gamma=0, target="int8kv", group_size=self.group_size, weight_bits=None,
+            self._inner = QuantSpecDecoder(gamma=1, target="int8kv", group_size=self.group_size, weight_bits=None,
                                            chunk_size=self.chunk_size)
+            self._inner.gamma = 0  # no draft: autoregressive on the INT8 cache (a gamma users cannot set)
         else:
             from baselines.vanilla import VanillaDecoder
 

@@ -21,13 +21,14 @@ Under ``engine.static_shapes`` the chain is padded to ``n_predicts + 1`` nodes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from baselines.suffix_automaton import SuffixAutomaton
 from baselines.tree_drafting import DraftState, TreeDrafter, chain
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
+from fafo.files import Source, parse_json, parse_jsonl, read_text
 from fafo.tree import DraftTree
 
 
@@ -35,17 +36,19 @@ def read_corpus(path: str) -> list[str]:
     """Documents of a corpus file: ``.jsonl`` (a ``text`` field, or ``turns``/``conversations`` joined), ``.json``
     (a list of such records or strings) or plain text (one document)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"method.corpus_path={path!r} is not a file; point it at a .jsonl/.json/.txt corpus "
-                          "or set method.corpus_path=null")
-    text = p.read_text(encoding="utf-8")
+    src = Source("method.corpus_path", str(path), "point it at a .jsonl/.json/.txt corpus or set "
+                 "method.corpus_path=null")
+    text = read_text(p, src)
     if p.suffix == ".jsonl":
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        records = parse_jsonl(text, p, src)
     elif p.suffix == ".json":
-        records = json.loads(text)
+        records = parse_json(text, p, src, kind=None)
         records = records if isinstance(records, list) else [records]
     else:
         return [text]
+    bad = next((r for r in records if not isinstance(r, (str, dict))), None)
+    if bad is not None:
+        raise src.error(p, f"holds a {type(bad).__name__} record, not a string or an object with text/turns")
     docs = []
     for r in records:
         if isinstance(r, str):
@@ -95,16 +98,13 @@ class SAMDecoder(TreeDrafter):
         corpus_path: a corpus for the static automaton (null = none, the default).
     """
 
-    n_predicts: int = 40
+    n_predicts: int = at_least(1, 40)
     alpha: float = 4.0
-    len_bias: int = 5
+    len_bias: int = at_least(0, 5)  # 0: the static automaton's match counts in full
     corpus_path: str | None = None
 
     def __post_init__(self):
-        for name, low in (("n_predicts", 1), ("len_bias", 0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ConfigError(f"method.{name}={v!r} must be an integer >= {low}")
+        check_bounds(self, "method")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or self.alpha <= 0:
             raise ConfigError(f"method.alpha={self.alpha!r} must be a number > 0")
         if self.corpus_path is not None:

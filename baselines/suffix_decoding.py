@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from baselines.suffix_tree import Draft, SuffixTree
 from baselines.tree_drafting import DraftState, TreeDrafter
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.tree import DraftTree
 
@@ -85,20 +86,17 @@ class SuffixDecoder(TreeDrafter):
         max_cached_outputs: earlier outputs kept in the global tree (0: only the current one).
     """
 
-    max_depth: int = 64
-    max_spec_tokens: int = 32
+    max_depth: int = at_least(2, 64)
+    max_spec_tokens: int = at_least(1, 32)
     max_spec_factor: float = 1.0
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1
     tree: bool = True
-    max_cached_outputs: int = 128
+    max_cached_outputs: int = at_least(0, 128)  # 0: the prompt's tree only
     cross_request_state: ClassVar[tuple[str, ...]] = ("global_tree", "_cached", "_next_id")  # official: learnt across requests
 
     def __post_init__(self):
-        for name, low in (("max_depth", 2), ("max_spec_tokens", 1), ("max_cached_outputs", 0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ConfigError(f"method.{name}={v!r} must be an integer >= {low}")
+        check_bounds(self, "method")
         for name in ("max_spec_factor", "max_spec_offset", "min_token_prob"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):

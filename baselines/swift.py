@@ -57,6 +57,7 @@ from baselines.swift_optimizer import LayerSetOptimizer
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
@@ -176,15 +177,15 @@ class SwiftDecoder(Decoder):
     """
 
     skip_ratio: float = 0.45
-    opt_interval: int = 1
-    bayes_interval: int = 25
-    max_opt_iter: int = 1000
-    max_tolerance_iter: int = 300
+    opt_interval: int = at_least(1, 1)
+    bayes_interval: int = at_least(1, 25)
+    max_opt_iter: int = at_least(0, 1000)  # 0: the starting skip set is kept (no search)
+    max_tolerance_iter: int = at_least(0, 300)
     max_score: float = 0.95
-    context_window: int = 32
-    max_step_draft: int = 25
+    context_window: int = at_least(1, 32)
+    max_step_draft: int = at_least(1, 25)
     stop_threshold: float = 0.8
-    topk: int = 10
+    topk: int = at_least(1, 10)
     tree_widths: tuple = (3, 5, 8, 10)
     optimization: bool = True
     bayes: bool = True
@@ -198,11 +199,7 @@ class SwiftDecoder(Decoder):
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)
 
-        lows = {"opt_interval": 1, "bayes_interval": 1, "max_opt_iter": 0, "max_tolerance_iter": 0,
-                "context_window": 1, "max_step_draft": 1, "topk": 1}
-        for name, low in lows.items():
-            if not is_int(getattr(self, name)) or getattr(self, name) < low:
-                raise ConfigError(f"method.{name}={getattr(self, name)!r} must be an integer >= {low}")
+        check_bounds(self, "method")
         for name, hi_open in (("skip_ratio", True), ("max_score", False), ("stop_threshold", False)):
             v = getattr(self, name)
             if is_int(v):

@@ -29,6 +29,7 @@ from typing import ClassVar
 import torch
 
 from baselines.tree_drafting import DraftState, TreeDrafter
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.tree import DraftTree
 
@@ -88,7 +89,7 @@ class TokenRecyclingDecoder(TreeDrafter):
         reset_per_sample: start every generation from a zero matrix (official: one matrix per run).
     """
 
-    topk: int = 8
+    topk: int = at_least(1, 8)  # and at least the template's largest rank + 1 (__post_init__)
     tree: str = "2.2.2"
     reset_per_sample: bool = False
     cross_request_state: ClassVar[tuple[str, ...]] = ("adjacency",)  # official: learnt across requests
@@ -96,6 +97,7 @@ class TokenRecyclingDecoder(TreeDrafter):
     def __post_init__(self):
         if self.tree not in TEMPLATES:
             raise ConfigError(f"method.tree={self.tree!r} is not a known template; use one of {sorted(TEMPLATES)}")
+        check_bounds(self, "method")
         need = 1 + max(r for path in TEMPLATES[self.tree] for r in path)
         if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < need:
             raise ConfigError(f"method.topk={self.topk!r} must be an integer >= {need} (template {self.tree} "

@@ -58,6 +58,7 @@ from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
 from fafo.engine.rope import rope_parameters
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
@@ -84,30 +85,24 @@ class TriForceDecoder(Decoder):
         gqa_reduce: how a KV head combines its query heads' chunk scores: mean (their sum) or max.
     """
 
-    gamma1: int = 2
-    gamma2: int = 6
-    budget: int = 4096
-    chunk_size: int = 8
+    gamma1: int = at_least(1, 2)
+    gamma2: int = at_least(1, 6)
+    budget: int = at_least(2, 4096)
+    chunk_size: int = at_least(1, 8)
     draft: dict | None = field(default_factory=_default_draft)
-    draft_budget: int = 256
-    draft_start: int = 16
-    rebuild_every: int | None = None
+    draft_budget: int = at_least(1, 256)  # and >= draft_start + gamma2 + 1 with a draft (__post_init__)
+    draft_start: int = at_least(0, 16)  # 0: a window without sinks
+    rebuild_every: int | None = at_least(1, None)  # null: never
     gqa_reduce: str = "mean"
     _loaded: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _ckpt: object = field(default=None, init=False, repr=False, compare=False)
     _rkv: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        for name, low in {"gamma1": 1, "gamma2": 1, "chunk_size": 1, "budget": 2, "draft_start": 0}.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"method.{name}={value!r} must be an integer >= {low}")
+        check_bounds(self, "method")
         if self.budget % self.chunk_size or self.budget < 2 * self.chunk_size:
             raise ConfigError(f"method.budget={self.budget} must be a multiple of method.chunk_size="
                               f"{self.chunk_size} and at least 2 chunks (chunk 0 is always kept)")
-        r = self.rebuild_every
-        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
-            raise ConfigError(f"method.rebuild_every={r!r} must be null (never) or an integer >= 1")
         if self.gqa_reduce not in ("mean", "max"):
             raise ConfigError(f"method.gqa_reduce={self.gqa_reduce!r} must be mean or max")
         if self.draft is not None:

@@ -43,6 +43,7 @@ from fafo.compress.stream import StreamingLLM
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan, length_block_mask, step_block_mask
 from fafo.engine.engine import Engine
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.pool import CandidatePool
 from fafo.sampling import Sampling
@@ -88,23 +89,18 @@ class FAFODecoder(Decoder):
     """
 
     compress: Compression = field(default_factory=StreamingLLM)
-    n: int = 40
-    k: int = 6
-    m: int | None = None
-    pool_cap: int | None = None
-    stagger: int = 1
+    n: int = at_least(1, 40)
+    k: int = at_least(1, 6)
+    m: int | None = at_least(1, None)
+    pool_cap: int | None = at_least(1, None)
+    stagger: int = at_least(0, 1)  # 0: every stream at P + 1
     see_current: bool = True
     pool_from_prompt: bool = False
     fused: bool = True
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("n", "k", "m", "pool_cap"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"method.{name}={value!r} must be an integer >= 1")
-        if self.stagger < 0:
-            raise ConfigError(f"method.stagger={self.stagger} must be >= 0")
+        check_bounds(self, "method")
         if not isinstance(self.compress, Compression):
             raise ConfigError("method.compress must be a compression function (choose one in conf/method/compress/)")
 

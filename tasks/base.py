@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 
 FOLLOWUPS = ("own", "gold")
@@ -94,11 +95,6 @@ def _as_str_list(value: Any) -> list[str]:
     )
 
 
-def _check_positive_int(value: Any, setting: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{setting}={value!r} is not a positive integer; set {setting} to an integer >= 1")
-
-
 @dataclass
 class Task(abc.ABC):
     """Base class of all tasks. Subclasses implement :meth:`load_samples` and override the defaults.
@@ -118,11 +114,11 @@ class Task(abc.ABC):
     """
 
     name: str = "task"
-    max_new_tokens: int = 128
-    limit: int | None = None
+    max_new_tokens: int = at_least(1, 128)
+    limit: int | None = at_least(1, None)
     ids: list[str] | None = None
     data_path: str | None = None
-    max_input_tokens: int | None = None
+    max_input_tokens: int | None = at_least(1, None)
     system: str | None = None
     _loaded: list[Sample] | None = field(default=None, init=False, repr=False, compare=False)
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -168,12 +164,9 @@ class Task(abc.ABC):
         Raises:
             ConfigError: a bad setting, duplicate sample ids, or ids that the task does not have.
         """
+        check_bounds(self, "task")  # the counts declared with fafo.bounds.at_least, subclasses' included
         self.validate()
-        _check_positive_int(self.max_new_tokens, "task.max_new_tokens")
-        if self.limit is not None:
-            _check_positive_int(self.limit, "task.limit")
         if self.max_input_tokens is not None:
-            _check_positive_int(self.max_input_tokens, "task.max_input_tokens")
             if not self.TRUNCATION:
                 raise ConfigError(
                     f"task.max_input_tokens={self.max_input_tokens} but task {self.name!r} does not truncate its "

@@ -26,6 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fafo.bounds import at_least
 from fafo.errors import ConfigError
 from tasks.base import Sample, check_turn
 from tasks.sources import DataTask
@@ -125,7 +126,7 @@ class LongBenchTask(DataTask):
     hub_id: str = "Xnhyacinth/LongBench"
     hub_config: str | None = None  # null = the subset name
     split: str = "test"
-    min_input_tokens: int | None = None
+    min_input_tokens: int | None = at_least(0, None)  # 0 or null: no minimum
 
     TRUNCATION: ClassVar[str] = "middle, in target-tokenizer tokens, before the chat template (LongBench pred.py)"
     RELEASE: ClassVar[str] = "THUDM/LongBench's data.zip (data/{subset}.jsonl)"
@@ -145,9 +146,6 @@ class LongBenchTask(DataTask):
         if self.subset not in DATASET2PROMPT:
             raise ConfigError(f"task.subset={self.subset!r} is not supported; use one of "
                               f"{', '.join(DATASET2PROMPT)}")
-        m = self.min_input_tokens
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
-            raise ConfigError(f"task.min_input_tokens={m!r} must be null or an integer >= 0")
 
     def load_samples(self) -> list[Sample]:
         template = DATASET2PROMPT[self.subset]

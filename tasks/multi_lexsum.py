@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fafo.bounds import at_least
 from fafo.errors import ConfigError
 from tasks.base import Sample, check_turn, head_token_ids
 from tasks.sources import DataTask, str_list
@@ -47,15 +48,10 @@ class QuantSpecSummaryTask(DataTask):
     """
 
     max_new_tokens: int = 90
-    input_tokens: int = 8192
+    input_tokens: int = at_least(16, 8192, why="the prompt template alone takes about 16; e.g. 8192")
 
     USER: ClassVar[str] = ""
     SYSTEM: ClassVar[str] = ""
-
-    def validate(self) -> None:
-        value = self.input_tokens
-        if not isinstance(value, int) or isinstance(value, bool) or value < 16:
-            raise ConfigError(f"task.input_tokens={value!r} is not an integer >= 16; set e.g. task.input_tokens=8192")
 
     def document(self, record: dict, index: int) -> str | None:
         """The record's document text, or None to skip the record."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fafo.bounds import at_least
 from fafo.errors import ConfigError
 from tasks.base import Sample, check_turn, head_token_ids, raw_prompt_ids
 from tasks.sources import DataTask
@@ -56,8 +57,8 @@ class NarrativeQATriForceTask(DataTask):
     max_new_tokens: int = 256
     hub_id: str = "deepmind/narrativeqa"
     split: str = "train"
-    input_tokens: int = 3072
-    template_tokens: int | None = 84
+    input_tokens: int = at_least(1, 3072)
+    template_tokens: int | None = at_least(1, 84)
     indices: Any = TRIFORCE_INDICES
 
     RELEASE: ClassVar[str] = "the deepmind/narrativeqa {split} parquet shards (or a jsonl with document.text)"
@@ -75,11 +76,6 @@ class NarrativeQATriForceTask(DataTask):
 
     def validate(self) -> None:
         self._indices()
-        for key in ("input_tokens", "template_tokens"):
-            value = getattr(self, key)
-            if (value is not None or key == "input_tokens") and (
-                    not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigError(f"task.{key}={value!r} is not a positive integer; set task.{key} to an integer >= 1")
 
     def load_samples(self) -> list[Sample]:
         indices = self._indices()

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fafo.bounds import at_least
 from fafo.errors import ConfigError
 from tasks.base import Sample, check_turn, head_token_ids
 from tasks.sources import DataTask
@@ -42,18 +43,13 @@ class PG19Task(DataTask):
     max_new_tokens: int = 256
     hub_id: str = "emozilla/pg19"
     split: str = "test"
-    prefix_tokens: int = 1024
+    prefix_tokens: int = at_least(2, 1024, why="a prompt token and a continuation, e.g. 1024")
 
     RELEASE: ClassVar[str] = ("a PG-19 parquet file (hub emozilla/pg19, {split} split) or TriForce's data/pg19/*.json")
     PATTERNS: ClassVar[tuple[str, ...]] = ("*{split}-*.parquet", "*{split}/*.parquet", "*.parquet", "*.json",
                                            "*.jsonl", "*.json.gz", "*.jsonl.gz")
     HUB_NOTE: ClassVar[str] = ("deepmind/pg19 itself is script-based, which datasets>=4 cannot run; the default "
                                "hub_id is its parquet copy emozilla/pg19")
-
-    def validate(self) -> None:
-        value = self.prefix_tokens
-        if not isinstance(value, int) or isinstance(value, bool) or value < 2:
-            raise ConfigError(f"task.prefix_tokens={value!r} is not an integer >= 2; set e.g. task.prefix_tokens=1024")
 
     def load_samples(self) -> list[Sample]:
         samples = []

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fafo.errors import ConfigError
+from fafo.files import Source, read_text
 from tasks.base import FOLLOWUPS, Sample, Task
 
 _FIX = "each line of task.data_path must be a JSON object with `id` and exactly one of `text` or `turns`"
@@ -45,7 +46,7 @@ def _is_str_list(value: Any) -> bool:
 
 
 def _parse_line(record: Any, where: str) -> Sample:
-    """Validate one decoded jsonl record and turn it into a Sample (``where`` is ``file:line``)."""
+    """Validate one decoded jsonl record and turn it into a Sample (``where`` names the setting, file and line)."""
 
     def bad(problem: str, fix: str) -> ConfigError:
         return ConfigError(f"{where}: {problem}; {fix}")
@@ -120,30 +121,30 @@ class PromptsTask(Task):
                 "`text` or `turns`"
             )
         path = _resolve(str(self.data_path))
-        if not os.path.isfile(path):
+        if not os.path.exists(path):  # a directory or a damaged file: fafo.files.read_text below
             raise ConfigError(
                 f"task.data_path={self.data_path!r} does not exist; point task.data_path at a jsonl file "
                 "whose lines have `id` and `text` or `turns`"
             )
         samples: list[Sample] = []
         first_line: dict[str, int] = {}
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"{where}: invalid JSON ({e.msg}); {_FIX}") from None
-                sample = _parse_line(record, where)
-                if sample.id in first_line:
-                    raise ConfigError(
-                        f"{where}: duplicate id {sample.id!r} (first on line {first_line[sample.id]}); "
-                        "give every line of task.data_path a unique `id`"
-                    )
-                first_line[sample.id] = lineno
-                samples.append(sample)
+        text = read_text(path, Source("task.data_path", str(self.data_path), _FIX), empty_ok=True)
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            where = f"task.data_path: {path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{where}: invalid JSON ({e.msg}); {_FIX}") from None
+            sample = _parse_line(record, where)
+            if sample.id in first_line:
+                raise ConfigError(
+                    f"{where}: duplicate id {sample.id!r} (first on line {first_line[sample.id]}); "
+                    "give every line of task.data_path a unique `id`"
+                )
+            first_line[sample.id] = lineno
+            samples.append(sample)
         if not samples:
             raise ConfigError(
                 f"task.data_path={self.data_path!r} has no samples; add at least one jsonl line"

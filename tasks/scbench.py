@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fafo.bounds import at_least
 from fafo.errors import ConfigError
 from tasks.base import FOLLOWUPS, Sample, check_turn, has_chat_template, previous_reply, raw_prompt_ids, truncate_middle
 from tasks.sources import DataTask
@@ -119,8 +120,8 @@ class SCBenchTask(DataTask):
     hub_id: str = "microsoft/SCBench"
     hub_config: str | None = None  # null = scbench_{subset}
     split: str = "test"
-    max_turns: int = 5
-    max_seq_length: int | None = 131072
+    max_turns: int = at_least(1, 5)
+    max_seq_length: int | None = at_least(1, 131072)
     followup: str = "gold"
     use_chat_template: bool = True
 
@@ -142,10 +143,6 @@ class SCBenchTask(DataTask):
             raise ConfigError(f"task.subset={self.subset!r} is not supported; use one of {', '.join(FIRST_TURN)}")
         if self.followup not in FOLLOWUPS:
             raise ConfigError(f"task.followup={self.followup!r} is not one of {list(FOLLOWUPS)}; use gold or own")
-        for key in ("max_turns", "max_seq_length"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ConfigError(f"task.{key}={value!r} is not a positive integer; set task.{key} to an integer >= 1")
 
     def load_samples(self) -> list[Sample]:
         samples = []

@@ -13,25 +13,29 @@ release when ``task.data_path`` is set:
 * a **.zip** (LongBench's ``data.zip``): the members matching the same globs, sorted.
 
 Records are plain dicts in file order. Any failure is one :class:`~fafo.errors.ConfigError` naming
-``task.data_path``: a missing file, a directory without a matching file, an unreadable file, or a hub data
+``task.data_path``: a missing, empty, truncated, binary or non-UTF-8 file (read through :mod:`fafo.files`), a
+Parquet/gzip/zip file whose magic bytes or end are wrong, a directory without a matching file, or a hub data
 set that cannot be loaded (offline, unknown id, a script-based repo that ``datasets >= 4`` no longer runs);
 the message says which release file to download and to point ``task.data_path`` at it.
 """
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import gzip
 import io
 import json
 import os
 import zipfile
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from fafo.errors import ConfigError
+from fafo.files import Source, decode_text, parse_jsonl, read_bytes, read_head
 from tasks.base import Task
 
 FORMATS = (".jsonl", ".json", ".parquet", ".csv")
@@ -65,71 +69,86 @@ def _format_of(name: str) -> tuple[str, bool]:
     return "", gz
 
 
-def _parse_json(text: str, where: str) -> list[dict]:
-    stripped = text.strip()
-    if not stripped:
-        return []
+def _parse_json(text: str, where: str, src: Source) -> list[dict]:
+    """A JSON array, one object, or JSON lines (as ``load_dataset("json")`` accepts)."""
     try:
-        doc = json.loads(stripped)
+        doc = json.loads(text)
     except json.JSONDecodeError:
-        doc = None
-    else:
-        if isinstance(doc, list):
-            return doc
-        if isinstance(doc, dict):
-            return [doc]
-    return _parse_jsonl(text, where)
+        return parse_jsonl(text, where, src)
+    return doc if isinstance(doc, list) else [doc]
 
 
-def _parse_jsonl(text: str, where: str) -> list[dict]:
-    records = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}:{lineno}: invalid JSON ({e.msg}); task.data_path must be a valid "
-                              "release file") from None
-    return records
+DATA_SOURCE = "point task.data_path at an intact release file (download it again: an interrupted download?)"
+MAGIC = {".parquet": (b"PAR1", "Parquet"), ".gz": (b"\x1f\x8b", "gzip"), ".zip": (b"PK", "zip")}
 
 
-def _read_bytes(data: bytes, name: str, where: str) -> list[dict]:
-    """Records of one file's content; ``name`` decides the format."""
+def _source(data_path: str) -> Source:
+    return Source("task.data_path", str(data_path), DATA_SOURCE)
+
+
+def _check_magic(data: bytes, kind: str, where: str, src: Source) -> None:
+    magic, name = MAGIC[kind]
+    if not data.startswith(magic):
+        raise src.error(where, f"is not a {name} file (it does not start with {magic!r})")
+    if kind == ".parquet" and not data.endswith(magic):
+        raise src.error(where, "is truncated (a Parquet file ends with b'PAR1')")
+
+
+def _check_csv_complete(text: str, where: str, src: Source) -> None:
+    """A CSV cut inside its last record (no final newline, fewer fields than the header) is truncated."""
+    if text.endswith(("\n", "\r")):
+        return
+    rows = list(csv.reader(io.StringIO(text)))
+    if len(rows) > 1 and len(rows[-1]) < len(rows[0]):
+        raise src.error(where, f"is truncated (its last line has {len(rows[-1])} of {len(rows[0])} fields and no "
+                               "line end: an interrupted download?)")
+
+
+def _read_bytes(data: bytes, name: str, where: str, src: Source | None = None) -> list[dict]:
+    """Records of one file's content; ``name`` decides the format, ``where`` names it in errors."""
+    src = src or _source(where)
     ext, gz = _format_of(name)
     if gz:
-        data = gzip.decompress(data)
-    if ext == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(io.BytesIO(data)).to_pylist()
-    if ext == ".csv":
-        import pandas as pd
-
-        frame = pd.read_csv(io.BytesIO(data), keep_default_na=False)
-        return frame.to_dict(orient="records")
-    text = data.decode("utf-8")
-    return _parse_jsonl(text, where) if ext == ".jsonl" else _parse_json(text, where)
-
-
-def read_file(path: str) -> list[dict]:
-    """Records of one local file (format from its name). Raises ConfigError when it cannot be read."""
-    ext, _ = _format_of(path)
-    if not ext:
-        raise ConfigError(f"task.data_path={path!r} is not a .jsonl, .json, .parquet or .csv file (optionally "
-                          ".gz); point task.data_path at the release file")
+        _check_magic(data, ".gz", where, src)
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise src.error(where, f"is a damaged or truncated gzip file ({_one_line(exc)})") from None
+    if not data.strip():
+        raise src.error(where, "is empty (an interrupted download or copy?)")
     try:
-        data = Path(path).read_bytes()
-        records = _read_bytes(data, path, path)
+        if ext == ".parquet":
+            import pyarrow.parquet as pq
+
+            _check_magic(data, ".parquet", where, src)
+            return pq.read_table(io.BytesIO(data)).to_pylist()
+        if ext == ".csv":
+            import pandas as pd
+
+            text = decode_text(data, where, src)
+            _check_csv_complete(text, where, src)
+            frame = pd.read_csv(io.StringIO(text), keep_default_na=False)
+            return frame.to_dict(orient="records")
     except ConfigError:
         raise
-    except Exception as exc:  # noqa: BLE001 - corrupt gzip/parquet/csv: one clear line
-        raise ConfigError(f"task.data_path={path!r} could not be read ({_one_line(exc)}); point "
-                          "task.data_path at an intact release file") from None
+    except Exception as exc:  # noqa: BLE001 - a corrupt parquet/csv: one clear line
+        raise src.error(where, f"could not be read as {ext[1:]} ({_one_line(exc)})") from None
+    text = decode_text(data, where, src)
+    return parse_jsonl(text, where, src) if ext == ".jsonl" else _parse_json(text, where, src)
+
+
+def read_file(path: str, src: Source | None = None) -> list[dict]:
+    """Records of one local file (format from its name). Raises ConfigError when it cannot be read."""
+    src = src or _source(path)
+    ext, _ = _format_of(path)
+    if not ext:
+        raise src.error(path, "is not a .jsonl, .json, .parquet or .csv file (optionally .gz)",
+                        "point task.data_path at the release file")
+    records = _read_bytes(read_bytes(path, src), path, path, src)
     bad = next((r for r in records if not isinstance(r, dict)), None)
     if bad is not None:
-        raise ConfigError(f"task.data_path={path!r} holds a {type(bad).__name__}, not JSON objects; point "
-                          "task.data_path at the release file with one record per object")
+        raise src.error(path, f"holds a {type(bad).__name__}, not JSON objects",
+                        "point task.data_path at the release file with one record per object")
     return records
 
 
@@ -147,6 +166,7 @@ def read_local(data_path: str, patterns: tuple[str, ...], release: str) -> list[
     """Records from a local file, directory or zip (see the module docstring)."""
     path = resolve_path(data_path)
     shown = f"task.data_path={data_path!r}"
+    src = _source(data_path)
     if not os.path.exists(path):
         raise ConfigError(f"{shown} does not exist; download {release} and point task.data_path at it")
     if os.path.isdir(path):
@@ -156,19 +176,19 @@ def read_local(data_path: str, patterns: tuple[str, ...], release: str) -> list[
         if not files:
             raise ConfigError(f"{shown} is a directory without a file matching {', '.join(patterns)}; "
                               f"download {release} and point task.data_path at it")
-        return [r for name in files for r in read_file(str(root / name))]
+        return [r for name in files for r in read_file(str(root / name), src)]
     if path.lower().endswith(".zip"):
+        _check_magic(read_head(path, src, 2), ".zip", path, src)
         try:
             with zipfile.ZipFile(path) as zf:
                 members = match_files([i.filename for i in zf.infolist() if not i.is_dir()], patterns)
                 if not members:
                     raise ConfigError(f"{shown} is a zip without a member matching {', '.join(patterns)}; "
                                       f"download {release} and point task.data_path at it")
-                return [r for m in members for r in _read_bytes(zf.read(m), m, f"{path}:{m}")]
-        except zipfile.BadZipFile as exc:
-            raise ConfigError(f"{shown} could not be read ({_one_line(exc)}); point task.data_path at an "
-                              "intact release file") from None
-    return read_file(path)
+                return [r for m in members for r in _read_bytes(zf.read(m), m, f"{path}:{m}", src)]
+        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+            raise src.error(path, f"is a damaged or truncated zip file ({_one_line(exc)})") from None
+    return read_file(path, src)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

@@ -15,11 +15,15 @@ so FAFO's break-even tau is near 1; on a CPU it is compute bound and the break-e
 from __future__ import annotations
 
 import csv
+import io
 from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 
 from fafo.errors import ConfigError
+from fafo.files import Source, read_text
+
+COLUMNS = ("context", "step_tokens", "median_ms")
 
 
 def _interp(xs: list[float], ys: list[float], x: float) -> float:
@@ -50,15 +54,25 @@ class CostCurve:
     def load(cls, path: str | Path) -> "CostCurve":
         """Read a CSV written by ``scripts/bench_engine.py`` (one row per context and step size)."""
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"bench.cost_curve={str(path)!r} does not exist; write one with "
-                              "`python scripts/bench_engine.py --curve --out <file>` or set bench.cost_curve=null")
+        src = Source("bench.cost_curve", str(path), "write one with `python scripts/bench_engine.py --curve --out "
+                     "<file>` or set bench.cost_curve=null")
+        text = read_text(path, src)
+        if not text.endswith(("\n", "\r")):  # scripts/bench_engine.py ends every row with a line end
+            raise src.error(path, "is truncated (its last line has no line end: an interrupted write?)")
+        rows = list(csv.DictReader(io.StringIO(text)))
+        missing = [c for c in COLUMNS if not rows or c not in rows[0]]
+        if missing:
+            raise src.error(path, f"is not a cost curve CSV (no {', '.join(missing)} column)")
         table: dict[int, dict[int, float]] = {}
         device = ""
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
+        for i, row in enumerate(rows, start=2):
+            try:
                 table.setdefault(int(row["context"]), {})[int(row["step_tokens"])] = float(row["median_ms"])
-                device = row.get("device_name") or row.get("device", "")
+            except (TypeError, ValueError):
+                raise src.error(path, f"line {i} is not a number row (context, step_tokens, median_ms: "
+                                      f"{row.get('context')!r}, {row.get('step_tokens')!r}, {row.get('median_ms')!r})"
+                                ) from None
+            device = row.get("device_name") or row.get("device", "")
         if not table or not all(1 in steps for steps in table.values()):
             raise ConfigError(f"bench.cost_curve={str(path)!r} needs a 1-token row for every context; "
                               "rerun scripts/bench_engine.py with --steps including 1")

@@ -169,8 +169,8 @@ class RecordWriter:
         """Valid rows of samples.csv, and whether the file must be rewritten (torn lines, an older header)."""
         if not self.samples_path.exists():
             return [], False
-        with open(self.samples_path, newline="") as f:
-            text = f.read()
+        with open(self.samples_path, newline="", errors="replace") as f:  # garbage bytes: garbled rows, dropped
+            text = f.read().replace("\0", "\ufffd")  # (csv refuses NUL bytes)
         lines = text.splitlines(keepends=True)
         rewrite = False
         if lines and not lines[-1].endswith("\n"):  # killed mid-line
@@ -198,7 +198,7 @@ class RecordWriter:
         if not self.outputs_path.exists():
             return out, False
         bad = 0
-        text = self.outputs_path.read_text()
+        text = self.outputs_path.read_text(errors="replace")
         lines = text.splitlines()
         torn_tail = bool(text) and not text.endswith("\n")
         for i, line in enumerate(lines):

@@ -45,7 +45,11 @@ def timing_reusable(record: dict, max_spread: float, busy_load: float) -> tuple[
 
 
 class ReferenceStore:
-    """Reads and writes reference generations under ``root/<key[:2]>/<key>.json``."""
+    """Reads and writes reference generations under ``root/<key[:2]>/<key>.json``.
+
+    A damaged entry (empty, truncated, garbage, not a record) reads as absent: its reference is generated again
+    and the entry rewritten, so a store torn by a killed job heals on the next run. ``bench.reference_dir`` itself
+    is checked before anything loads (:func:`fafo.bench.setup.check_config`)."""
 
     def __init__(self, root: str | Path | None):
         self.root = Path(root) if root else None
@@ -58,9 +62,10 @@ class ReferenceStore:
             return None
         path = self._path(key)
         try:
-            return json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):  # absent, or damaged: timed again, rewritten
             return None
+        return record if isinstance(record, dict) and isinstance(record.get("tokens"), list) else None
 
     def put(self, key: str, record: dict) -> None:
         if self.root is None:

@@ -18,11 +18,13 @@ from omegaconf import DictConfig, OmegaConf
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions
 from fafo.engine.engine import DTYPES, check_backend
 from fafo.engine.gguf import gguf_checkpoint
-from fafo.engine.loader import load_hf_config, load_tokenizer, resolve_checkpoint
+from fafo.engine.loader import check_weights_match, load_hf_config, load_tokenizer, resolve_checkpoint
 from fafo.bench.naming import model_name, model_source
 from fafo.engine.tiny import tiny_checkpoint
 from fafo.bench.metrics import SPEEDUP_KINDS
+from fafo.bounds import check_bound
 from fafo.errors import ConfigError
+from fafo.files import Source, check_checkpoint, check_directory_or_creatable
 
 
 def build(node: DictConfig, setting: str, **kwargs):
@@ -42,8 +44,9 @@ def build(node: DictConfig, setting: str, **kwargs):
 
 
 def check_fields(node: DictConfig, setting: str) -> None:
-    """Before instantiating a dataclass target: unknown keys, and text where a number or a flag is expected
-    (``sampling.temperature=abc``), as one line naming the setting. Nested targets are checked too."""
+    """Before instantiating a dataclass target: unknown keys, text where a number or a flag is expected
+    (``sampling.temperature=abc``) and counts outside their declared bounds (``method.n=0``, see
+    :mod:`fafo.bounds`), as one line naming the setting. Nested targets are checked too."""
     import dataclasses
 
     from hydra._internal.utils import _locate
@@ -71,6 +74,7 @@ def check_fields(node: DictConfig, setting: str) -> None:
                 raise ConfigError(f"{setting}.{key}={value!r} must be true or false")
         elif isinstance(default, (int, float)) and isinstance(value, str):
             raise ConfigError(f"{setting}.{key}={value!r} must be a number (default {default})")
+        check_bound(cls, key, value, f"{setting}.{key}")  # declared next to the field (fafo.bounds)
 
 
 def method_node(cfg: DictConfig) -> DictConfig:
@@ -194,21 +198,33 @@ def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None
         gguf, given, revision = str(model_cfg.gguf_file), model_cfg.get("path"), model_cfg.get("revision")
         path = gguf_checkpoint(gguf, None if given is None else str(given), revision)
         source = f"{given}:{gguf}" if given else gguf
-        return Checkpoint(path, load_hf_config(path), load_tokenizer(path), f"gguf:{path.name}", name, source)
+        config = checked_config(path, Source("model.gguf_file", gguf, f"delete {path} so that it is converted again"))
+        return Checkpoint(path, config, load_tokenizer(path), f"gguf:{path.name}", name, source)
     if kind == "path":
         given, revision = str(model_cfg.path), model_cfg.get("revision")
         path = resolve_checkpoint(given, revision)
+        config = checked_config(path, Source("model.path", given, "re-download the checkpoint (or copy all of it "
+                                             "again) and point model.path at the complete directory"))
         local = Path(given).expanduser()
         source = str(local.resolve()) if local.is_dir() else given + (f"@{revision}" if revision else "")
         identity = f"{given}@{revision or 'main'}"
-        return Checkpoint(path, load_hf_config(path), load_tokenizer(path), identity, name, source)
+        return Checkpoint(path, config, load_tokenizer(path), identity, name, source)
     if kind == "tiny":
         spec = OmegaConf.to_container(model_cfg.tiny, resolve=True)
         path = tiny_checkpoint(spec)
-        return Checkpoint(path, load_hf_config(path), load_tokenizer(path), f"tiny:{path.name}", name, str(path),
-                          random=True)
+        config = checked_config(path, Source("model.tiny", str(path), f"delete {path} so that it is built again"))
+        return Checkpoint(path, config, load_tokenizer(path), f"tiny:{path.name}", name, str(path), random=True)
     raise ConfigError("model.path is not set; give a hub id or a local checkpoint directory "
                       "(or choose model=tiny_llama)")
+
+
+def checked_config(path: Path, src: Source):
+    """The transformers config of a checkpoint directory whose every file was checked (:mod:`fafo.files`) and whose
+    safetensors headers hold the tensors that config needs, before any weight is read."""
+    check_checkpoint(path, src)
+    config = load_hf_config(path)
+    check_weights_match(path, config, src)
+    return config
 
 
 def cpu_name() -> str:
@@ -283,6 +299,10 @@ def check_config(cfg: DictConfig, overrides=()) -> None:
         raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots, at most the "
                           "checkpoint's max_position_embeddings) or null for the checkpoint's own context")
     check_output_dir(cfg.bench.output_dir)
+    reference_dir = cfg.bench.get("reference_dir")
+    if reference_dir:
+        check_directory_or_creatable(reference_dir, Source("bench.reference_dir", str(reference_dir),
+                                                           "set bench.reference_dir to a directory path"))
 
 
 def check_output_dir(output_dir) -> None:

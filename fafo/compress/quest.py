@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 
 from fafo.compress.base import Compression, group_scores, topk_positions_per_head
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 
 
@@ -32,17 +33,18 @@ class Quest(Compression):
 
     label: ClassVar[str] = "quest"
 
-    token_budget: int = 1024
-    page_size: int = 16
-    dense_layers: int = 2
+    token_budget: int = at_least(2, 1024)  # and at least 2 pages (__post_init__)
+    page_size: int = at_least(1, 16)
+    dense_layers: int = at_least(0, 2)  # 0: every layer reads the selected pages
     gqa_reduce: str = "max"
 
     def __post_init__(self):
-        if self.page_size < 1 or self.token_budget < 2 * self.page_size:
+        check_bounds(self, "method.compress")
+        if self.token_budget < 2 * self.page_size:
             raise ConfigError(f"method.compress: token_budget={self.token_budget} must hold at least 2 pages of "
                               f"page_size={self.page_size}")
-        if self.gqa_reduce not in ("max", "mean") or self.dense_layers < 0:
-            raise ConfigError("method.compress: gqa_reduce must be max or mean and dense_layers >= 0")
+        if self.gqa_reduce not in ("max", "mean"):
+            raise ConfigError(f"method.compress.gqa_reduce={self.gqa_reduce!r} must be max or mean")
 
     @property
     def budget(self) -> int:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fafo.compress.base import Compression, group_scores, topk_positions_per_head
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 
 
@@ -36,20 +37,21 @@ class SnapKV(Compression):
 
     label: ClassVar[str] = "snapkv"
 
-    capacity: int = 1024
-    window: int = 32
-    kernel: int = 7
+    capacity: int = at_least(2, 1024)  # and above window (__post_init__)
+    window: int = at_least(1, 32)
+    kernel: int = at_least(1, 7)  # and odd (__post_init__)
     pooling: str = "max"
-    local: int = 256
+    local: int = at_least(1, 256)
     gqa_reduce: str = "mean"
 
     def __post_init__(self):
-        if not 1 <= self.window < self.capacity:
+        check_bounds(self, "method.compress")
+        if not self.window < self.capacity:
             raise ConfigError(f"method.compress: window={self.window} must be >= 1 and < capacity={self.capacity}")
-        if self.kernel < 1 or self.kernel % 2 == 0 or self.pooling not in ("max", "avg"):
+        if self.kernel % 2 == 0 or self.pooling not in ("max", "avg"):
             raise ConfigError("method.compress: kernel must be odd and >= 1, pooling max or avg")
-        if self.local < 1 or self.gqa_reduce not in ("max", "mean"):
-            raise ConfigError("method.compress: local must be >= 1 and gqa_reduce max or mean")
+        if self.gqa_reduce not in ("max", "mean"):
+            raise ConfigError(f"method.compress.gqa_reduce={self.gqa_reduce!r} must be max or mean")
 
     @property
     def budget(self) -> int:

@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from fafo.compress.base import Compression
-from fafo.errors import ConfigError
+from fafo.bounds import at_least, check_bounds
 
 
 @dataclass
@@ -28,12 +28,11 @@ class StreamingLLM(Compression):
 
     label: ClassVar[str] = "stream"
 
-    sink: int = 4
-    local: int = 756
+    sink: int = at_least(0, 4)  # 0: the recent window alone
+    local: int = at_least(1, 756)
 
     def __post_init__(self):
-        if self.sink < 0 or self.local < 1:
-            raise ConfigError(f"method.compress: sink={self.sink} must be >= 0 and local={self.local} >= 1")
+        check_bounds(self, "method.compress")
 
     @property
     def budget(self) -> int:

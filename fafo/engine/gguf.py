@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from fafo.errors import ConfigError
+from fafo.files import Source, check_gguf
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
 PKG_PREFIX = "pkg:"
@@ -95,12 +96,15 @@ def gguf_architecture(file: Path) -> str:
         return str(reader.fields["general.architecture"].contents())
     except Exception as exc:  # bad magic, truncated file, missing key
         raise ConfigError(f"model.gguf_file={str(file)!r} is not a readable GGUF file ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''}); check the file") from None
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}); a truncated or damaged file: download "
+                          "it again") from None
 
 
 def gguf_checkpoint(gguf_file: str, path: str | None = None, revision: str | None = None) -> Path:
     """The cached checkpoint directory converted from a GGUF file (converted on first use)."""
     file = locate_gguf(gguf_file, path, revision)
+    check_gguf(file, Source("model.gguf_file", gguf_file, "download the GGUF file again (an interrupted download?) "
+                            "or point model.gguf_file at a .gguf file"))
     out = cache_root() / "gguf" / file_digest(file)[:24]
     if (out / "config.json").is_file():
         return out

@@ -7,7 +7,6 @@ match Hugging Face's.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 
 from fafo.errors import ConfigError
+from fafo.files import Source, check_safetensors, weight_files
 from fafo.engine.model import SUPPORTED_FAMILIES, ModelArgs, Transformer
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -66,22 +66,50 @@ def load_hf_config(ckpt: Path):
 
 
 def load_tokenizer(ckpt: Path):
+    """The checkpoint's tokenizer (its files are checked by :func:`fafo.files.check_checkpoint` first)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(ckpt)
+    try:
+        return AutoTokenizer.from_pretrained(ckpt)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError) as exc:  # files of another kind
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"model.path={str(ckpt)!r}: its tokenizer could not be loaded ({why[:160]}); copy the "
+                          "tokenizer files of this checkpoint (tokenizer.json / tokenizer.model) again") from None
 
 
 def _weight_files(ckpt: Path) -> list[Path]:
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        index = ckpt / index_name
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return [ckpt / s for s in shards]
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (ckpt / name).is_file():
-            return [ckpt / name]
-    raise ConfigError(f"model.path={str(ckpt)!r} has no model.safetensors / pytorch_model.bin weights; "
-                      "use a complete checkpoint directory")
+    """The weight files of a checkpoint, each checked (safetensors header and sizes) before anything loads."""
+    return weight_files(ckpt, Source("model.path", str(ckpt), "re-download the checkpoint and point model.path at "
+                                     "the complete directory"))
+
+
+def check_weights_match(ckpt: Path, config, src: Source | None = None) -> None:
+    """The safetensors headers name exactly the tensors ``config`` needs, with their shapes (nothing is loaded):
+    weights of another model in the right place are one line before any load. ``pytorch_model*.bin`` weights
+    cannot be listed without unpickling and are matched when they load (:func:`load_model`)."""
+    src = src or Source("model.path", str(ckpt), "is config.json from this checkpoint? re-download the checkpoint")
+    args = ModelArgs.from_hf(config)
+    with torch.device("meta"):
+        want = {n: tuple(t.shape) for n, t in Transformer(args, config).state_dict().items()}
+    have: dict[str, tuple] = {}
+    files = weight_files(ckpt, src)
+    if any(f.suffix != ".safetensors" for f in files):
+        return
+    for f in files:
+        have.update({n: tuple(i["shape"]) for n, i in check_safetensors(f, src).items() if n != "__metadata__"})
+    for names in (want, have):
+        for n in [n for n in names if "rotary_emb" in n or (args.tie_embeddings and n == "lm_head.weight")]:
+            del names[n]
+    missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    shapes = [f"{n} {list(have[n])} (needs {list(want[n])})" for n in sorted(set(want) & set(have))
+              if want[n] != have[n]]
+    if missing or unexpected or shapes:
+        what = (f"missing {missing[:2]}" if missing else f"unexpected {unexpected[:2]}" if unexpected
+                else f"shapes {shapes[:2]}")
+        raise src.error(files[0] if len(files) == 1 else ckpt,
+                        f"holds weights that do not match config.json ({args.family}, {args.n_layers} layers: {what}; "
+                        f"{len(missing)} missing, {len(unexpected)} unexpected, {len(shapes)} of another shape)",
+                        "copy config.json and the weights from the same checkpoint (re-download it)")
 
 
 def _read_state_dict(files: list[Path], dtype: torch.dtype, device: torch.device):

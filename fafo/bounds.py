@@ -1,0 +1,82 @@
+"""Declared bounds of the count- and length-like hyperparameters of methods, compressions and tasks.
+
+A bound sits next to its field (kvpress-style hyperparameter dataclasses)::
+
+    n: int = at_least(1, 40)                 # streams: 0 cannot run
+    stagger: int = at_least(0, 1)            # 0 is meaningful: every stream at P + 1
+    m: int | None = at_least(1, None)        # null allowed (the annotation admits None)
+
+and one checker, :func:`check_bounds`, refuses a value outside it with the line every setting gives
+(``method.n=0 must be an integer >= 1``). It runs on the config node before a dataclass is built
+(:func:`fafo.bench.setup.check_fields`) and again from the dataclasses' own ``__post_init__`` / ``Task.samples`` for
+objects built in Python. Cross-field rules (``min_ngram <= max_ngram``, a budget that is a multiple of the chunk
+size) stay in the classes' ``__post_init__``.
+
+A subclass that redeclares a field only to change its default keeps the bound declared higher up (the nearest
+declaration with a bound in the MRO wins).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fafo.errors import ConfigError
+
+
+def at_least(low: int, default: int | None, *, high: int | None = None, why: str = "", **kwargs) -> Any:
+    """A dataclass field holding an integer ``>= low`` (and ``<= high``); an ``int | None`` annotation allows null.
+
+    ``why`` is added to the error line (e.g. why N=2 is refused); extra ``kwargs`` go to ``dataclasses.field``.
+    """
+    metadata = {"ge": low, "le": high, "why": why, **kwargs.pop("metadata", {})}
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def bound_of(cls: type, name: str) -> dict | None:
+    """The bound declared for field ``name`` of dataclass ``cls`` (searched up the MRO), or None."""
+    for klass in getattr(cls, "__mro__", ()):
+        f = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if f is not None and "ge" in f.metadata:
+            return f.metadata
+    return None
+
+
+def bounded_fields(cls: type) -> dict[str, dict]:
+    """{field name: bound} of every bounded init field of a dataclass."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    out = {}
+    for f in dataclasses.fields(cls):
+        bound = bound_of(cls, f.name) if f.init else None
+        if bound is not None:
+            out[f.name] = bound
+    return out
+
+
+def _nullable(cls: type, name: str) -> bool:
+    """Whether the field's annotation (on ``cls`` itself: subclasses may differ) admits null."""
+    f = getattr(cls, "__dataclass_fields__", {}).get(name)
+    return f is not None and ("None" in str(f.type) or "Optional" in str(f.type) or f.default is None)
+
+
+def check_bound(cls: type, name: str, value: Any, setting: str) -> None:
+    """Refuse ``value`` for field ``name`` of ``cls`` when it breaks the declared bound (one ConfigError line)."""
+    bound = bound_of(cls, name)
+    if bound is None or (value is None and _nullable(cls, name)):
+        return
+    low, high = bound["ge"], bound.get("le")
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if is_int and value >= low and (high is None or value <= high):
+        return
+    null = "null or " if _nullable(cls, name) else ""
+    upper = f" and <= {high}" if high is not None else ""
+    why = f" ({bound['why']})" if bound.get("why") else ""
+    raise ConfigError(f"{setting}={value!r} must be {null}an integer >= {low}{upper}{why}")
+
+
+def check_bounds(obj: Any, prefix: str) -> None:
+    """Check every bounded field of the dataclass instance ``obj``; errors name ``<prefix>.<field>``."""
+    cls = type(obj)
+    for name in bounded_fields(cls):
+        check_bound(cls, name, getattr(obj, name), f"{prefix}.{name}")
