@@ -122,7 +122,7 @@ up() {
   rm -rf "$DIR/spool" "$DIR/run"
   mkdir -p "$DIR"/{munge,spool/ctld,spool/d,run,log}
   chmod 755 "$DIR"
-  chmod 700 "$DIR/munge"
+  chmod 711 "$DIR/munge"                          # clients reach the socket; the key itself is 0400
   [[ -f $DIR/munge/munge.key ]] || { dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none; chmod 400 "$DIR/munge/munge.key"; }
   local sizes; sizes=$(write_config)
   start munged munged -F -f --key-file="$DIR/munge/munge.key" --socket="$DIR/munge/munge.socket.2" \

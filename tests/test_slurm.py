@@ -156,18 +156,42 @@ def _job_id(out: Path, index: int) -> str:
     return ids[0]
 
 
+def _sigkill(job_id: str, env: dict) -> None:
+    """SIGKILL the job's process itself, as the kernel's OOM killer would: no handler runs. (``scancel
+    --signal=KILL`` is a cancel in SLURM: SIGTERM first, SIGKILL after KillWait; the guard stops cleanly then.)"""
+    raw = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%A"], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()  # scontrol listpids wants the array task's own job id
+    listing = subprocess.run(["scontrol", "listpids", raw], env=env, capture_output=True, text=True, check=True)
+    pids = [int(f[0]) for f in (ln.split() for ln in listing.stdout.splitlines()[1:]) if f[2:4] == ["0", "0"]]
+    assert pids, listing.stdout
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_preempted_and_killed_jobs_end_with_exactly_the_rows_of_an_undisturbed_run(slurm, local_sweep, tmp_path):
     """Preemption by ``scancel --signal=TERM`` (the job stops cleanly and requeues itself), by ``scontrol requeue``
-    (SLURM requeues it) and a SIGKILL (the sweep names the job; re-running the sweep resubmits it): each job ends
-    with every row once, none torn, and the rows written before the disturbance unchanged (not recomputed)."""
+    (SLURM requeues it) and a SIGKILL of the job's process (the sweep names the job; re-running the sweep resubmits
+    it): each job ends with every row once, none torn, and the rows written before the disturbance unchanged (not
+    recomputed)."""
     out = tmp_path / "runs"
     out.mkdir()
+    procs = []
+    try:
+        _disturb_and_resubmit(out, slurm, local_sweep, procs)
+    finally:  # a failed check leaves no sweep process waiting on the scheduler
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def _disturb_and_resubmit(out: Path, slurm: dict, local_sweep: dict, procs: list) -> None:
     proc = sweep(out, slurm, *ON_SLURM, wait=False)
+    procs.append(proc)
     deadline = time.time() + 600
     term_before = _wait_for_rows(out, "lookahead", 2, proc, deadline)
     subprocess.run(["scancel", "--signal=TERM", _job_id(out, 1)], env=slurm, check=True)
     kill_before = _wait_for_rows(out, "fafo_stream", 1, proc, deadline)
-    subprocess.run(["scancel", "--signal=KILL", _job_id(out, 2)], env=slurm, check=True)
+    _sigkill(_job_id(out, 2), slurm)
     stdout, stderr = proc.communicate(timeout=600)
     # the killed job is named, the sweep exits non-zero; the preempted one was requeued and finished
     assert proc.returncode == 1, stderr[-3000:]
@@ -184,6 +208,7 @@ def test_preempted_and_killed_jobs_end_with_exactly_the_rows_of_an_undisturbed_r
     # resubmission: the same sweep again; the finished jobs compute nothing, the killed one resumes, and is
     # requeued by SLURM itself (scontrol requeue) on the way
     proc = sweep(out, slurm, *ON_SLURM, wait=False)
+    procs.append(proc)
     requeue_before = _wait_for_rows(out, "fafo_stream", len(killed), proc, time.time() + 600)
     requeue_id = max((p.name for p in out.glob(".submitit/*_2")), key=lambda n: int(n.split("_")[0]))  # newest
     subprocess.run(["scontrol", "requeue", requeue_id], env=slurm, check=True)
@@ -277,3 +302,13 @@ def test_without_sbatch_a_slurm_sweep_stops_with_one_error_line(tmp_path):
            "hydra/launcher=slurm"]
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: hydra/launcher=slurm")
+
+
+def test_slurm_local_needs_root_and_says_so_in_one_line(tmp_path):
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root to run the script as another user")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(SCRIPT), "up"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "FAFO_SLURM_DIR": str(tmp_path / "slurm")})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "must run as root" in done.stderr
+

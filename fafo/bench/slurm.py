@@ -73,12 +73,12 @@ class SlurmLauncher(_SubmititSlurmLauncher):
         usr_grace = max(delay - 30.0, delay / 2)  # leaves time to exit and requeue before SIGKILL
         guard = PreemptGuard({signal.SIGUSR1: usr_grace, signal.SIGUSR2: usr_grace}, self.preempt_grace_s).install()
         try:
-            result = super().__call__(*args)
+            return super().__call__(*args)
         except Preempted as stop:
-            _stop_and_requeue(guard, stop)
-            raise  # not reached: _stop_and_requeue exits
-        guard.uninstall()
-        return result
+            _stop_and_requeue(guard, stop)  # exits
+            raise
+        finally:
+            guard.uninstall()
 
     # ------------------------------------------------------------ in the sweep's process
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
@@ -145,13 +145,14 @@ class SlurmLauncher(_SubmititSlurmLauncher):
             HydraConfig.instance().cfg = hydra_cfg
 
 
-def wait_for_jobs(jobs, poll_s: float, grace_s: float) -> dict[str, str]:
+def wait_for_jobs(jobs, poll_s: float, grace_s: float, squeue_down_s: float = 1800.0) -> dict[str, str]:
     """Wait until every job has its result file or has left the queue; returns {job id: squeue state} of the jobs
-    that ended without a result (state GONE when squeue no longer lists them)."""
+    that ended without a result (state GONE when squeue no longer lists them). squeue failing for longer than
+    ``squeue_down_s`` (the controller is gone) ends the wait too."""
     waiting = {j.job_id: j for j in jobs}
     gone_since: dict[str, tuple[str, float]] = {}
     ended: dict[str, str] = {}
-    last_query = -float("inf")
+    last_query, squeue_ok = -float("inf"), time.monotonic()
     while waiting:
         for jid in [jid for jid, j in waiting.items() if j.paths.result_pickle.exists()]:
             del waiting[jid]
@@ -159,6 +160,12 @@ def wait_for_jobs(jobs, poll_s: float, grace_s: float) -> dict[str, str]:
         if waiting and now - last_query >= poll_s:
             last_query = now
             states = squeue_states({jid.split("_")[0] for jid in waiting})
+            if states is not None:
+                squeue_ok = now
+            elif now - squeue_ok > squeue_down_s:
+                print(f"error: squeue has failed for {squeue_down_s / 60:.0f} minutes; giving up waiting",
+                      file=sys.stderr, flush=True)
+                return {**ended, **{jid: "UNKNOWN (squeue failing)" for jid in waiting}}
             for jid in list(waiting):
                 state = states.get(jid, "GONE") if states is not None else "RUNNING"  # squeue failed: wait on
                 if state in WAITING:
@@ -205,9 +212,10 @@ def _stop_and_requeue(guard: PreemptGuard, stop: Preempted) -> None:
     print(f"{name}: stopped cleanly ({stop}); requeueing SLURM job {env.job_id}, which resumes from its records",
           file=sys.stderr, flush=True)
     try:
-        if handler is not None and hasattr(handler, "checkpoint_and_try_requeue"):
-            handler.checkpoint_and_try_requeue(env._usr_sig())  # checkpoint, scontrol requeue, sys.exit
-        env._requeue(0)
+        if hasattr(handler, "checkpoint_and_try_requeue"):  # dumps the checkpoint, scontrol requeue, sys.exit
+            handler.checkpoint_and_try_requeue(env._usr_sig())
+        else:
+            env._requeue(0)
     except subprocess.CalledProcessError as exc:
         print(f"requeue of SLURM job {env.job_id} failed ({exc}); re-run the sweep to resume it", file=sys.stderr,
               flush=True)
