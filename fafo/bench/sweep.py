@@ -63,6 +63,19 @@ def job_line(outcome: dict) -> str:
     return "ok      " + "  ".join(p for p in parts if p)
 
 
+def jobs_dir(sweep_dir) -> Path | None:
+    """Where this sweep's job outcomes go (None outside a sweep started by :class:`SweepReport`)."""
+    sweep_id = os.environ.get(SWEEP_ENV)
+    return Path(str(sweep_dir)) / ".sweeps" / sweep_id if sweep_id else None
+
+
+def record_outcome(jobs: Path, outcome: dict) -> None:
+    """Write one job's outcome (num, run_dir, overrides, error or None) for the end-of-sweep report; a launcher
+    writes it for a job that ended without reporting (killed, out of memory, node failure)."""
+    jobs.mkdir(parents=True, exist_ok=True)
+    (jobs / f"{outcome['num']:06d}.json").write_text(json.dumps(outcome))
+
+
 class SweepReport(Callback):
     """Checks bench.output_dir early, records each sweep job's outcome and reports the sweep at its end."""
 
@@ -74,8 +87,7 @@ class SweepReport(Callback):
         os.environ[SWEEP_ENV] = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
     def _jobs_dir(self, config: DictConfig) -> Path | None:
-        sweep_id = os.environ.get(SWEEP_ENV)
-        return Path(str(config.hydra.sweep.dir)) / ".sweeps" / sweep_id if sweep_id else None
+        return jobs_dir(config.hydra.sweep.dir)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         jobs = self._jobs_dir(config)
@@ -86,10 +98,8 @@ class SweepReport(Callback):
             error = f"error: {type(value).__name__}: {str(value).splitlines()[0] if str(value) else ''}"
         else:
             error = value.get("error") if isinstance(value, dict) else None
-        outcome = {"num": int(config.hydra.job.num), "run_dir": str(config.hydra.runtime.output_dir),
-                   "overrides": list(job_return.overrides or []), "error": error}
-        jobs.mkdir(parents=True, exist_ok=True)
-        (jobs / f"{outcome['num']:06d}.json").write_text(json.dumps(outcome))
+        record_outcome(jobs, {"num": int(config.hydra.job.num), "run_dir": str(config.hydra.runtime.output_dir),
+                              "overrides": list(job_return.overrides or []), "error": error})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         jobs = self._jobs_dir(config)
