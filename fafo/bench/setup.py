@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions
 from fafo.engine.engine import DTYPES, check_backend
+from fafo.engine.context import trained_context
 from fafo.engine.gguf import gguf_checkpoint
 from fafo.engine.loader import load_hf_config, load_tokenizer, resolve_checkpoint
 from fafo.bench.naming import model_name, model_source
@@ -169,7 +170,8 @@ class Checkpoint:
 
     @property
     def context(self) -> int:
-        return self.config.max_position_embeddings
+        """Positions the checkpoint was trained for (rope scaling and ``max_sequence_length`` included)."""
+        return trained_context(self.config)
 
 
 def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None) -> Checkpoint:
@@ -272,8 +274,8 @@ def check_config(cfg: DictConfig, overrides=()) -> None:
         raise ConfigError(f"wandb.mode={mode!r} is not a wandb mode; use one of {', '.join(MODES)}")
     max_len = cfg.model.get("max_len")
     if max_len is not None and (not _is_int(max_len) or max_len < 1):
-        raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots, at most the "
-                          "checkpoint's max_position_embeddings) or null for the checkpoint's own context")
+        raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots; above the "
+                          "checkpoint's trained length with a warning) or null for the checkpoint's own context")
     check_output_dir(cfg.bench.output_dir)
 
 
@@ -305,17 +307,6 @@ def _knobs(obj, measure, prefix: str) -> list[str]:
         except Exception:  # noqa: BLE001 - a combination its own checks refuse: not a knob to suggest
             continue
     return names
-
-
-def check_context_fit(method, reference, n_prompt: int, budget: int, context: int, sample_id) -> None:
-    """When the method's scratch space (not the prompt or the budget) overflows the context, say which knob."""
-    extra = method.extra_slots(budget)
-    if n_prompt + budget + reference.extra_slots(budget) > context or n_prompt + budget + extra <= context:
-        return
-    knobs = _knobs(method, lambda m: m.extra_slots(budget), "method.") or ["the method's hyperparameters"]
-    raise ConfigError(f"sample {sample_id!r} fits the context {context} ({n_prompt} prompt + {budget} new tokens) "
-                      f"but not the method's {extra} scratch slots; lower {' or '.join(knobs)}, or raise "
-                      "model.max_len up to max_position_embeddings")
 
 
 def check_region_fits(method, context: int) -> None:
