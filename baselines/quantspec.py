@@ -28,8 +28,9 @@ Choices where the paper is silent or this harness differs (documented in place):
   INT8-KV autoregressive reference read the same view at every position.
 * Drafting stops early at an EOS or when the remaining budget is reached; alpha is accepted / drafted tokens.
 * Greedy only (the paper's setting). Plain PyTorch on every device: no Triton kernels, steps run eagerly.
-* With ``target: int8kv`` the engine's shared full-precision cache is released when steps are not compiled, so
-  the counted (CPU) and allocated (CUDA) peak memory is this method's own.
+* With ``target: int8kv`` the engine's shared full-precision cache is released when steps are not compiled, and
+  the quantized cache is freed after each generation (the INT8 reference's too), so the counted (CPU) and allocated
+  (CUDA) peak memory is this method's own: ``experiment=quantspec_table3`` runs with ``bench.compile=false``.
 
 ``extras``: ``alpha`` (per-token acceptance: accepted / drafted, the paper's "acceptance rate"), ``draft_forwards``,
 ``drafted``, ``accepted``, ``kv_bytes`` (KV storage: planes + buffer, or the full cache + planes for fp16),
@@ -213,7 +214,9 @@ class QuantSpecDecoder(Decoder):
                 cur = new[-1]
                 kv.advance(N)
                 track(N)
-        return Generation(tokens, accept_lengths, len(accept_lengths), self._extras(engine, kv, mlps, stats))
+        gen = Generation(tokens, accept_lengths, len(accept_lengths), self._extras(engine, kv, mlps, stats))
+        self._kv = None  # freed: the decoder timed next (the INT8 reference, or this one) holds only its own cache
+        return gen
 
     def _extras(self, engine: Engine, kv: QuantKVCache, mlps, stats: dict) -> dict:
         weight_bytes = sum(m.nbytes for m in mlps) if mlps is not None else 0

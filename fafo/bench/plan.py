@@ -75,7 +75,8 @@ class JobPlan:
         verdict = "ok  " if self.fits else "FAIL"
         hours = f"  ~{self.est_gpu_hours:.2f} GPU h" if self.est_gpu_hours is not None else ""
         dropped = f" ({self.n_filtered} by the task filter)" if self.n_filtered else ""
-        return (f"{verdict}  {self.job}  samples {self.n_samples}: fit {self.n_fit}, dropped "
+        beyond = f" ({self.n_beyond_trained} past the trained {self.trained_context})" if self.n_beyond_trained else ""
+        return (f"{verdict}  {self.job}  samples {self.n_samples}: fit {self.n_fit}{beyond}, dropped "
                 f"{self.n_dropped + self.n_filtered}{dropped}, would fail {self.n_fail}  context {self.context_limit} "
                 f"(needs {self.max_needed})  peak {self.peak_gb:.1f} GB of {self.gpu_gb:.0f} (weights "
                 f"{self.weights_gb:.1f}, KV {self.kv_gb:.1f}, method {self.method_gb:.1f}, activations "
@@ -169,9 +170,10 @@ def assess(job, gpu_gb: float | None, drop_unfit: bool = False) -> JobPlan:
     plan.gpu_gb = gpu_gb or 0.0
     if gpu_gb is not None and plan.peak_gb > HEADROOM * gpu_gb:
         plan.problems.append(
-            f"memory: peak {plan.peak_gb:.1f} GB (weights {plan.weights_gb:.1f} + KV {plan.kv_gb:.1f} + method "
-            f"{plan.method_gb:.1f} + activations {plan.act_gb:.1f}) > {HEADROOM:.0%} of bench.gpu_mem_gb={gpu_gb:g}; "
-            "shorten the prompts (task.max_input_tokens / task.input_tokens), cap model.max_len, or use a larger GPU")
+            f"memory: peak {plan.peak_gb:.1f} GB (weights {plan.weights_gb:.1f}, KV {plan.kv_gb:.1f}, method "
+            f"{plan.method_gb:.1f}, activations {plan.act_gb:.1f}) > {HEADROOM:.0%} of the {gpu_gb:g} GB GPU "
+            "(bench.gpu_mem_gb); shorten the prompts (task.max_input_tokens / task.input_tokens), cap model.max_len, "
+            "or use a larger GPU")
     if not plan.kept and not plan.problems:
         plan.problems.append("no sample fits: every sample was dropped; raise model.max_len or lower "
                              "bench.max_new_tokens")
@@ -185,15 +187,17 @@ def job_label(job) -> str:
 
 
 def gpu_budget(bench: DictConfig, device: torch.device) -> float | None:
-    """``bench.gpu_mem_gb``, else the GPU's total memory, else 80 for a plan (None: a CPU run, not checked)."""
+    """GB the job may use: the smaller of ``bench.gpu_mem_gb`` and this machine's GPU; without a GPU here, a plan
+    takes ``bench.gpu_mem_gb`` or 80 (None: a CPU run, not checked)."""
     value = bench.get("gpu_mem_gb")
-    if value is not None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"bench.gpu_mem_gb={value!r} must be a number of GB > 0 (e.g. 80) or null")
-        return float(value)
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(device).total_memory / GB
-    return DEFAULT_GPU_GB if device.type == "cuda" else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        raise ConfigError(f"bench.gpu_mem_gb={value!r} must be a number of GB > 0 (e.g. 80) or null")
+    if device.type != "cuda":
+        return None
+    if torch.cuda.is_available():
+        here = torch.cuda.get_device_properties(device).total_memory / GB
+        return min(here, float(value)) if value is not None else here
+    return float(value) if value is not None else DEFAULT_GPU_GB
 
 
 def check_run(runner) -> JobPlan:

@@ -4,9 +4,9 @@
   dimensions, times the bytes of the run's dtype;
 * **KV cache**: ``2 x layers x kv_heads x head_dim x bytes`` per slot (GQA: the KV heads, not the query heads),
   for the engine's shared static cache, which is allocated in whole blocks of 256 slots;
-* **the method's own buffers** (:data:`METHOD_BYTES`, or a decoder's own ``plan_bytes(config, slots, nbytes)``
-  where it has one): draft models, quantized caches, retrieval caches, adjacency matrices; a decoder keeps them
-  across generations, so the method's and the reference's stay allocated together;
+* **the method's own buffers** (:class:`Buffers` from :data:`METHOD_BYTES`, or a decoder's own
+  ``plan_bytes(config, slots, nbytes, compiled)`` where it has one): draft models, quantized caches, retrieval
+  caches, adjacency matrices; what a decoder keeps across generations stays allocated while the other one runs;
 * **activations**: the transient tensors of the largest forward: an un-chunked prefill's MLP intermediates and
   hidden states, and one step's logits in float32.
 
@@ -79,22 +79,37 @@ def _quantspec_cache(d: Dims, slots: int, nbytes: int, group: int, scratch: int,
     return d.layers * d.kv_heads * per_layer_head
 
 
-def _quantspec(m, d: Dims, slots: int, nbytes: int) -> tuple[int, bool]:
-    cache = _quantspec_cache(d, slots, nbytes, m.group_size, m.gamma + 1, m.target == "int8kv", m.target == "fp16")
+@dataclass
+class Buffers:
+    """What a decoder holds besides the weights: ``kept`` across generations (draft models, 4-bit weights,
+    retrieval caches), ``transient`` only while it generates (freed after), and what it does with the engine's
+    shared cache: ``uses`` it, or ``releases`` it when it starts (QuantSpec's INT8 verifier, eager)."""
+
+    kept: int = 0
+    transient: int = 0
+    uses_engine_cache: bool = True
+    releases_engine_cache: bool = False
+
+
+def _quantspec(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
+    int8 = m.target == "int8kv"
+    cache = _quantspec_cache(d, slots, nbytes, m.group_size, m.gamma + 1, int8, not int8)
     weights = 0
     if m.weight_bits is not None and m.gamma > 0:  # 4-bit draft MLPs: codes + per-group min/scale
         n = 3 * d.hidden * d.intermediate
         weights = d.layers * (n // 2 + 2 * (n // m.weight_group) * nbytes + (n * nbytes if m.resident_weights else 0))
-    return cache + weights, m.target == "fp16"
+    # the quantized cache is freed after each generation; int8kv releases the engine's cache unless compiled
+    return Buffers(weights, cache, uses_engine_cache=not int8, releases_engine_cache=int8 and not compiled)
 
 
-def _int8_reference(m, d: Dims, slots: int, nbytes: int) -> tuple[int, bool]:
+def _int8_reference(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
     if m.kv == "fp":
-        return 0, True
-    return _quantspec_cache(d, slots, nbytes, m.group_size, 1, True, False), False
+        return Buffers()
+    cache = _quantspec_cache(d, slots, nbytes, m.group_size, 1, True, False)
+    return Buffers(0, cache, uses_engine_cache=False, releases_engine_cache=not compiled)
 
 
-def _triforce(m, d: Dims, slots: int, nbytes: int) -> tuple[int, bool]:
+def _triforce(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
     retrieval = (m.budget + m.max_proposal + 1) * d.kv_per_slot(nbytes)
     draft = 0
     if m.draft is not None:
@@ -104,22 +119,22 @@ def _triforce(m, d: Dims, slots: int, nbytes: int) -> tuple[int, bool]:
             draft = dd.params() * nbytes + (m.draft_budget + m.gamma2 + 1) * dd.kv_per_slot(nbytes)
         except Exception:  # noqa: BLE001 - an unreadable draft is reported by check_target
             draft = 0
-    return retrieval + draft, True
+    return Buffers(retrieval + draft)
 
 
-def _longspec(m, d: Dims, slots: int, nbytes: int) -> tuple[int, bool]:
+def _longspec(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
     q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
     attn = d.hidden * (q + 2 * kv) + (q + 2 * kv) + q * d.hidden
     layer = 2 * attn + 3 * d.hidden * d.intermediate + 3 * d.hidden  # self + cross attention, MLP, 3 norms
     window = 2 * m.window * kv * nbytes  # the draft's ring of self-attention KV
-    return layer * nbytes + window, True
+    return Buffers(layer * nbytes + window)
 
 
-def _token_recycling(m, d: Dims, slots: int, nbytes: int) -> tuple[int, bool]:
-    return d.vocab * m.topk * 8, True  # the adjacency matrix: top-k next ids of every token (int64)
+def _token_recycling(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
+    return Buffers(d.vocab * m.topk * 8)  # the adjacency matrix: top-k next ids of every token (int64)
 
 
-# class name -> (decoder, dims, cache slots, dtype bytes) -> (its own bytes, whether it uses the engine's cache)
+# class name -> (decoder, dims, cache slots, dtype bytes, compiled) -> its Buffers
 METHOD_BYTES = {
     "QuantSpecDecoder": _quantspec,
     "Int8KVReference": _int8_reference,
@@ -129,13 +144,14 @@ METHOD_BYTES = {
 }
 
 
-def method_bytes(decoder, config, slots: int, nbytes: int) -> tuple[int, bool]:
-    """(bytes a decoder holds besides the weights and the engine's cache, whether it uses that cache)."""
+def method_buffers(decoder, config, slots: int, nbytes: int, compiled: bool) -> Buffers:
+    """A decoder's :class:`Buffers`: its own ``plan_bytes(config, slots, nbytes, compiled)`` if it has one, else
+    :data:`METHOD_BYTES`, else nothing beyond the engine's cache."""
     own = getattr(decoder, "plan_bytes", None)
     if callable(own):
-        return own(config, slots, nbytes)
+        return own(config, slots, nbytes, compiled)
     fn = METHOD_BYTES.get(type(decoder).__name__)
-    return fn(decoder, Dims.of(config), slots, nbytes) if fn else (0, True)
+    return fn(decoder, Dims.of(config), slots, nbytes, compiled) if fn else Buffers()
 
 
 def activation_bytes(config, prompt_tokens: int, step_tokens: int, nbytes: int) -> int:
@@ -148,26 +164,32 @@ def activation_bytes(config, prompt_tokens: int, step_tokens: int, nbytes: int) 
 
 @dataclass
 class Memory:
-    """A job's estimated peak (bytes); ``peak`` = weights + engine cache + methods' buffers + activations."""
+    """A job's estimated peak (bytes). The reference and the method run one after the other: ``peak`` is the
+    larger of their phases (weights + every decoder's kept buffers + this decoder's transient ones + the engine's
+    cache where it is allocated in that phase + activations); ``kv`` and ``method`` are the largest of each."""
 
     weights: int
     kv: int
     method: int
     activations: int
-
-    @property
-    def peak(self) -> int:
-        return self.weights + self.kv + self.method + self.activations
+    peak: int
 
 
 def job_memory(config, method, reference, needed_slots: int, longest_prompt: int, dtype: str,
                compiled: bool) -> Memory:
-    """Peak memory of one job: every sample fits in ``needed_slots`` (the largest sample's prompt + new tokens +
-    scratch); the engine's cache exists when a decoder uses it or steps are compiled (allocated once up front)."""
+    """Peak memory of one job whose samples fit in ``needed_slots`` (the largest sample's prompt + new tokens +
+    scratch). The engine's cache, once allocated (by a decoder using it, or up front for compiled steps), stays
+    until a decoder that releases it runs."""
     nbytes = DTYPE_BYTES[dtype]
     d, slots = Dims.of(config), cache_slots(needed_slots)
-    own_m, uses_m = method_bytes(method, config, slots, nbytes)
-    own_r, uses_r = method_bytes(reference, config, slots, nbytes)
-    kv = slots * d.kv_per_slot(nbytes) if (uses_m or uses_r or compiled) else 0
+    bufs = [method_buffers(x, config, slots, nbytes, compiled) for x in (method, reference)]
+    kept = sum(b.kept for b in bufs)
+    kv_bytes = slots * d.kv_per_slot(nbytes)
     steps = [1] + list(method.forward_tokens() or ()) + [method.extra_slots(0) or 1]
-    return Memory(d.params() * nbytes, kv, own_m + own_r, activation_bytes(config, longest_prompt, max(steps), nbytes))
+    act = activation_bytes(config, longest_prompt, max(steps), nbytes)
+    phases = []
+    for b, other in ((bufs[0], bufs[1]), (bufs[1], bufs[0])):
+        has_kv = b.uses_engine_cache or compiled or (other.uses_engine_cache and not b.releases_engine_cache)
+        phases.append((kv_bytes if has_kv else 0, kept + b.transient))
+    peak = max(d.params() * nbytes + kv + own + act for kv, own in phases)
+    return Memory(d.params() * nbytes, max(p[0] for p in phases), max(p[1] for p in phases), act, peak)
