@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from fafo.errors import ConfigError
 
 SWEEP_ENV = "FAFO_SWEEP_ID"
-NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "wandb.")  # not what a job measured
+NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "bench.plan=", "wandb.")  # not what a job measured
 
 
 def _check_output_dir(config: DictConfig) -> None:
