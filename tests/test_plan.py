@@ -146,6 +146,42 @@ def test_cli_plan_fails_with_one_line_per_problem(hub, tmp_path):
     assert "error: 1 of 1 jobs would fail" in res.stderr
 
 
+def test_cli_run_drops_unfit_samples_before_timing_and_counts_them(tmp_path):
+    """A normal run plans its own job: with bench.drop_unfit=true the samples that cannot fit are never timed and
+    the summary counts them; without it the run refuses to start, naming the sample and the fix."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "fafo.bench", "task=builtin", "bench.max_new_tokens=8", "model.max_len=160",
+            "bench.warmup=0", "bench.bootstrap=0", "bench.progress=false", "task.ids=[chat-01,code-01,long-01]"]
+    res = subprocess.run(args + [f"bench.output_dir={tmp_path}/a", "bench.drop_unfit=true"], capture_output=True,
+                         text=True, cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (summary,) = [json.loads(p.read_text()) for p in (tmp_path / "a").rglob("summary.json")]
+    import pandas as pd
+
+    rows = pd.read_csv(next((tmp_path / "a").rglob("samples.csv")), dtype=str)
+    assert summary["n_dropped"] == summary["n_dropped_unfit"] >= 1 and summary["context_limit"] == 160
+    assert len(set(rows["sample_id"])) == 3 - summary["n_dropped"] and set(rows["status"]) == {"ok"}
+    assert "samples dropped before timing" in res.stderr
+    res = subprocess.run(args + [f"bench.output_dir={tmp_path}/b"], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=600)
+    assert res.returncode == 2 and "> context 160" in res.stderr and "bench.drop_unfit=true" in res.stderr
+    assert not list((tmp_path / "b").rglob("samples.csv"))
+
+
+def test_plan_estimates_gpu_hours_from_a_cost_curve(hub, tmp_path):
+    cache, paths = hub
+    curve = tmp_path / "curve.csv"
+    curve.write_text("context,step_tokens,median_ms\n256,1,20\n256,64,22\n65536,1,40\n65536,64,44\n")
+    res = cli("model=llama2_7b_chat", "task=mt_bench", f"task.data_path={paths['mt_bench']}",
+              f"bench.cost_curve={curve}", cache=cache, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    plan = json.loads(next((tmp_path / "out").rglob("plan.json")).read_text())
+    # 2 questions x 2 turns x 1024 tokens x (reference + method) x about 20 ms
+    assert 2 * 2 * 1024 * 2 * 0.020 / 3600 <= plan["est_gpu_hours"] <= 2 * 2 * 1024 * 2 * 0.021 / 3600
+    assert "GPU h" in res.stdout
+
+
 # ------------------------------------------------------------------ memory
 def test_memory_agrees_with_independent_counts():
     llama2, llama3 = Dims.of(hf_config("meta-llama/Llama-2-7b-chat-hf")), Dims.of(hf_config(
