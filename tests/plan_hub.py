@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import OmegaConf
 
 LLAMA2_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rope_theta=10000.0)
@@ -165,13 +166,15 @@ def write_data(root: Path) -> dict[str, str]:
     book = {"short_book_title": "A Book", "publication_date": 1890, "url": "http://x"}
     paths["pg19"] = str(parquet(root / "pg19" / "data" / "test-00000-of-00001.parquet", [
         {**book, "text": text(3600, 0)}, {**book, "text": text(900, 1)}]).parent.parent)  # 2nd: short for 4k+
-    doc = lambda i, n: {"document": {"id": f"d{i}", "kind": "gutenberg", "url": "", "file_size": 1,  # noqa: E731
-                                     "word_count": 1, "start": "", "end": "", "text": "\ufeff  " + text(n, i),
-                                     "summary": {"text": "s", "tokens": ["s"], "url": "", "title": "t"}},
-                        "question": {"text": "Who?", "tokens": ["Who"]}, "answers": [{"text": "x", "tokens": ["x"]}]}
-    from omegaconf import OmegaConf
 
-    indices = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "task" / "narrativeqa_triforce.yaml").indices
+    def doc(i, n):  # a deepmind/narrativeqa row: its book, a question, an answer
+        return {"document": {"id": f"d{i}", "kind": "gutenberg", "url": "", "file_size": 1, "word_count": 1,
+                             "start": "", "end": "", "text": "\ufeff  " + text(n, i),
+                             "summary": {"text": "s", "tokens": ["s"], "url": "", "title": "t"}},
+                "question": {"text": "Who?", "tokens": ["Who"]}, "answers": [{"text": "x", "tokens": ["x"]}]}
+
+    conf = Path(__file__).resolve().parents[1] / "conf" / "task" / "narrativeqa_triforce.yaml"
+    indices = OmegaConf.load(conf).indices
     parquet(root / "narrativeqa" / "data" / "train-00000-of-00001.parquet",
             [doc(i, 4200 if i in indices else 5) for i in range(max(indices) + 1)])
     paths["narrativeqa_triforce"] = str(root / "narrativeqa")

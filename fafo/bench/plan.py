@@ -119,10 +119,11 @@ def _fix(job, prompt: int, budget: int, scratch: int, context: int, trained: int
             "task.max_input_tokens, or drop such samples before timing with bench.drop_unfit=true")
 
 
-def assess(job, gpu_gb: float | None, drop_unfit: bool = False) -> JobPlan:
+def assess(job, gpu_gb: float | None, drop_unfit: bool = False, running: bool = False) -> JobPlan:
     """The plan of one job. ``job`` has ``cfg, method, reference, task, ckpt, samples, dtype, compile, budget``
     (a :class:`~fafo.bench.runner.Runner` before loading, or :func:`plan_job`'s namespace); ``gpu_gb`` None skips
-    the memory check (a CPU run)."""
+    the memory check (a CPU run). ``running``: a sample the task cannot build is kept (the run records it as a
+    failed row and goes on) instead of failing the plan."""
     config, tok = job.ckpt.config, job.ckpt.tokenizer
     context, warning = context_limit(config, job.cfg.model.get("max_len"))
     trained = trained_context(config)
@@ -136,10 +137,14 @@ def assess(job, gpu_gb: float | None, drop_unfit: bool = False) -> JobPlan:
         try:
             turn, prompt = worst_turn(job.task, tok, s, budget)
         except Exception as exc:  # noqa: BLE001 - a sample the task cannot build
-            plan.n_fail += 1
-            plan.problems.append(f"sample {s.id!r}: cannot be built ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); fix the data or leave it out "
-                                 "with task.ids")
+            line = (f"sample {s.id!r}: cannot be built ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}); fix the data or leave it out with task.ids")
+            if running:
+                plan.kept.append(s)
+                plan.warnings.append(line)
+            else:
+                plan.n_fail += 1
+                plan.problems.append(line)
             continue
         needed = prompt + budget + scratch
         plan.max_needed = max(plan.max_needed, needed)
@@ -203,7 +208,7 @@ def gpu_budget(bench: DictConfig, device: torch.device) -> float | None:
 def check_run(runner) -> JobPlan:
     """A normal run's own plan, before loading weights: refuses (ConfigError) or drops samples that cannot run."""
     bench = runner.bench
-    plan = assess(runner, gpu_budget(bench, runner.device), bool(bench.get("drop_unfit", False)))
+    plan = assess(runner, gpu_budget(bench, runner.device), bool(bench.get("drop_unfit", False)), running=True)
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr, flush=True)
     if plan.n_dropped or plan.n_filtered:

@@ -27,7 +27,8 @@ from omegaconf import DictConfig
 from fafo.errors import ConfigError
 
 SWEEP_ENV = "FAFO_SWEEP_ID"
-NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "bench.plan=", "wandb.")  # not what a job measured
+# not what a job measured
+NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "bench.plan=", "wandb.")
 
 
 def _check_output_dir(config: DictConfig) -> None:
