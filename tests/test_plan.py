@@ -168,6 +168,17 @@ def test_cli_run_drops_unfit_samples_before_timing_and_counts_them(tmp_path):
     assert not list((tmp_path / "b").rglob("samples.csv"))
 
 
+def test_cli_plan_of_a_comparison_plans_every_method(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "fafo.bench", "compare.methods=[vanilla,fafo_stream]", "bench.plan=true",
+                          "task.ids=[chat-01]", f"bench.output_dir={tmp_path}"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    plans = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.rglob("plan.json")}
+    assert set(plans) == {"vanilla", "fafo_stream"} and all(p["fits"] for p in plans.values())
+    assert plans["fafo_stream"]["max_needed"] - plans["vanilla"]["max_needed"] == 241  # FAFO's scratch slots
+
+
 def test_plan_estimates_gpu_hours_from_a_cost_curve(hub, tmp_path):
     cache, paths = hub
     curve = tmp_path / "curve.csv"

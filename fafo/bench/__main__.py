@@ -34,10 +34,22 @@ def main(cfg: DictConfig) -> dict | None:
         from fafo.bench.naming import cli_overrides
         from fafo.bench.plan import run_plan
 
-        plan = run_plan(cfg, run_dir, *cli_overrides())
-        if not sweep and not plan.fits:
+        overrides, choice = cli_overrides()
+        if cfg.get("compare") and cfg.compare.get("methods"):  # each compared method is its own job
+            from fafo.bench.compare import method_configs
+
+            try:
+                plans = [run_plan(c, run_dir / name, overrides, choice)
+                         for name, c in method_configs(cfg, overrides).items()]
+            except ConfigError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                sys.exit(2)
+        else:
+            plans = [run_plan(cfg, run_dir, overrides, choice)]
+        failed = [p for p in plans if not p.fits]
+        if not sweep and failed:
             sys.exit(1)
-        return {"plan": plan.line(), "error": None if plan.fits else plan.problems[0]}
+        return {"plan": "\n".join(p.line() for p in plans), "error": failed[0].problems[0] if failed else None}
     try:
         if cfg.get("compare") and cfg.compare.get("methods"):  # several methods side by side, one process
             from fafo.bench.compare import run_compare
