@@ -250,7 +250,7 @@ def plan_job(cfg: DictConfig, overrides=(), choice: str | None = None) -> JobPla
         if compress is not None:
             job.names["method"] = str(job.names["method"]).format(compress=compress.label)
         job.names["model"] = model_name(cfg.model, overrides, choice)
-        job.ckpt = resolve_model(cfg.model, overrides, choice)
+        job.ckpt = resolve_model(cfg.model, overrides, choice, weights=False)
         job.samples = job.task.samples(job.ckpt.tokenizer)[: cfg.bench.max_samples or None]
         job.method.check_target(job.ckpt.config, job.ckpt.tokenizer)
         job.budget = lambda s: cfg.bench.max_new_tokens or s.max_new_tokens

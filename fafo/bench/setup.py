@@ -174,8 +174,9 @@ class Checkpoint:
         return trained_context(self.config)
 
 
-def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None) -> Checkpoint:
-    """Find (or build, for the tiny models) the checkpoint and read its config and tokenizer.
+def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None, weights: bool = True) -> Checkpoint:
+    """Find (or build, for the tiny models) the checkpoint and read its config and tokenizer (``weights=False``:
+    a hub checkpoint is fetched without its weight files, for ``bench.plan``).
 
     ``model.path`` / ``model.gguf_file`` win over what only comes with the model group (a ``tiny`` spec, a preset's
     GGUF file); ``overrides`` (the command line's) decide whether both were given explicitly (an error) and the
@@ -191,7 +192,7 @@ def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None
         return Checkpoint(path, load_hf_config(path), load_tokenizer(path), f"gguf:{path.name}", name, source)
     if kind == "path":
         given, revision = str(model_cfg.path), model_cfg.get("revision")
-        path = resolve_checkpoint(given, revision)
+        path = resolve_checkpoint(given, revision, weights)
         local = Path(given).expanduser()
         source = str(local.resolve()) if local.is_dir() else given + (f"@{revision}" if revision else "")
         identity = f"{given}@{revision or 'main'}"
