@@ -232,12 +232,13 @@ def save_draft(layer: GlideLayer, target_config, out_dir: str | Path) -> Path:
     return out
 
 
-def resolve_draft(path: str, revision: str | None = None) -> Path:
-    """A local directory for a draft hub id or directory (errors name ``method.draft.path``)."""
+def resolve_draft(path: str, revision: str | None = None, weights: bool = True) -> Path:
+    """A local directory for a draft hub id or directory (errors name ``method.draft.path``); ``weights=False``
+    fetches only its config (enough to check it against the target)."""
     from fafo.engine.loader import resolve_checkpoint
 
     try:
-        return resolve_checkpoint(path, revision)
+        return resolve_checkpoint(path, revision, weights)
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("model.path", "method.draft.path")) from None
 
