@@ -106,7 +106,7 @@ class LongSpecDecoder(Decoder):
     def check_target(self, hf_config, tokenizer) -> None:
         """Refuse a draft whose config does not fit the target (before any weights load)."""
         if self.draft.get("path"):
-            ckpt = resolve_draft(self.draft["path"], self.draft.get("revision"))
+            ckpt = resolve_draft(self.draft["path"], self.draft.get("revision"), weights=False)  # config only
             check_shapes(read_draft_config(ckpt), hf_config, repr(self.draft["path"]))
 
     def setup(self, engine: Engine) -> None:

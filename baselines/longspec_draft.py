@@ -233,16 +233,18 @@ def save_draft(layer: GlideLayer, target_config, out_dir: str | Path) -> Path:
     return out
 
 
-def resolve_draft(path: str, revision: str | None = None) -> Path:
-    """A local directory for a draft hub id or directory (errors name ``method.draft.path``)."""
+def resolve_draft(path: str, revision: str | None = None, weights: bool = True) -> Path:
+    """A local directory for a draft hub id or directory (errors name ``method.draft.path``); ``weights=False``
+    fetches only its config (enough to check it against the target)."""
     from fafo.engine.loader import resolve_checkpoint
 
     try:
-        ckpt = resolve_checkpoint(path, revision)
+        ckpt = resolve_checkpoint(path, revision, weights)
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("model.path", "method.draft.path")) from None
-    check_checkpoint(ckpt, _draft_source(path), tokenizer=False)  # the draft uses the target's tokenizer
-    check_draft_weights(ckpt, _draft_source(path))
+    check_checkpoint(ckpt, _draft_source(path), tokenizer=False, weights=weights)  # the target's tokenizer is used
+    if weights:
+        check_draft_weights(ckpt, _draft_source(path))
     return ckpt
 
 

@@ -28,8 +28,9 @@ Choices where the paper is silent or this harness differs (documented in place):
   INT8-KV autoregressive reference read the same view at every position.
 * Drafting stops early at an EOS or when the remaining budget is reached; alpha is accepted / drafted tokens.
 * Greedy only (the paper's setting). Plain PyTorch on every device: no Triton kernels, steps run eagerly.
-* With ``target: int8kv`` the engine's shared full-precision cache is released when steps are not compiled, so
-  the counted (CPU) and allocated (CUDA) peak memory is this method's own.
+* With ``target: int8kv`` the engine's shared full-precision cache is released when steps are not compiled, and
+  the quantized cache is freed after each generation (the INT8 reference's too), so the counted (CPU) and allocated
+  (CUDA) peak memory is this method's own: ``experiment=quantspec_table3`` runs with ``bench.compile=false``.
 
 The INT4 passes are the target's self-drafts (``Generation.forwards.draft``); ``Generation.drafted`` /
 ``accepted`` give alpha (the paper's "acceptance rate", ``accept_rate`` in the summary). ``extras``:
@@ -147,7 +148,9 @@ class QuantSpecDecoder(Decoder):
         elif engine.compiled is None:
             engine._cache = None  # not used: release it, so peak memory is this method's own
         state = _QuantSpecState(self, engine, prompt_ids, self._cache(engine, capacity, full), eos_ids)
-        return decode(engine, state, max_new_tokens, eos_ids, clock)
+        gen = decode(engine, state, max_new_tokens, eos_ids, clock)
+        self._kv = None  # freed: the decoder timed next (the INT8 reference, or this one) holds only its own cache
+        return gen
 
 
 class _QuantSpecState(StepState):

@@ -118,6 +118,8 @@ class LongBenchTask(DataTask):
         max_new_tokens: null = the subset's ``dataset2maxlen`` budget.
         max_input_tokens: LongBench's ``model2maxlen`` for the model (null = no truncation).
         min_input_tokens: keep only prompts with more tokens than this (LongSpec's ``1200 < length``; null = all).
+        max_kept_tokens: keep only prompts with at most this many tokens (LongSpec's ``length <= context - 2000``:
+            longer ones are dropped, as its ``inference_long-bench.py`` does, not truncated; null = all).
     """
 
     name: str = "longbench"
@@ -127,6 +129,7 @@ class LongBenchTask(DataTask):
     hub_config: str | None = None  # null = the subset name
     split: str = "test"
     min_input_tokens: int | None = at_least(0, None)  # 0 or null: no minimum
+    max_kept_tokens: int | None = at_least(1, None)  # null: no maximum
 
     TRUNCATION: ClassVar[str] = "middle, in target-tokenizer tokens, before the chat template (LongBench pred.py)"
     RELEASE: ClassVar[str] = "THUDM/LongBench's data.zip (data/{subset}.jsonl)"
@@ -165,11 +168,13 @@ class LongBenchTask(DataTask):
         return samples
 
     def usable(self, tokenizer: Any, sample: Sample) -> bool:
-        """With ``min_input_tokens``: the formatted (truncated) prompt has more tokens than it."""
-        if self.min_input_tokens is None or tokenizer is None:
+        """``min_input_tokens`` < tokens of the formatted (truncated) prompt <= ``max_kept_tokens``."""
+        if (self.min_input_tokens is None and self.max_kept_tokens is None) or tokenizer is None:
             return True
         text = self.memo(tokenizer, ("prompt", sample.id), lambda: self.truncated_prompt(tokenizer, sample))
-        return len(tokenizer(text, truncation=False).input_ids) > self.min_input_tokens
+        n = self.memo(tokenizer, ("length", sample.id), lambda: len(tokenizer(text, truncation=False).input_ids))
+        return (self.min_input_tokens is None or n > self.min_input_tokens) and (
+            self.max_kept_tokens is None or n <= self.max_kept_tokens)
 
     def truncated_prompt(self, tokenizer: Any, sample: Sample) -> str:
         """The formatted prompt, middle-truncated to ``max_input_tokens`` tokens as ``pred.py`` does."""

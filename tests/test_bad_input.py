@@ -52,6 +52,7 @@ CASES = [
     ("bench.busy_load=abc", "bench.busy_load"),
     ("bench.reuse_reference=maybe", "bench.reuse_reference"),
     ("bench.ignore_eos=maybe", "bench.ignore_eos"),
+    ("bench.gpu_mem_gb=abc", "bench.gpu_mem_gb"),
     ("bench.output_dir={tmp}/afile/runs", "bench.output_dir"),
     ("+bench.repeat=3", "bench.repeat"),
     ("model.max_len=-5", "model.max_len"),

@@ -6,6 +6,7 @@ Examples::
     python -m fafo.bench model=llama3_8b_instruct task=mt_bench method=vanilla
     python -m fafo.bench -m model=tiny_llama,tiny_qwen2 bench.max_new_tokens=16,32
     python -m fafo.bench experiment=demo                   # every method side by side on the embedded real model
+    python -m fafo.bench -m experiment=table2 bench.plan=true  # check a sweep against the real models first
 """
 
 from __future__ import annotations
@@ -29,6 +30,26 @@ def main(cfg: DictConfig) -> dict | None:
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     sweep = HydraConfig.get().mode.name == "MULTIRUN"
+    if cfg.bench.get("plan"):  # no weights: every job checked against its model's config and tokenizer
+        from fafo.bench.naming import cli_overrides
+        from fafo.bench.plan import run_plan
+
+        overrides, choice = cli_overrides()
+        if cfg.get("compare") and cfg.compare.get("methods"):  # each compared method is its own job
+            from fafo.bench.compare import method_configs
+
+            try:
+                plans = [run_plan(c, run_dir / name, overrides, choice)
+                         for name, c in method_configs(cfg, overrides).items()]
+            except ConfigError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                sys.exit(2)
+        else:
+            plans = [run_plan(cfg, run_dir, overrides, choice)]
+        failed = [p for p in plans if not p.fits]
+        if not sweep and failed:
+            sys.exit(1)
+        return {"plan": "\n".join(p.line() for p in plans), "error": failed[0].problems[0] if failed else None}
     try:
         if cfg.get("compare") and cfg.compare.get("methods"):  # several methods side by side, one process
             from fafo.bench.compare import run_compare

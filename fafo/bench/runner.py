@@ -31,7 +31,8 @@ from fafo.bench.naming import cli_overrides, model_name
 from fafo.bench.preempt import sample_done
 from fafo.bench.records import RecordWriter, check_lock_free, first_mismatch, write_json_atomic
 from fafo.bench.reference import ReferenceStore, reference_key, timing_reusable
-from fafo.bench.setup import (build, check_bench, check_config, check_context_fit, check_region_fits, cpu_name,
+from fafo.bench.plan import check_run
+from fafo.bench.setup import (build, check_bench, check_config, check_region_fits, cpu_name,
                               environment, method_node, resolve_compile, resolve_device, resolve_dtype,
                               resolve_model)
 from fafo.bench.timing import PeakMemory, SyncClock, busy_warning, load_average, machine_state
@@ -75,8 +76,8 @@ class Runner:
         # again with the tokenizer: drops samples too short for the task (e.g. PG-19 books under the prefix length)
         self.samples = self.task.samples(self.ckpt.tokenizer)[: self.bench.max_samples or None]
         self.method.check_target(self.ckpt.config, self.ckpt.tokenizer)
-        self.context = min(self.ckpt.context, cfg.model.get("max_len") or self.ckpt.context)
-        self._check_prompts_fit()
+        self.plan = check_run(self)  # fafo.bench.plan: context, every turn, scratch, memory; refuses or drops
+        self.context, self.samples = self.plan.context_limit, self.plan.kept
         check_region_fits(self.method, self.context)
 
     def budget(self, sample) -> int:
@@ -98,16 +99,6 @@ class Runner:
                     continue
                 most = max(most, self._needed_slots(n + turn * (budget + 8), budget))
         return most
-
-    def _check_prompts_fit(self) -> None:
-        for s in self.samples:
-            n = len(self.task.prompt_ids(self.ckpt.tokenizer, s, 0, []))
-            if self._needed_slots(n, self.budget(s)) > self.context:
-                check_context_fit(self.method, self.reference, n, self.budget(s), self.context, s.id)
-                raise ConfigError(
-                    f"sample {s.id!r} of task {self.names['task']} needs {n} prompt + {self.budget(s)} new tokens "
-                    f"(+ method scratch), more than the model context {self.context}; lower bench.max_new_tokens, "
-                    "leave it out with task.ids/task.limit, or raise model.max_len up to max_position_embeddings")
 
     # ---------------------------------------------------------------- run
     def run(self, engine: Engine | None = None, progress=None, report: bool = True) -> dict:
@@ -171,7 +162,7 @@ class Runner:
                   file=sys.stderr, flush=True)
         summary = self._summary(records.rows, warmup_s, load_s)
         summary.update(machine, load_end=load_average(), repaired=records.repairs, records_check=problems or "ok",
-                       ref_reuse_refused=self.reuse_refused)
+                       ref_reuse_refused=self.reuse_refused, **self.plan.summary_fields())
         if self.reuse_refused["n"]:
             print(f"note: {self.reuse_refused['n']} stored reference timings were not reused and were timed again "
                   f"beside the method ({self.reuse_refused['examples'][0]})", file=sys.stderr, flush=True)

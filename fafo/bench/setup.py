@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions
 from fafo.engine.engine import DTYPES, check_backend
+from fafo.engine.context import trained_context
 from fafo.engine.gguf import gguf_checkpoint
 from fafo.engine.loader import check_weights_match, load_hf_config, load_tokenizer, resolve_checkpoint
 from fafo.bench.naming import model_name, model_source
@@ -181,11 +182,13 @@ class Checkpoint:
 
     @property
     def context(self) -> int:
-        return self.config.max_position_embeddings
+        """Positions the checkpoint was trained for (rope scaling and ``max_sequence_length`` included)."""
+        return trained_context(self.config)
 
 
-def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None) -> Checkpoint:
-    """Find (or build, for the tiny models) the checkpoint and read its config and tokenizer.
+def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None, weights: bool = True) -> Checkpoint:
+    """Find (or build, for the tiny models) the checkpoint and read its config and tokenizer (``weights=False``:
+    a hub checkpoint is fetched without its weight files, for ``bench.plan``).
 
     ``model.path`` / ``model.gguf_file`` win over what only comes with the model group (a ``tiny`` spec, a preset's
     GGUF file); ``overrides`` (the command line's) decide whether both were given explicitly (an error) and the
@@ -202,9 +205,9 @@ def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None
         return Checkpoint(path, config, load_tokenizer(path), f"gguf:{path.name}", name, source)
     if kind == "path":
         given, revision = str(model_cfg.path), model_cfg.get("revision")
-        path = resolve_checkpoint(given, revision)
+        path = resolve_checkpoint(given, revision, weights)
         config = checked_config(path, Source("model.path", given, "re-download the checkpoint (or copy all of it "
-                                             "again) and point model.path at the complete directory"))
+                                             "again) and point model.path at the complete directory"), weights)
         local = Path(given).expanduser()
         source = str(local.resolve()) if local.is_dir() else given + (f"@{revision}" if revision else "")
         identity = f"{given}@{revision or 'main'}"
@@ -218,12 +221,14 @@ def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None
                       "(or choose model=tiny_llama)")
 
 
-def checked_config(path: Path, src: Source):
+def checked_config(path: Path, src: Source, weights: bool = True):
     """The transformers config of a checkpoint directory whose every file was checked (:mod:`fafo.files`) and whose
-    safetensors headers hold the tensors that config needs, before any weight is read."""
-    check_checkpoint(path, src)
+    safetensors headers hold the tensors that config needs, before any weight is read (``weights=False``: a
+    config-only checkpoint, as ``bench.plan`` reads, has its other files checked)."""
+    check_checkpoint(path, src, weights=weights)
     config = load_hf_config(path)
-    check_weights_match(path, config, src)
+    if weights:
+        check_weights_match(path, config, src)
     return config
 
 
@@ -296,8 +301,8 @@ def check_config(cfg: DictConfig, overrides=()) -> None:
         raise ConfigError(f"wandb.mode={mode!r} is not a wandb mode; use one of {', '.join(MODES)}")
     max_len = cfg.model.get("max_len")
     if max_len is not None and (not _is_int(max_len) or max_len < 1):
-        raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots, at most the "
-                          "checkpoint's max_position_embeddings) or null for the checkpoint's own context")
+        raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots; above the "
+                          "checkpoint's trained length with a warning) or null for the checkpoint's own context")
     check_output_dir(cfg.bench.output_dir)
     reference_dir = cfg.bench.get("reference_dir")
     if reference_dir:
@@ -333,17 +338,6 @@ def _knobs(obj, measure, prefix: str) -> list[str]:
         except Exception:  # noqa: BLE001 - a combination its own checks refuse: not a knob to suggest
             continue
     return names
-
-
-def check_context_fit(method, reference, n_prompt: int, budget: int, context: int, sample_id) -> None:
-    """When the method's scratch space (not the prompt or the budget) overflows the context, say which knob."""
-    extra = method.extra_slots(budget)
-    if n_prompt + budget + reference.extra_slots(budget) > context or n_prompt + budget + extra <= context:
-        return
-    knobs = _knobs(method, lambda m: m.extra_slots(budget), "method.") or ["the method's hyperparameters"]
-    raise ConfigError(f"sample {sample_id!r} fits the context {context} ({n_prompt} prompt + {budget} new tokens) "
-                      f"but not the method's {extra} scratch slots; lower {' or '.join(knobs)}, or raise "
-                      "model.max_len up to max_position_embeddings")
 
 
 def check_region_fits(method, context: int) -> None:

@@ -4,6 +4,8 @@
   one ``error:`` line and exit status 2 instead of Hydra's traceback.
 * After every job of a sweep: its outcome (run directory, overrides, error or None) is written to
   ``<sweep dir>/.sweeps/<sweep id>/<job>.json``, so jobs that run elsewhere (SLURM) report back too.
+* With ``bench.plan=true`` (:mod:`fafo.bench.plan`): at the end one plan line per job; exit status 1 when any
+  job would fail.
 * At the end of a sweep: ONE LINE PER JOB (model / checkpoint, n_params, dtype, method, task, tau, speedup with
   its 95 % interval, from each job's ``summary.json``), then one line per failed job (its overrides and error);
   the process exits with status 1 when any job failed.
@@ -25,7 +27,8 @@ from omegaconf import DictConfig
 from fafo.errors import ConfigError
 
 SWEEP_ENV = "FAFO_SWEEP_ID"
-NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "wandb.")  # not what a job measured
+# not what a job measured
+NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "bench.plan=", "wandb.")
 
 
 def _check_output_dir(config: DictConfig) -> None:
@@ -42,6 +45,8 @@ def job_line(outcome: dict) -> str:
     """One line for a finished job: what ran and what it measured (or its error)."""
     shown = [o for o in outcome.get("overrides") or [] if not o.lstrip("+~").startswith(NOISE)]
     overrides = " ".join(shown) or "(no overrides)"
+    if outcome.get("plan"):
+        return f"{outcome['plan']}  [{overrides}]"
     if outcome.get("error"):
         return f"FAILED  {overrides}  {outcome['error']}"
     try:
@@ -99,7 +104,8 @@ class SweepReport(Callback):
         else:
             error = value.get("error") if isinstance(value, dict) else None
         record_outcome(jobs, {"num": int(config.hydra.job.num), "run_dir": str(config.hydra.runtime.output_dir),
-                              "overrides": list(job_return.overrides or []), "error": error})
+                              "overrides": list(job_return.overrides or []), "error": error,
+                              "plan": value.get("plan") if isinstance(value, dict) else None})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         jobs = self._jobs_dir(config)
@@ -114,6 +120,14 @@ class SweepReport(Callback):
         except OSError:
             pass
         failed = [o for o in outcomes if o.get("error")]
+        if any(o.get("plan") for o in outcomes):  # bench.plan=true: one plan line per job, in job order
+            print("\n".join([f"== fafo-bench plan: {len(outcomes)} jobs, {len(failed)} would fail =="]
+                             + [job_line(o) for o in outcomes]), flush=True)
+            if failed:
+                print(f"error: {len(failed)} of {len(outcomes)} jobs would fail (problems above and in each job's "
+                      "plan.json); fix them before submitting the sweep", file=sys.stderr, flush=True)
+                sys.exit(1)
+            return
         lines = [f"== fafo-bench sweep: {len(outcomes)} jobs, {len(failed)} failed =="]
         lines += [job_line(o) for o in outcomes if not o.get("error")]
         lines += [job_line(o) for o in failed]

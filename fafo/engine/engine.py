@@ -12,6 +12,7 @@ import torch
 from fafo.engine.attention import BACKENDS, AttentionPlan, causal_plan
 from fafo.engine.cache import KVCache
 from fafo.engine.compiled import CompiledStep, CompileOptions
+from fafo.engine.context import context_limit
 from fafo.engine.ledger import ForwardLedger
 from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
 from fafo.engine.model import Transformer
@@ -41,7 +42,7 @@ class Engine:
         tokenizer: the checkpoint's tokenizer (with its chat template).
         backend: attention backend name (``sdpa`` or ``flex``).
         eos_ids: token ids that end a generation (tokenizer eos + generation_config eos).
-        max_len: the model's usable context (``max_position_embeddings`` unless capped by config).
+        max_len: the model's usable context (:func:`fafo.engine.context.context_limit`).
         static_shapes: decoders must give every decode-step forward a shape that depends only on their
             hyperparameters (pad trees, guess sets and verification windows to their maximum), so compiled
             steps never recompile; set when steps are compiled (``bench.compile``).
@@ -76,9 +77,7 @@ class Engine:
         """Load the weights of an already resolved checkpoint directory (config and tokenizer read)."""
         torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
         model = load_model(ckpt, config, torch_dtype, torch.device(device))
-        context = min(max_len or config.max_position_embeddings, config.max_position_embeddings)
-        if model.args.sliding_window:  # the engine attends to everything: exact only inside the window
-            context = min(context, model.args.sliding_window)
+        context, _ = context_limit(config, max_len)  # rope scaling, max_sequence_length, sliding window
         return cls(model, tokenizer, check_backend(backend), eos_token_ids(ckpt, config, tokenizer), context,
                    name or str(ckpt))
 

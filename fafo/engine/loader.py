@@ -21,8 +21,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _ALLOW = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
 
 
-def resolve_checkpoint(path: str, revision: str | None = None) -> Path:
-    """A local checkpoint directory for ``path`` (a directory, or a hub id fetched into the HF cache).
+def resolve_checkpoint(path: str, revision: str | None = None, weights: bool = True) -> Path:
+    """A local checkpoint directory for ``path`` (a directory, or a hub id fetched into the HF cache; with
+    ``weights=False`` only its config, tokenizer and other small files, as ``bench.plan`` needs).
 
     Raises:
         ConfigError: the path is neither a directory nor a hub id, or the hub cannot be reached and the model is
@@ -40,7 +41,8 @@ def resolve_checkpoint(path: str, revision: str | None = None) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(path, revision=revision, allow_patterns=_ALLOW))
+        allow = _ALLOW if weights else [p for p in _ALLOW if p != "*.safetensors"]
+        return Path(snapshot_download(path, revision=revision, allow_patterns=allow))
     except Exception as exc:  # offline, unknown repo, gated repo, no network...
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
         why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else type(exc).__name__

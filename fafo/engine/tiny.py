@@ -25,7 +25,8 @@ def build_tiny_checkpoint(out_dir: str | Path, family: str = "llama", seed: int 
                           num_hidden_layers: int = 2, num_attention_heads: int = 4, num_key_value_heads: int = 2,
                           intermediate_size: int = 128, max_position_embeddings: int = 8192,
                           initializer_range: float = 0.2, vocab_size: int = 1024,
-                          rope_parameters: dict | None = None, tie_word_embeddings: bool = False) -> Path:
+                          rope_parameters: dict | None = None, tie_word_embeddings: bool = False,
+                          max_sequence_length: int | None = None) -> Path:
     """Write a random ``family`` model and the tiny tokenizer to ``out_dir`` (safetensors + tokenizer files).
 
     ``initializer_range`` is large on purpose: default-init random models collapse into repeating one token,
@@ -40,6 +41,8 @@ def build_tiny_checkpoint(out_dir: str | Path, family: str = "llama", seed: int 
     tokenizer = build_tiny_tokenizer(vocab_size)
     config_cls = getattr(transformers, FAMILIES[family])
     extra = {} if rope_parameters is None else {"rope_parameters": dict(rope_parameters)}
+    if max_sequence_length is not None:  # FastChat's long-context releases state their length here
+        extra["max_sequence_length"] = max_sequence_length
     config = config_cls(
         vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,

@@ -1,0 +1,264 @@
+"""bench.plan: every paper preset checked against config-only checkpoints of its real models (hub cache layout,
+no weights) and release-format data; context limits from rope scaling; memory against independent counts and a
+measured CPU peak; LongSpec's length filter and a rope-scaled 16k context on a tiny model."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+from transformers import AutoConfig
+
+from fafo.bench.plan import plan_job
+from fafo.bench.plan_memory import Dims, cache_slots, job_memory
+from fafo.bench.runner import Runner
+from fafo.engine.context import context_limit, trained_context
+from tests.plan_hub import MODELS, config_json, text, write_data, write_hub
+from tests.test_reproduce import CONF, PRESETS, sweep_jobs
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINED = {  # hub id -> the length its model card states
+    "meta-llama/Llama-2-7b-chat-hf": 4096, "lmsys/vicuna-7b-v1.3": 2048, "lmsys/vicuna-7b-v1.5-16k": 16384,
+    "lmsys/vicuna-13b-v1.5-16k": 16384, "lmsys/longchat-7b-v1.5-32k": 32768, "lmsys/longchat-13b-16k": 16384,
+    "togethercomputer/Llama-2-7B-32K-Instruct": 32768, "LargeWorldModel/LWM-Text-Chat-128K": 131072,
+    "NousResearch/Yarn-Llama-2-7b-128k": 131072, "meta-llama/Meta-Llama-3-8B-Instruct": 8192,
+    "meta-llama/Llama-3.1-8B-Instruct": 131072, "gradientai/Llama-3-8B-Instruct-262k": 262144,
+    "deepseek-ai/DeepSeek-R1-Distill-Llama-8B": 131072, "Qwen/Qwen2.5-7B-Instruct": 32768,
+    "Qwen/Qwen2.5-32B-Instruct": 32768, "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": 131072, "JackFram/llama-68m": 2048,
+}
+
+
+def hf_config(hub_id):
+    cfg = config_json(MODELS[hub_id])
+    return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """(hub cache, task name -> data path), with huggingface_hub pointed at the cache for in-process plans."""
+    import huggingface_hub.constants as constants
+
+    root = tmp_path_factory.mktemp("plan")
+    cache, paths = write_hub(root / "hub"), write_data(root / "data")
+    saved = constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE
+    constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE = str(cache), True
+    yield cache, paths
+    constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE = saved
+
+
+def cli(*args, cache, cwd):
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+           "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "fafo.bench", *args, f"bench.output_dir={cwd}/out",
+                           "bench.plan=true"], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+# ------------------------------------------------------------------ context
+def test_context_limit_of_every_preset_model_from_rope_scaling_and_max_sequence_length():
+    assert set(TRAINED) == set(MODELS)
+    for hub_id, length in TRAINED.items():
+        assert trained_context(hf_config(hub_id)) == length, hub_id
+    vicuna = hf_config("lmsys/vicuna-7b-v1.3")
+    assert context_limit(vicuna) == (2048, None)
+    assert context_limit(vicuna, 1024) == (1024, None)
+    limit, warning = context_limit(vicuna, 4096)  # past the trained length: allowed, as transformers does
+    assert limit == 4096 and "exceeds the 2048 positions" in warning
+
+
+def test_engine_takes_the_rope_scaled_context(tmp_path):
+    from fafo.engine.engine import Engine
+    from fafo.engine.tiny import build_tiny_checkpoint
+
+    build_tiny_checkpoint(tmp_path, max_position_embeddings=256,
+                          rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})
+    assert Engine.from_pretrained(str(tmp_path)).max_len == 1024
+    assert Engine.from_pretrained(str(tmp_path), max_len=2048).max_len == 2048
+
+
+# ------------------------------------------------------------------ every preset, in process
+def test_every_paper_preset_plans_on_its_real_models(hub):
+    _, paths = hub
+    plans = {}
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for preset in PRESETS:
+            base = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
+            for job in sweep_jobs(base):
+                overrides = [f"experiment={preset}", *job]
+                cfg = compose("config", overrides=overrides, return_hydra_config=True)
+                with open_dict(cfg):
+                    cfg.task.data_path = paths[cfg.task.name]
+                HydraConfig().set_config(cfg)
+                plan = plan_job(cfg, overrides, cfg.hydra.runtime.choices.model)
+                assert plan.fits, f"{preset} {job}: {plan.problems}"
+                assert plan.n_fit > 0 and 0 < plan.peak_gb <= 0.95 * plan.gpu_gb
+                plans[(preset, *job)] = plan
+    assert len(plans) > 200
+    longspec = [p for k, p in plans.items() if k[0] == "longspec_table1"]
+    # LongSpec: 1200 < tokens <= context - 2000, dropped (not truncated) and counted
+    for p in longspec:
+        assert p.n_filtered == (1 if p.context_limit > 30000 else 2) and p.max_needed <= p.context_limit
+    assert {p.context_limit for p in longspec} == {16384, 32768, 262144}
+    spec = [p for k, p in plans.items() if k[0] == "specbench"]
+    assert all(p.n_beyond_trained >= 2 and p.trained_context == 2048 for p in spec)
+    scbench = plans[("table7", "task=scbench_mf")]  # a Math.Find context past the 128k cap, every turn fits
+    assert scbench.context_limit == 131072 and 126000 < scbench.max_needed <= 131072
+
+
+# ------------------------------------------------------------------ through the CLI
+def test_cli_plan_passes_a_sweep_and_writes_plan_json(hub, tmp_path):
+    cache, paths = hub
+    res = cli("-m", "experiment=longspec_table1", "experiment/rows/longspec_table1@_global_=vicuna7b",
+              "method=longspec", f"task.data_path={paths['longbench_gov_report']}", cache=cache, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "== fafo-bench plan: 5 jobs, 0 would fail ==" in res.stdout
+    found = sorted((tmp_path / "out").rglob("plan.json"))
+    assert len(found) == 5
+    for f in found:
+        plan = json.loads(f.read_text())
+        assert {"n_samples", "n_fit", "n_dropped", "n_fail", "context_limit", "max_needed", "weights_gb", "kv_gb",
+                "method_gb", "peak_gb", "gpu_gb", "fits", "problems"} <= set(plan)
+        assert plan["fits"] and plan["context_limit"] == 16384 and plan["n_filtered"] == 2
+        assert plan["gpu_gb"] == 80 and 13 < plan["weights_gb"] < 14.5
+
+
+def test_cli_plan_fails_with_one_line_per_problem(hub, tmp_path):
+    cache, paths = hub
+    res = cli("model=vicuna_7b_v13", "task=spec_bench", f"task.data_path={paths['spec_bench']}",
+              "method=fafo_stream", "task.template=vicuna", cache=cache, cwd=tmp_path)
+    assert res.returncode == 1
+    problems = [line for line in res.stdout.splitlines() if line.startswith("  problem: ")]
+    assert res.stdout.startswith("FAIL  vicuna-7b-v1.3 / fafo-stream / spec_bench")
+    assert len(problems) == 3 and all("> context 2048" in p and "model.max_len" in p for p in problems)
+    assert any("sample '81' turn 1" in p for p in problems)  # turn 2 holds the longest first answer
+    plan = json.loads(next((tmp_path / "out").rglob("plan.json")).read_text())
+    assert plan["n_fail"] == 3 and not plan["fits"] and plan["problems"] == [p[11:] for p in problems]
+
+    res = cli("-m", "experiment=table7", "task=scbench_mf", f"task.data_path={paths['scbench_mf']}",
+              "bench.gpu_mem_gb=24", cache=cache, cwd=tmp_path)
+    assert res.returncode == 1 and "1 would fail" in res.stdout
+    assert "problem: memory: peak" in res.stdout and "24 GB GPU" in res.stdout
+    assert "error: 1 of 1 jobs would fail" in res.stderr
+
+
+def test_cli_run_drops_unfit_samples_before_timing_and_counts_them(tmp_path):
+    """A normal run plans its own job: with bench.drop_unfit=true the samples that cannot fit are never timed and
+    the summary counts them; without it the run refuses to start, naming the sample and the fix."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "fafo.bench", "task=builtin", "bench.max_new_tokens=8", "model.max_len=160",
+            "bench.warmup=0", "bench.bootstrap=0", "bench.progress=false", "task.ids=[chat-01,code-01,long-01]"]
+    res = subprocess.run(args + [f"bench.output_dir={tmp_path}/a", "bench.drop_unfit=true"], capture_output=True,
+                         text=True, cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (summary,) = [json.loads(p.read_text()) for p in (tmp_path / "a").rglob("summary.json")]
+    import pandas as pd
+
+    rows = pd.read_csv(next((tmp_path / "a").rglob("samples.csv")), dtype=str)
+    assert summary["n_dropped"] == summary["n_dropped_unfit"] >= 1 and summary["context_limit"] == 160
+    assert len(set(rows["sample_id"])) == 3 - summary["n_dropped"] and set(rows["status"]) == {"ok"}
+    assert "samples dropped before timing" in res.stderr
+    res = subprocess.run(args + [f"bench.output_dir={tmp_path}/b"], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=600)
+    assert res.returncode == 2 and "> context 160" in res.stderr and "bench.drop_unfit=true" in res.stderr
+    assert not list((tmp_path / "b").rglob("samples.csv"))
+
+
+def test_cli_plan_of_a_comparison_plans_every_method(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "fafo.bench", "compare.methods=[vanilla,fafo_stream]", "bench.plan=true",
+                          "task.ids=[chat-01]", f"bench.output_dir={tmp_path}"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    plans = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.rglob("plan.json")}
+    assert set(plans) == {"vanilla", "fafo_stream"} and all(p["fits"] for p in plans.values())
+    assert plans["fafo_stream"]["max_needed"] - plans["vanilla"]["max_needed"] == 241  # FAFO's scratch slots
+
+
+def test_plan_estimates_gpu_hours_from_a_cost_curve(hub, tmp_path):
+    cache, paths = hub
+    curve = tmp_path / "curve.csv"
+    curve.write_text("context,step_tokens,median_ms\n256,1,20\n256,64,22\n65536,1,40\n65536,64,44\n")
+    res = cli("model=llama2_7b_chat", "task=mt_bench", f"task.data_path={paths['mt_bench']}",
+              f"bench.cost_curve={curve}", cache=cache, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    plan = json.loads(next((tmp_path / "out").rglob("plan.json")).read_text())
+    # 2 questions x 2 turns x 1024 tokens x (reference + method) x about 20 ms
+    assert 2 * 2 * 1024 * 2 * 0.020 / 3600 <= plan["est_gpu_hours"] <= 2 * 2 * 1024 * 2 * 0.021 / 3600
+    assert "GPU h" in res.stdout
+
+
+# ------------------------------------------------------------------ memory
+def test_memory_agrees_with_independent_counts():
+    llama2, llama3 = Dims.of(hf_config("meta-llama/Llama-2-7b-chat-hf")), Dims.of(hf_config(
+        "meta-llama/Meta-Llama-3-8B-Instruct"))
+    assert abs(llama2.params() / 6.74e9 - 1) < 0.1 and abs(llama3.params() / 8.03e9 - 1) < 0.1  # model cards
+    assert llama2.kv_per_slot(2) == 2 * 32 * 32 * 128 * 2 == 2**19  # 0.5 MB per token, MHA
+    assert llama3.kv_per_slot(2) == 2 * 32 * 8 * 128 * 2 == 2**17  # GQA: 8 KV heads
+    from baselines.vanilla import VanillaDecoder
+
+    mem = job_memory(hf_config("meta-llama/Llama-3.1-8B-Instruct"), VanillaDecoder(), VanillaDecoder(), 100_000,
+                     99_000, "float16", compiled=True)
+    assert abs(mem.kv / (cache_slots(100_000) * 2**17) - 1) < 0.1 and abs(mem.weights / (8.03e9 * 2) - 1) < 0.1
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_gqa"])  # qwen2: qkv bias, tied embeddings
+def test_parameter_count_matches_the_built_model(engine, name):
+    eng = engine(name)
+    assert Dims.of(eng.model.hf_config).params() == sum(p.numel() for p in eng.model.parameters())
+
+
+def _compose(tmp_path, *overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[f"bench.output_dir={tmp_path}", "wandb.mode=disabled",
+                                           "bench.progress=false", "bench.warmup=0", "bench.bootstrap=0",
+                                           *overrides])
+
+
+@pytest.mark.parametrize("method", [["method=vanilla"], ["method=quantspec", "method.group_size=16",
+                                                         "method.weight_group=16", "method.gamma=2",
+                                                         "bench.reference._target_=baselines.quantspec.Int8KVReference",
+                                                         "+bench.reference.group_size=16"]])
+def test_memory_estimate_matches_the_measured_cpu_peak(tmp_path, method):
+    """CPU peak = weights + the cache the method held + its buffers (QuantSpec: no full-precision cache)."""
+    cfg = _compose(tmp_path, "task=builtin", "task.ids=[chat-01,code-01]", "bench.max_new_tokens=8", *method)
+    runner = Runner(cfg, tmp_path / "run")
+    plan = runner.plan
+    summary = runner.run(report=False)
+    import pandas as pd
+
+    peak = pd.read_csv(tmp_path / "run" / "samples.csv")["peak_mem_mb"].max() * 2**20 / 1e9
+    estimate = plan.peak_gb - plan.act_gb  # the CPU count has no activations
+    assert abs(estimate / peak - 1) < 0.1, (estimate, peak)
+    assert summary["n_dropped"] == 0 and summary["context_limit"] == 8192
+    if "quantspec" in method[0]:
+        assert plan.kv_gb == 0  # the engine's fp cache is released: neither decoder reads it
+        assert runner.engine._cache is None
+
+
+# ------------------------------------------------------------------ LongSpec at a rope-scaled 16k context
+def test_longspec_on_a_vicuna_16k_shaped_tiny_model_takes_a_10k_prompt_and_drops_by_length(tmp_path):
+    from tests.plan_hub import jsonl
+
+    words = {"short": 150, "mid": 3700, "long": 5600}  # < 1200 tokens, about 10k, past 16384 - 2000
+    data = jsonl(tmp_path / "data" / "gov_report.jsonl", [
+        {"input": "", "context": text(n, i), "answers": ["x"], "_id": key} for i, (key, n) in enumerate(words.items())])
+    tiny = ("{family: llama, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2, "
+            "intermediate_size: 64, max_position_embeddings: 4096, max_sequence_length: 16384, "
+            "rope_parameters: {rope_type: linear, factor: 4.0, rope_theta: 10000.0}, vocab_size: 1024}")
+    cfg = _compose(tmp_path, "task=longbench_gov_report", f"task.data_path={data}", "task.min_input_tokens=1200",
+                   "task.max_kept_tokens=14384", "method=longspec", "method.draft.path=null",
+                   "method.draft.random_seed=0", "method.tree_shape=[2,2]", "bench.max_new_tokens=4",
+                   f"++model.tiny={tiny}")
+    runner = Runner(cfg, tmp_path / "run")
+    assert runner.context == 16384 and [s.id for s in runner.samples] == ["mid"]
+    summary = runner.run(report=False)
+    assert summary["n_dropped"] == 2 and summary["n_dropped_filter"] == 2 and summary["n_failed"] == 0
+    import pandas as pd
+
+    rows = pd.read_csv(tmp_path / "run" / "samples.csv")
+    assert list(rows["status"]) == ["ok"] and 9000 < rows["prompt_tokens"][0] <= 14384
