@@ -103,10 +103,11 @@ class LongSpecDecoder(Decoder):
     def extra_slots(self, max_new_tokens: int) -> int:
         return self.tree_size  # the verification writes the tree past the committed tokens
 
-    def check_target(self, hf_config, tokenizer) -> None:
-        """Refuse a draft whose config does not fit the target (before any weights load)."""
+    def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
+        """Refuse a draft whose files are damaged or whose config does not fit the target (before any weights
+        load)."""
         if self.draft.get("path"):
-            ckpt = resolve_draft(self.draft["path"], self.draft.get("revision"), weights=False)  # config only
+            ckpt = resolve_draft(self.draft["path"], self.draft.get("revision"), weights=weights)
             check_shapes(read_draft_config(ckpt), hf_config, repr(self.draft["path"]))
 
     def setup(self, engine: Engine) -> None:

@@ -101,7 +101,7 @@ class QuantSpecDecoder(Decoder):
         if not sampling.greedy:
             raise ConfigError("method=quantspec decodes greedily (the paper's setting); use sampling=greedy")
 
-    def check_target(self, hf_config, tokenizer) -> None:
+    def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         if head_dim % 2:

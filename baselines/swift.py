@@ -242,7 +242,7 @@ class SwiftDecoder(Decoder):
         # the (padded) tree, >= the draft, is written to slots [N, N + max_tree) with N < prompt + max_new_tokens
         return self.max_tree()
 
-    def check_target(self, hf_config, tokenizer) -> None:
+    def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
         self._check_layers(hf_config.num_hidden_layers)
 
     def _check_layers(self, n_layers: int) -> None:

@@ -126,24 +126,25 @@ class TriForceDecoder(Decoder):
         return self.max_proposal + 1  # the verification writes [current | proposal] past the committed tokens
 
     # ---------------------------------------------------------------- the draft model
-    def _draft_checkpoint(self):
-        if self._ckpt is None:
+    def _draft_checkpoint(self, weights: bool = True):
+        """The draft's checkpoint (``weights=False``: its config and tokenizer only, as ``bench.plan`` reads)."""
+        if self._ckpt is None or (weights and not self._ckpt[1]):
             from fafo.bench.setup import resolve_model
 
             try:
-                self._ckpt = resolve_model(OmegaConf.create(self.draft))
+                self._ckpt = (resolve_model(OmegaConf.create(self.draft), weights=weights), weights)
             except ConfigError as exc:
                 raise ConfigError(str(exc).replace("model.path", "method.draft.path")) from None
-            rope = rope_parameters(self._ckpt.config)["rope_type"]
+            rope = rope_parameters(self._ckpt[0].config)["rope_type"]
             if rope in ("dynamic", "longrope"):
                 raise ConfigError(f"method.draft: a {rope}-rope draft cannot slide its window at original positions "
                                   "(its frequencies change with the position); use a fixed-rope draft model")
-        return self._ckpt
+        return self._ckpt[0]
 
-    def check_target(self, hf_config, tokenizer) -> None:
+    def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
         if self.draft is None:
             return
-        ckpt = self._draft_checkpoint()
+        ckpt = self._draft_checkpoint(weights)
         if ckpt.config.vocab_size != hf_config.vocab_size:
             raise ConfigError(f"method.draft={self.draft} has vocabulary size {ckpt.config.vocab_size}, the target "
                               f"{hf_config.vocab_size}; the draft must share the target's vocabulary (or use "

@@ -175,9 +175,10 @@ class Decoder(ABC):
     def check_sampling(self, sampling: Sampling) -> None:
         """Raise ConfigError if this method cannot decode with ``sampling`` (checked before loading a model)."""
 
-    def check_target(self, hf_config, tokenizer) -> None:
+    def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
         """Raise ConfigError if this method cannot run on the target model (e.g. a draft model with another
-        vocabulary). Called with the target's transformers config and tokenizer before any weights are loaded."""
+        vocabulary). Called with the target's transformers config and tokenizer before any weights are loaded;
+        ``weights=False`` (``bench.plan`` on config-only checkpoints): check a draft's config, not its weight files."""
 
     def forward_tokens(self) -> tuple[int, ...] | None:
         """Tokens in each target forward of one decode step ((1,) for vanilla), or None where it varies (drafts).

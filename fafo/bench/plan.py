@@ -252,7 +252,7 @@ def plan_job(cfg: DictConfig, overrides=(), choice: str | None = None) -> JobPla
         job.names["model"] = model_name(cfg.model, overrides, choice)
         job.ckpt = resolve_model(cfg.model, overrides, choice, weights=False)
         job.samples = job.task.samples(job.ckpt.tokenizer)[: cfg.bench.max_samples or None]
-        job.method.check_target(job.ckpt.config, job.ckpt.tokenizer)
+        job.method.check_target(job.ckpt.config, job.ckpt.tokenizer, weights=False)
         job.budget = lambda s: cfg.bench.max_new_tokens or s.max_new_tokens
         return assess(job, gpu_budget(cfg.bench, device), bool(cfg.bench.get("drop_unfit", False)))
     except ConfigError as exc:
