@@ -85,11 +85,15 @@ def test_stored_timing_rules_and_bootstrap_interval():
     assert "busy" in timing_reusable({**good, "load": 8.0}, 1.5, 0.75)[1]
     import numpy as np
 
-    ref, method = np.array([2.0, 2.2, 1.8, 2.1]), np.array([1.0, 1.0, 1.0, 1.0])
-    lo, hi = bootstrap_ci(ref, method, 2000)
-    assert 1.8 <= lo < ref.sum() / method.sum() < hi <= 2.2
-    assert bootstrap_ci(ref, method, 2000) == (lo, hi)  # seeded: reproducible
-    assert bootstrap_ci(ref[:1], method[:1]) == (2.0, 2.0)
+    arrays = {"ref": np.array([2.0, 2.2, 1.8, 2.1]), "method": np.array([1.0, 1.0, 1.0, 1.0])}
+
+    def ratio(a):  # over the last axis: the samples (one row per resample when bootstrapping)
+        return a["ref"].sum(-1) / a["method"].sum(-1)
+
+    lo, hi = bootstrap_ci(ratio, arrays, 2000)
+    assert 1.8 <= lo < ratio(arrays) < hi <= 2.2
+    assert bootstrap_ci(ratio, arrays, 2000) == [lo, hi]  # seeded: reproducible
+    assert bootstrap_ci(ratio, {k: v[:1] for k, v in arrays.items()}) == [2.0, 2.0]
 
 
 def test_busy_machine_warning_and_machine_record():
