@@ -147,7 +147,7 @@ class Runner:
         for sample in self.samples:
             self._run_sample(sample, records, done, logger)
             sample_done()  # a scheduler's stop signal (fafo.bench.preempt): stop here, every row written
-            s = summarize(records.rows)
+            s = summarize(records.rows, n_boot=0, speedup_kind=self.bench.get("speedup_kind", "e2e"))  # no intervals
             bar.update(1)
             bar.set_postfix(tau=f"{s.get('tau', 0):.2f}", speedup=f"{s.get('speedup', math.nan):.2f}")
         if progress is None:
