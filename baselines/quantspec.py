@@ -41,6 +41,7 @@ MLPs), ``buffer_bytes`` (what the runner adds to the engine's cache for peak mem
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -72,6 +73,7 @@ class QuantSpecDecoder(Decoder):
         chunk_size: quantized tokens dequantized at a time in attention (rounded down to whole groups).
     """
 
+    eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
     gamma: int = at_least(1, 6)  # 0 only inside Int8KVReference (autoregressive on the INT8 cache)
     target: str = "int8kv"
     group_size: int = at_least(2, 128)
@@ -247,6 +249,7 @@ class Int8KVReference(Decoder):
         chunk_size: as the method's.
     """
 
+    eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
     kv: str = "int8"
     group_size: int = at_least(4, 128, why="the method's G, even and above its gamma + 1 >= 2")
     chunk_size: int = at_least(1, 1024)

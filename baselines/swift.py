@@ -56,7 +56,7 @@ import torch
 from baselines.swift_optimizer import LayerSetOptimizer
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
-from fafo.engine.engine import Engine
+from fafo.engine.engine import Engine, upload
 from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
@@ -101,7 +101,7 @@ class SwiftTree:
         return torch.eye(len(self.tokens), dtype=torch.bool, device=device) | (
             chain[None, :] & (depth[None, :] < depth[:, None]))
 
-    def inputs(self, N: int, size: int, device) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    def inputs(self, N: int, size: int, device=None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """The verification forward's tokens ``[size]``, positions ``[size]`` and step mask ``[size, size]``
         with the root at position ``N``, padded to ``size >= T`` nodes (``engine.static_shapes``).
 
@@ -194,6 +194,7 @@ class SwiftDecoder(Decoder):
     mlp_skip: list | None = None
     seed: int = 2024
     cross_request_state: ClassVar[tuple[str, ...]] = ("optimizer",)  # official: the search goes on across requests
+    eager_forwards: ClassVar[str] = "layer-skipped drafts whose layer set changes while decoding (a graph each)"
 
     def __post_init__(self):
         def is_int(v):
@@ -280,7 +281,7 @@ class SwiftDecoder(Decoder):
         processed distribution q (fewer when q's support is smaller), feeds the first, and also returns the q rows
         [D][V]; the confidence is the raw draft probability of the fed id (official ``argmax_prob``)."""
         ids, conf, qs, fed = [], [], [], []
-        tok = torch.tensor([cur], device=engine.device)
+        tok = [cur]  # host value: uploaded with the step's positions and slots
         for s in range(self.max_step_draft):
             pos = N + s  # scratch slot = position; the verification overwrites it
             logits = engine.forward(cache, tok, [pos], [pos], causal_plan(pos), logits="last", skip=skip, kind="draft")
@@ -353,9 +354,9 @@ class _SwiftState(StepState):
         tree = SwiftTree.build(cur, draft_ids, widths)
         T = len(tree.tokens)
         size = cfg.max_tree(samp is not None) if engine.static_shapes else T  # padded: one shape per run
-        tree_tokens, positions, mask = tree.inputs(N, size, dev)
+        tree_tokens, positions, mask = tree.inputs(N, size)  # host values: the engine uploads them in one copy
         # the KV of node i goes to slot N + i (padding: scratch slots N + T .. N + size - 1)
-        logits = engine.forward(cache, tree_tokens, positions, torch.arange(N, N + size, device=dev),
+        logits = engine.forward(cache, tree_tokens, positions, list(range(N, N + size)),
                                 AttentionPlan(prefix=N, step_mask=mask), logits="all")[:, :T]
         if samp is None:
             preds = logits[0].argmax(-1).tolist()  # the step's host sync
@@ -364,8 +365,8 @@ class _SwiftState(StepState):
         else:
             path, new = tree.accept_sampled(logits[0], qs, samp, self.generator, hist)
         if path and path != list(range(1, len(path) + 1)):
-            dst = torch.arange(N + 1, N + 1 + len(path), device=dev)
-            cache.move(torch.tensor(path, device=dev) + N, dst)
+            src, dst = upload([[N + i for i in path], list(range(N + 1, N + 1 + len(path)))], dev)
+            cache.move(src, dst)
         self.N += len(new)  # the root's KV and the accepted nodes'; the bonus token is the next root
         self.cur = new[-1]
         self.history += new

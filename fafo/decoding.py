@@ -17,6 +17,7 @@ that warm-up leaves no trace and every timing repeat of a sample starts from the
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -159,6 +160,9 @@ class Decoder(ABC):
 
     #: attributes holding what the method learns across requests (restored by :meth:`restore`)
     cross_request_state: ClassVar[tuple[str, ...]] = ()
+    #: why some of the method's forwards cannot run as compiled steps ("" when all can); with ``bench.compile``
+    #: the runner then times the method and its vanilla reference both eagerly, and the summary says why
+    eager_forwards: ClassVar[str] = ""
 
     def snapshot(self) -> dict:
         """A copy of the cross-request state (cheap when the method has none)."""
@@ -168,6 +172,14 @@ class Decoder(ABC):
         """Return to a :meth:`snapshot` (which stays reusable)."""
         for name, value in snapshot.items():
             setattr(self, name, copy.deepcopy(value))
+
+    def release(self) -> None:
+        """Forget everything loaded or learnt since construction (draft models, caches, cross-request state):
+        the decoder is as :meth:`__init__` left it. The runner calls it when a run ends, so the next method of a
+        comparison or the next job of a sweep starts on a clean device."""
+        fresh = dataclasses.replace(self)
+        self.__dict__.clear()
+        self.__dict__.update(fresh.__dict__)
 
     def setup(self, engine: Engine) -> None:
         """Called once per run, before any generate (state that persists across samples lives here)."""

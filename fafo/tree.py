@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fafo.engine.attention import AttentionPlan
-from fafo.engine.engine import Engine
+from fafo.engine.engine import Engine, upload
 from fafo.sampling import Sampling
 
 
@@ -150,8 +150,8 @@ def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None
 
     Node i's KV is written to slot ``N + i`` (the caller's cache must have ``N + size`` slots)."""
     size = size or len(tree)
-    tokens, positions, mask = tree.inputs(N, size, engine.device)
-    slots = torch.arange(N, N + size, device=engine.device)
+    tokens, positions, mask = tree.inputs(N, size)  # host values: the engine uploads them in one copy
+    slots = list(range(N, N + size))
     logits = engine.forward(cache, tokens, positions, slots, AttentionPlan(prefix=N, step_mask=mask), logits="all")
     return logits[0, : len(tree)]
 
@@ -159,9 +159,8 @@ def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None
 def commit_path(cache, N: int, path: list[int]) -> None:
     """Move the accepted nodes' KV from slots ``N + node`` to ``N + 1, N + 2, ...`` (no-op when in place)."""
     if path and path != list(range(1, len(path) + 1)):
-        device = cache.keys[0].device
-        src = torch.tensor(path, device=device) + N
-        cache.move(src, torch.arange(N + 1, N + 1 + len(path), device=device))
+        src, dst = upload([[N + i for i in path], list(range(N + 1, N + 1 + len(path)))], cache.keys[0].device)
+        cache.move(src, dst)
 
 
 def greedy_tree_step(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None

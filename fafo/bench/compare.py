@@ -127,7 +127,8 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
             "inside its interval are noise. n = samples[/turns] (failed rows). "
             + " ".join(f"{line}." for line in definitions(summaries.values(), ("tau", "tau_all"))))
     note = cfg.compare.get("note")
-    return " ".join([text, *notes] + ([note] if note else []))
+    eager = [f"{name}: {s['timing_note']}." for name, s in summaries.items() if s.get("timing_note")]
+    return " ".join([text, *notes, *eager] + ([note] if note else []))
 
 
 def categories_markdown(run_dir: Path, summaries: dict[str, dict]) -> str:

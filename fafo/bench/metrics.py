@@ -20,7 +20,9 @@ repeat (they are deterministic) and times are the median over repeats. Then:
 * ``speedup_mean`` / ``speedup_min`` / ``speedup_max``: mean of the per-(sample, turn) headline ratios and the
   headline of each repeat index over all samples (the spread across repeats).
 * Coverage: ``n_samples`` / ``n_turns`` counted over ok rows, ``n_failed`` rows, ``failed`` (the first 20
-  "sample/turn: status"); ``flagged``: (sample, turn)s whose repeats disagree by more than ``max_spread``.
+  "sample/turn: status"); ``flagged``: (sample, turn)s whose repeats disagree by more than ``max_spread``;
+  ``n_compiled`` / ``compiled``: (sample, turn)s with a row that compiled while timed, left out of every speedup
+  (tau keeps them): warm-up should have compiled every shape, so a non-zero count is worth a look.
 * ``exact_match_rate``: share of (sample, turn)s whose tokens equal the reference's; mismatches split into
   ``n_mismatch_tie`` (numerics: the two tokens within the fp32 margin) and ``n_mismatch_divergence``.
 * ``accept_rate`` = accepted / drafted tokens (tokens proposed for verification); ``verify_ms`` = decode time per
@@ -165,11 +167,17 @@ def summarize(rows: list[dict], max_spread: float = 1.5, n_boot: int = 1000, spe
     spread = pd.concat([per["spread"], ref_spread], axis=1).max(axis=1)
     flagged = [f"{sid}/{int(turn)}" for (sid, turn), v in spread.items() if v > max_spread]
     kinds = per["mismatch_kind"].fillna("").astype(str)
+    compiled = _compiled_turns(ok, per)
+    untimed = per.index.isin(compiled)
+    timing = headline(per[~untimed], n_boot) if untimed.any() else None
     out |= {
         "n_samples": int(ok["sample_id"].nunique()),
         "n_turns": len(per),
         "new_tokens": int(per["new_tokens"].sum()),
         **headline(per, n_boot),
+        **{k: v for k, v in (timing or {}).items() if k.startswith("speedup")},
+        "n_compiled": len(compiled),
+        "compiled": [f"{sid}/{int(turn)}" for sid, turn in compiled[:20]],
         "tau_request": _nan_none(((per["new_tokens"] - 1) / per["forwards"].where(per["forwards"] > 0)).mean()),
         "prefill_s": float(per["prefill_s"].sum()),
         "decode_s": float(per["decode_s"].sum()),
@@ -192,10 +200,11 @@ def summarize(rows: list[dict], max_spread: float = 1.5, n_boot: int = 1000, spe
     out |= _forward_totals(ok, per)
     key = f"speedup_{speedup_kind}"
     out["speedup"], out["speedup_ci95"] = out.get(key), out.get(f"{key}_ci95")
-    timed = per.dropna(subset=["ref_total_s", "ref_new_tokens"])
+    timed = per[~untimed].dropna(subset=["ref_total_s", "ref_new_tokens"])
     if not timed.empty:
+        keep = ~pd.MultiIndex.from_frame(ok[["sample_id", "turn"]]).isin(compiled)
         by_repeat = [_value(key, g, per_sample(_per_turn(g)))
-                     for _, g in ok.dropna(subset=["ref_total_s"]).groupby("repeat")]
+                     for _, g in ok[keep].dropna(subset=["ref_total_s"]).groupby("repeat")]
         by_repeat = [v for v in by_repeat if v is not None]
         out |= {"speedup_mean": _nan_none(_row_ratio(timed, speedup_kind).mean()),
                 "speedup_min": min(by_repeat, default=None), "speedup_max": max(by_repeat, default=None),
@@ -204,6 +213,16 @@ def summarize(rows: list[dict], max_spread: float = 1.5, n_boot: int = 1000, spe
     if (cats != "").any():
         out["by_category"] = {c: _category(g) for c, g in per.groupby(cats, sort=True) if c}
     return out
+
+
+def _compiled_turns(ok: pd.DataFrame, per: pd.DataFrame) -> list[tuple]:
+    """(sample, turn)s with a row that compiled a graph while timed (``compiles`` > 0): their times include
+    compilation (or CUDA-graph recording), so every speedup leaves them out; tau keeps them."""
+    if "compiles" not in ok:
+        return []
+    hit = ok[pd.to_numeric(ok["compiles"], errors="coerce").fillna(0) > 0]
+    keys = set(zip(hit["sample_id"], hit["turn"]))
+    return [k for k in per.index if k in keys]
 
 
 def _category(per: pd.DataFrame) -> dict:

@@ -37,7 +37,7 @@ from fafo.bench.setup import (build, check_bench, check_config, check_region_fit
                               resolve_model)
 from fafo.bench.timing import PeakMemory, SyncClock, busy_warning, load_average, machine_state
 from fafo.bench.wandb_log import WandbLogger
-from fafo.engine.compiled import compile_stats
+from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 
@@ -59,6 +59,11 @@ class Runner:
         self.reference = build(self.bench.reference, "bench.reference")
         self.method.check_sampling(self.sampling)
         self.reference.check_sampling(self.sampling)
+        self.timing_note = ""  # fair backends: a method that cannot run compiled races an eager vanilla
+        if self.compile is not None and (self.method.eager_forwards or self.reference.eager_forwards):
+            why = self.method.eager_forwards or self.reference.eager_forwards
+            self.timing_note = f"timed eagerly, method and vanilla alike (bench.compile set): {why}"
+            self.compile = None
         self.cost_curve = CostCurve.load(self.bench.cost_curve) if self.bench.get("cost_curve") else None
         self.task = build(cfg.task, "task")
         self.samples = self.task.samples()[: self.bench.max_samples or None]
@@ -103,7 +108,26 @@ class Runner:
     # ---------------------------------------------------------------- run
     def run(self, engine: Engine | None = None, progress=None, report: bool = True) -> dict:
         """Benchmark every sample; ``engine``: an already loaded one to share (``fafo.bench.compare``),
-        ``progress``: an outer progress bar to advance per sample, ``report``: print the summary."""
+        ``progress``: an outer progress bar to advance per sample, ``report``: print the summary.
+
+        However it ends, the run then :meth:`release`\ s what it holds on the device (the engine's weights
+        excepted), so the next method of a comparison or job of a sweep starts from the same clean state."""
+        try:
+            return self._run(engine, progress, report)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Free the decoders' state, the static cache, the compiled steps and CUDA-graph pools, the float32 copy
+        the mismatch check may have loaded; keep the weights (a comparison shares them)."""
+        for decoder in (self.method, self.reference):
+            decoder.release()
+        if getattr(self, "engine", None) is not None:
+            self.engine.release()
+        self.judge = None
+        reset_compiled_state()
+
+    def _run(self, engine: Engine | None, progress, report: bool) -> dict:
         self.machine = machine_state(self.device)  # before loading, so our own load does not count
         # a shared engine (fafo.bench.compare) means this process itself just ran the previous method: only the
         # first run of a comparison judges whether the machine is busy
@@ -116,7 +140,7 @@ class Runner:
             backend=self.cfg.model.get("attention", "sdpa"), max_len=self.context, name=self.names["model"])
         if self.compile is not None:
             self.engine.enable_compile(self.compile)
-            self.engine.cache(self._run_slots())  # allocated once: every sample reuses the compiled graphs
+        self.engine.cache(self._run_slots())  # allocated once, before timing; compiled graphs are specialised to it
         load_s = time.perf_counter() - t_load
         self.n_params = sum(p.numel() for p in self.engine.model.parameters())  # tied embeddings counted once
         self.env = environment(self.device)
@@ -169,7 +193,8 @@ class Runner:
         if summary.get("ref_sources", {}).get("stored"):
             print(f"warning: {summary['ref_sources']['stored']} rows use a stored reference timing "
                   "(bench.reuse_reference=true), not one taken beside the method", file=sys.stderr, flush=True)
-        summary.update(compile=asdict(self.compile) if self.compile else None, step_attention=self.engine.step_backend,
+        summary.update(compile=asdict(self.compile) if self.compile else None, timing_note=self.timing_note or None,
+                       step_attention=self.engine.step_backend,
                        compile_s=self.warm_compile["compile_s"], compiled_graphs=self.warm_compile["graphs"])
         summary["accept_hist"] = accept_histogram(o["accept_lengths"] for o in records.outputs.values())
         if self.judge.note:
@@ -187,7 +212,8 @@ class Runner:
         ``compile_s``; each row counts the graphs compiled during its own timing in ``compiles``, normally 0).
         Cross-request state (:attr:`~fafo.decoding.Decoder.cross_request_state`) is restored afterwards.
         """
-        rounds = max(self.bench.warmup, 1 if self.compile is not None else 0)
+        # CUDA graphs record on a graph's second call: two rounds, so no shape records inside a timed sample
+        rounds = max(self.bench.warmup, (2 if self.compile.cudagraphs else 1) if self.compile is not None else 0)
         if not rounds or not self.samples:
             return 0.0
         sample = self.samples[0]
@@ -201,6 +227,11 @@ class Runner:
         self.clock.stop()
         for decoder, snapshot in zip((self.method, self.reference), before):
             decoder.restore(snapshot)
+        if cudagraph_skips():  # each skipped graph would run without replay inside every timed sample
+            raise RuntimeError(
+                f"{cudagraph_skips()} compiled decode steps were not recorded as CUDA graphs (a CPU tensor or a "
+                "dynamic shape reached a compiled step; TORCH_LOGS=perf_hints names it): timings would be of "
+                "replay-free steps. Fix the decoder, or run with bench.compile_mode=default")
         return self.clock.total_s
 
     def _expected_keys(self) -> set[tuple[str, int, int]]:
@@ -397,9 +428,9 @@ def print_summary(summary: dict, random_model: bool) -> None:
             "new_tokens", "tau", "tau_ci95", "tau_with_prefill", "tau_all", "accept_rate", "draft_model_forwards",
             "tokens_per_forward", "break_even_tau", "tokens_per_s", "verify_ms", "speedup_kind", "speedup",
             "speedup_ci95", "speedup_e2e", "speedup_e2e_ci95", "speedup_decode", "speedup_decode_ci95",
-            "speedup_specbench", "speedup_min", "speedup_max", "n_flagged", "peak_mem_mb", "ref_peak_mem_mb",
-            "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence", "device_name",
-            "threads", "load_start", "warmup_s", "compile_s", "run_dir"]
+            "speedup_specbench", "speedup_min", "speedup_max", "n_flagged", "n_compiled", "peak_mem_mb",
+            "ref_peak_mem_mb", "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence",
+            "device_name", "threads", "load_start", "warmup_s", "compile_s", "timing_note", "run_dir"]
     width = max(map(len, keys))
     lines = ["", "== fafo-bench summary =="]
     for k in keys:
@@ -410,6 +441,8 @@ def print_summary(summary: dict, random_model: bool) -> None:
             v = format_params(v)
         if k.endswith("_ci95"):
             v = f"[{v[0]:.3f}, {v[1]:.3f}] (95 %, bootstrap over samples)"
+        if k == "n_compiled" and v:
+            v = f"{v} (compiled while timed, left out of the speedups: {', '.join(summary.get('compiled', [])[:5])})"
         if k == "n_flagged" and v:
             v = f"{v} (repeats disagree by > bench.max_spread: {', '.join(summary.get('flagged', [])[:5])})"
         lines.append(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")

@@ -44,11 +44,15 @@ class SyncClock:
 
 
 class PeakMemory:
-    """Peak memory of one generation in MB.
+    """Peak memory of one generation in MB: the bytes of every tensor the process holds at the generation's peak
+    (weights, the static cache, the decoder's state and drafts; on CUDA also the transient activations and the
+    CUDA-graph pools). The runner releases each method's state when its run ends
+    (:meth:`fafo.bench.runner.Runner.release`), so nothing of an earlier method is counted.
 
-    CUDA: ``reset_peak_memory_stats`` before, ``max_memory_allocated`` after. CPU (no allocator statistics): the
-    bytes of the engine's tensors the method used, i.e. weights + the static cache + the extra buffers the method
-    reports in ``Generation.extras["buffer_bytes"]``.
+    CUDA: ``max_memory_allocated`` since ``reset`` (which starts at what is allocated then) plus the free part of
+    the CUDA-graph private pools: a replay allocates nothing, so its intermediates, recorded in warm-up, would
+    otherwise be missed. CPU (no allocator statistics): weights + the static cache + the buffers the method
+    reports in ``Generation.extras["buffer_bytes"]``; transient activations are not seen there.
     """
 
     def __init__(self, device: torch.device):
@@ -60,9 +64,18 @@ class PeakMemory:
 
     def peak_mb(self, engine, extras: dict) -> float:
         if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 2**20
+            return (torch.cuda.max_memory_allocated(self.device) + graph_pool_free_bytes(self.device)) / 2**20
         cache = engine._cache.nbytes if engine._cache is not None else 0
         return (engine.weights_nbytes + cache + int(extras.get("buffer_bytes", 0))) / 2**20
+
+
+def graph_pool_free_bytes(device: torch.device, snapshot: list[dict] | None = None) -> int:
+    """Bytes reserved by CUDA-graph private pools and not allocated now (the intermediates every replay reuses).
+    Segments of the default pool have pool id (0, 0)."""
+    segments = torch.cuda.memory_snapshot() if snapshot is None else snapshot
+    return sum(seg["total_size"] - seg["allocated_size"] for seg in segments
+               if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0)
+               and seg.get("device", device.index or 0) == (device.index or 0))
 
 
 def load_average() -> float | None:

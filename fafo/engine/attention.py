@@ -172,7 +172,10 @@ def sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sca
     if plan.prefix_lens is not None:  # per-query prefix lengths: no decoder's hot path, the exact maths
         return dense_attention(q, k_cache, v_cache, k_step, v_step, plan, scale)
     prefix = plan.prefix if plan.prefix_live is None else plan.prefix_live.shape[0]
-    if plan.step_in_cache and Q == 1 and plan.region_from is None and plan.prefix_length is None:
+    if plan.step_in_cache and Q == 1 and plan.region_from is None:
+        if plan.prefix_length is not None:  # compiled over the static capacity: the length counts the token too
+            return attention_lse(q, k_cache[:, :, :prefix], v_cache[:, :, :prefix], scale,
+                                 plan.prefix_length)[0].to(q.dtype)
         n = prefix + 1  # the valid prefix and the token itself, contiguous in the cache
         return attention_lse(q, k_cache[:, :, :n], v_cache[:, :, :n], scale)[0].to(q.dtype)
     split = Q if plan.region_from is None else plan.region_from
@@ -242,12 +245,16 @@ def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionP
     _, create_block_mask, _ = _flex()
     compiled = q.device.type == "cuda"
     Q, dev = q.shape[2], q.device
+    if plan.step_in_cache and Q == 1 and plan.region_from is None and plan.prefix > 0:
+        # vanilla's step: its own KV is in the cache, so one kernel call reads the prefix and the token
+        n = plan.prefix if plan.prefix_length is not None else plan.prefix + 1
+        return _flex_call(q, k_cache[:, :, :n], v_cache[:, :, :n], plan.prefix_block_mask, scale,
+                          compiled)[0].to(q.dtype)
     bm_step = plan.step_block_mask
-    if bm_step is None:
-        step_mask = plan.step_mask
-        if step_mask is None:
-            step_mask = torch.ones(Q, Q, dtype=torch.bool, device=dev).tril()
-        bm_step = plan.step_block_mask = create_block_mask(generate_step_mask(step_mask), None, None, Q, Q,
+    if bm_step is None and plan.step_mask is None:
+        bm_step = plan.step_block_mask = causal_block_mask(Q, dev)
+    elif bm_step is None:
+        bm_step = plan.step_block_mask = create_block_mask(generate_step_mask(plan.step_mask), None, None, Q, Q,
                                                            device=dev)
     o2, l2 = _flex_call(q, k_step, v_step, bm_step, scale, compiled)
     if plan.prefix == 0:
@@ -272,6 +279,35 @@ def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionP
         parts.append(_flex_call(q[:, :, split:], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv], bm, scale, compiled))
     o1, l1 = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
     return _merge(o1, l1, o2, l2).to(q.dtype)
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+_causal_masks: dict[tuple, object] = {}
+
+
+def causal_block_mask(n: int, device, block: int = 128):
+    """The causal BlockMask of ``n`` queries over ``n`` keys, built from its block structure (blocks below the
+    diagonal full, diagonal blocks partial): no dense ``[n, n]`` mask is ever evaluated, so a 128k-token prefill
+    needs kilobytes for it, not 16 GiB. Cached per length and device (prefill lengths repeat across turns)."""
+    key = (n, str(device), block)
+    if key not in _causal_masks:
+        from torch.nn.attention.flex_attention import BlockMask
+
+        nb = -(-n // block)
+        rows = torch.arange(nb, device=device)
+        cols = torch.arange(nb, device=device)
+        partial_idx = rows[:, None].expand(nb, nb).contiguous()  # row i: block i first (the rest unused)
+        full_idx = cols[None, :].expand(nb, nb).contiguous()  # row i: blocks 0..i-1 (the first i entries)
+        as_int = dict(dtype=torch.int32)
+        _causal_masks.clear()  # one length at a time: a new prompt length replaces the last one
+        _causal_masks[key] = BlockMask.from_kv_blocks(
+            torch.ones(1, 1, nb, device=device, **as_int), partial_idx[None, None].to(**as_int),
+            rows[None, None].to(**as_int), full_idx[None, None].to(**as_int),
+            BLOCK_SIZE=block, mask_mod=_causal, seq_lengths=(n, n))
+    return _causal_masks[key]
 
 
 def generate_length_mask(length: torch.Tensor):

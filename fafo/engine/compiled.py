@@ -102,7 +102,8 @@ class CompiledStep:
         # past the limit dynamo would silently run eager and the timings would lie: fail loudly instead
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-        self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False)
+        self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False,
+                                fullgraph=True)  # a graph break would run part of a step eagerly: an error
         # live lengths as dynamic sizes (sdpa, no CUDA graphs: those would record one graph per length)
         self.live_lengths = self.attention == "sdpa" and not options.cudagraphs
         if self.live_lengths:  # the prefix and the region may be equal: two symbols, not one (no duck sizing)
@@ -134,7 +135,8 @@ class CompiledStep:
         if self.live_lengths and 2 <= plan.prefix <= capacity - 2 and region_ok:
             return self._live_plan(cache, plan, n_queries, slots)
         split = n_queries if plan.region_from is None else plan.region_from
-        prefix = self._length("prefix", capacity, dev).set(plan.prefix)
+        # a step whose one token's KV is already in the cache reads it there: the live length counts it
+        prefix = self._length("prefix", capacity, dev).set(plan.prefix + int(plan.step_in_cache))
         changes = dict(prefix=capacity, prefix_length=prefix.length)
         if plan.region_from is not None:
             if not plan.region_capacity:
@@ -156,7 +158,8 @@ class CompiledStep:
         capacity = cache.max_len
         tokens = torch.empty(1, n_queries)
         changes = dict(prefix=capacity, prefix_live=self._live_tensor("prefix", plan.prefix, capacity, cache),
-                       step_in_cache=bool(slots is not None and appends_one_token(tokens, slots, plan)))
+                       step_in_cache=plan.step_in_cache or bool(slots is not None
+                                                                and appends_one_token(tokens, slots, plan)))
         if plan.region_from is not None:
             if not plan.region_capacity:
                 raise ValueError("a region plan needs region_capacity (a static bound) when steps are compiled")
@@ -201,6 +204,30 @@ class CompiledStep:
 
 def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
+
+
+def reset_compiled_state() -> None:
+    """Forget every compiled graph of this process (dynamo's caches and guards, CUDA-graph trees and their memory
+    pools, the compiled FlexAttention) and return freed memory to the device. Between the methods of a comparison
+    and the jobs of a sweep: graphs pin the static caches they were compiled against, and their count would
+    otherwise approach the recompile limit method after method."""
+    import gc
+
+    from fafo.engine import attention
+
+    torch._dynamo.reset()
+    attention._compiled_flex = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def cudagraph_skips() -> int:
+    """Compiled steps that inductor refused to record as CUDA graphs so far (each then runs without replay)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 def compile_stats() -> dict:

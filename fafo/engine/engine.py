@@ -5,7 +5,7 @@ A fair race needs identical kernels, so vanilla and every method run on this obj
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -15,7 +15,7 @@ from fafo.engine.compiled import CompiledStep, CompileOptions
 from fafo.engine.context import context_limit
 from fafo.engine.ledger import ForwardLedger
 from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
-from fafo.engine.model import Transformer
+from fafo.engine.model import Transformer, plan_is_plain_causal
 from fafo.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -104,6 +104,11 @@ class Engine:
         self.static_shapes = True
         self._cache = None  # reallocated (with static addresses for CUDA graphs) at the next request
 
+    def release(self) -> None:
+        """Drop the static cache and the compiled steps (the weights stay): with
+        :func:`~fafo.engine.compiled.reset_compiled_state` the device holds only the weights afterwards."""
+        self._cache, self.compiled, self.static_shapes = None, None, False
+
     def new_cache(self, max_len: int) -> KVCache:
         """A cache of its own for a decoder (e.g. a retrieval cache); CUDA graphs may keep its address."""
         cache = self.model.new_cache(max_len)
@@ -123,7 +128,17 @@ class Engine:
         return self._cache
 
     def tensor(self, values, dtype=torch.long) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=dtype, device=self.device)
+        """Python values (or a tensor on another device) as one tensor on the device (a non-blocking copy)."""
+        if isinstance(values, torch.Tensor) and values.device == self.device:
+            return values.to(dtype)
+        return self.upload(values, dtype=dtype)[0]
+
+    def upload(self, *values, dtype=torch.long) -> list:
+        """:func:`upload` on this engine's device, counted in :attr:`ForwardLedger.uploads` (a decode step's
+        host-to-device copies)."""
+        out = upload(values, self.device, dtype)
+        self.ledger.uploads += out is not values
+        return out
 
     @torch.inference_mode()
     def forward(self, cache: KVCache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None,
@@ -136,11 +151,14 @@ class Engine:
         called; prefill, layer-skipping forwards and ``eager=True`` ones (e.g. a chunked prefill, whose lengths
         vary) run eagerly.
         """
-        tokens = self.tensor(tokens)
+        if appends_one_token_host(tokens, slots, plan):  # decided on host values: no device read
+            plan = replace(plan, step_in_cache=True)
+        mask = plan.step_mask if plan.step_mask is not None and plan.step_mask.device != self.device else None
+        tokens, positions, slots, mask = self.upload(tokens, positions, slots, mask)
+        if mask is not None:  # a tree's mask built on the host travels in the same copy
+            plan = replace(plan, step_mask=mask)
         if tokens.dim() == 1:
             tokens = tokens[None]
-        slots = None if slots is None else self.tensor(slots)
-        positions = self.tensor(positions)
         self.ledger.record(kind, tokens.shape[-1])
         if self.compiled is not None and plan.prefix > 0 and skip is None and not eager:
             return self.compiled(tokens, positions, cache, slots, plan, logits)
@@ -150,6 +168,50 @@ class Engine:
         """Write the prompt's KV to slots ``[0, T)`` at positions ``[0, T)``; returns its logits rows."""
         idx = torch.arange(len(prompt_ids), device=self.device)
         return self.forward(cache, prompt_ids, idx, idx, causal_plan(0), logits, kind="prefill")
+
+
+def upload(values, device: torch.device, dtype=torch.long):
+    """Every host value of ``values`` (ints, lists, CPU tensors; ``None`` and device tensors pass through) on
+    ``device`` in ONE copy: packed into one ``dtype`` host tensor (pinned on CUDA), copied without blocking, split
+    into views (bool tensors, e.g. a tree's mask, come back as bool). Returns a new list, or ``values`` itself
+    when nothing had to move."""
+    device = torch.device(device)
+    host = [i for i, v in enumerate(values)
+            if v is not None and not (isinstance(v, torch.Tensor) and v.device == device)]
+    if not host:
+        return values
+    parts = [torch.as_tensor(values[i]) for i in host]
+    if any(p.is_floating_point() for p in parts):
+        raise TypeError("upload packs integer and bool values only")
+    sizes = [-(-p.numel() // ALIGN) * ALIGN for p in parts]  # each view starts aligned (compiled kernels)
+    flat = torch.zeros(sum(sizes), dtype=dtype)
+    for p, start in zip(parts, _starts(sizes)):
+        flat[start: start + p.numel()] = p.reshape(-1)
+    flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat.to(device)
+    out = list(values)
+    for i, p, start in zip(host, parts, _starts(sizes)):
+        view = flat[start: start + p.numel()].view(p.shape)
+        out[i] = view.bool() if p.dtype == torch.bool else view
+    return out
+
+
+ALIGN = 8  # elements: 64 bytes for int64, the alignment inductor's kernels assume of their inputs
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    return [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+def appends_one_token_host(tokens, slots, plan: AttentionPlan) -> bool:
+    """Vanilla's decode step, seen on the host values the decoder passed (no device read): one token whose KV
+    goes to the slot right after the prefix of a plain causal plan. Its attention is then one kernel call over
+    the cache (``AttentionPlan.step_in_cache``), on every device."""
+    if isinstance(slots, torch.Tensor) or isinstance(tokens, torch.Tensor) or slots is None:
+        return False
+    slots = [slots] if isinstance(slots, int) else slots
+    n = 1 if isinstance(tokens, int) else len(tokens[0]) if tokens and isinstance(tokens[0], (list, tuple)) \
+        else len(tokens)
+    return (n == 1 and len(slots) == 1 and int(slots[0]) == plan.prefix and plan_is_plain_causal(plan))
 
 
 def eos_token_ids(ckpt, config, tokenizer) -> tuple[int, ...]:

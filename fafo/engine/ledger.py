@@ -45,6 +45,7 @@ class ForwardLedger:
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     tokens: int = 0
+    uploads: int = 0  # host-to-device conversions of step inputs (Engine.upload): at most one per forward
 
     def record(self, kind: str, n_tokens: int) -> None:
         if kind not in self.counts:

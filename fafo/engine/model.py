@@ -219,10 +219,15 @@ class Transformer(nn.Module):
         return self.lm_head(self.model.norm(x))
 
 
+def plan_is_plain_causal(plan: AttentionPlan) -> bool:
+    """A decode step over the whole prefix, causal within the step (no tree, region or per-query lengths)."""
+    return (plan.prefix > 0 and plan.step_mask is None and plan.prefix_lens is None and plan.region_from is None
+            and plan.prefix_length is None and not plan.step_in_cache)
+
+
 def appends_one_token(tokens: torch.Tensor, slots: torch.Tensor | None, plan: AttentionPlan) -> bool:
     """A single causal token whose KV goes to the slot right after the prefix (checked without a device sync:
-    only for slots on the CPU; compiled steps, whose prefix is a static capacity, never qualify)."""
+    only for slots on the CPU; the engine decides it on the host values before the upload,
+    :func:`fafo.engine.engine.appends_one_token_host`)."""
     return (tokens.shape[1] == 1 and slots is not None and slots.numel() == 1 and slots.device.type == "cpu"
-            and plan.prefix > 0 and plan.step_mask is None and plan.prefix_lens is None
-            and plan.region_from is None and plan.prefix_length is None and not plan.step_in_cache
-            and int(slots[0]) == plan.prefix)
+            and plan_is_plain_causal(plan) and int(slots[0]) == plan.prefix)

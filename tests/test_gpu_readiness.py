@@ -1,0 +1,250 @@
+"""What a first GPU run depends on, checked on the CPU: the single fused vanilla step on every attention path,
+host-to-device copies per decode step, isolation between the methods of one process, warm-up that leaves no
+compilation in timed rows, and the main comparison compiled and in bfloat16."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import baselines.swift
+import fafo.engine.attention as attention
+import fafo.engine.engine as engine_module
+import fafo.tree
+from baselines.longspec import LongSpecDecoder
+from baselines.prompt_lookup import PromptLookupDecoder
+from baselines.quantspec import QuantSpecDecoder
+from baselines.sam_decoding import SAMDecoder
+from baselines.suffix_decoding import SuffixDecoder
+from baselines.token_recycling import TokenRecyclingDecoder
+from baselines.vanilla import VanillaDecoder
+from fafo.bench.metrics import summarize
+from fafo.bench.runner import Runner
+from fafo.engine.compiled import CompiledStep, CompileOptions, reset_compiled_state
+from fafo.engine.cache import KVCache
+from fafo.engine.engine import Engine
+from tests.lossless import PROMPTS
+from tests.test_compiled import METHODS as COMPILED_METHODS
+from tests.test_longspec import RANDOM
+from tests.test_runner import make_cfg, read_rows, run_cli
+
+METHODS = {**COMPILED_METHODS, "quantspec": QuantSpecDecoder, "longspec": lambda: LongSpecDecoder(draft=RANDOM),
+           "prompt_lookup": PromptLookupDecoder, "token_recycling": TokenRecyclingDecoder,
+           "suffix_decoding": SuffixDecoder, "sam_decoding": lambda: SAMDecoder(n_predicts=8)}
+
+# Host-to-device copies per decode step, at most (README "Host-device traffic"): one packed upload per forward of
+# the target (tokens, positions, slots and a tree's mask together), plus what a method moves besides.
+# FAFO uploads once per generation: its steps are built on the device.
+COPIES_PER_STEP = {"vanilla": 1, "fafo-stream": 0, "fafo-quest": 0, "fafo-snapkv": 0, "fafo-2forward": 0,
+                   "lookahead": 1, "triforce": 5, "triforce-draft": 20, "swift": 3, "quantspec": 7, "longspec": 7,
+                   "prompt_lookup": 1, "token_recycling": 2, "suffix_decoding": 1, "sam_decoding": 1}
+
+
+class FactoryCopies(TorchFunctionMode):
+    """Counts tensors built from Python data straight on a device (``torch.tensor(..., device=...)``): on CUDA
+    each is a blocking copy from pageable memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in ("tensor", "as_tensor") and kwargs.get("device") is not None \
+                and args and not isinstance(args[0], torch.Tensor):
+            self.n += 1
+        return func(*args, **kwargs)
+
+
+def test_every_method_is_listed():
+    assert set(COPIES_PER_STEP) == set(METHODS)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_host_to_device_copies_per_step(name, engine, monkeypatch):
+    eng = engine("llama_gqa")
+    uploads = []
+    real = engine_module.upload
+
+    def counted(values, device, dtype=torch.long):
+        out = real(values, device, dtype)
+        uploads.append(out is not values)
+        return out
+
+    for module in (engine_module, fafo.tree, baselines.swift):
+        monkeypatch.setattr(module, "upload", counted)
+    method = METHODS[name]()
+    method.setup(eng)
+    ids = eng.tokenizer(PROMPTS[0] * 2).input_ids
+    with FactoryCopies() as factory:
+        gen = method.generate(eng, ids, 40)
+    steps = len(gen.accept_lengths)
+    copies = sum(uploads) + factory.n
+    assert gen.tokens == VanillaDecoder().generate(eng, ids, 40).tokens
+    assert copies <= COPIES_PER_STEP[name] * steps + 1, f"{copies} copies in {steps} steps (+1 for the prompt)"
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_vanilla_eager_step_is_one_attention_call(backend, engine, monkeypatch):
+    """No split into prefix and step parts, no log-sum-exp merge: the token's KV is read from the cache."""
+    eng = engine("qwen2_gqa", backend)
+    merges = []
+    real = attention.merge
+    monkeypatch.setattr(attention, "merge", lambda *a: merges.append(1) or real(*a))
+    monkeypatch.setattr(attention, "_merge", lambda *a: merges.append(1) or real(*a))
+    ids = eng.tokenizer(PROMPTS[1]).input_ids
+    tokens = VanillaDecoder().generate(eng, ids, 12).tokens
+    assert merges == []
+    assert tokens == VanillaDecoder().generate(engine("qwen2_gqa", "dense"), ids, 12).tokens
+
+
+@pytest.mark.parametrize("attention_kind", ["flex", "sdpa"])
+def test_vanilla_compiled_step_reads_its_token_from_the_cache(attention_kind, checkpoint, engine, monkeypatch):
+    """Compiled over the static capacity (CUDA's path: CUDA graphs or FlexAttention), vanilla's step has the
+    one-call plan too: the live length counts the token whose KV was just written."""
+    reset_compiled_state()
+    eng = Engine.from_pretrained(str(checkpoint("llama_mha")))
+    eng.enable_compile(CompileOptions(backend="aot_eager", attention=attention_kind))
+    eng.compiled.live_lengths = False  # the static-capacity path CUDA graphs take (sdpa on CPU is dynamic)
+    eng.cache(256)
+    plans = []
+    real = CompiledStep.static_plan
+
+    def spy(self, cache, plan, n_queries, slots=None):
+        out = real(self, cache, plan, n_queries, slots)
+        plans.append((plan.prefix, out))
+        return out
+
+    monkeypatch.setattr(CompiledStep, "static_plan", spy)
+    ids = eng.tokenizer(PROMPTS[0]).input_ids
+    assert VanillaDecoder().generate(eng, ids, 10).tokens == VanillaDecoder().generate(
+        engine("llama_mha"), ids, 10).tokens
+    assert plans and all(p.step_in_cache for _, p in plans)
+    prefix, last = plans[-1]
+    assert int(last.prefix_length[0]) == prefix + 1 and last.prefix == 256
+    reset_compiled_state()
+
+
+def test_upload_is_one_packed_copy_with_aligned_views():
+    mask = torch.eye(3, dtype=torch.bool)
+    tokens, positions, none, got = engine_module.upload([[5, 6, 7], range(10, 13), None, mask], "cpu")
+    assert tokens.tolist() == [5, 6, 7] and positions.tolist() == [10, 11, 12] and none is None
+    assert got.dtype == torch.bool and torch.equal(got, mask)
+    assert positions.data_ptr() - tokens.data_ptr() == 8 * engine_module.ALIGN  # one buffer, aligned views
+    with pytest.raises(TypeError, match="integer and bool"):
+        engine_module.upload([torch.ones(2)], "meta")
+
+
+def test_release_leaves_only_the_weights(tmp_path):
+    runner = Runner(make_cfg(tmp_path, "model=tiny_llama", "method=triforce_nodraft", "method.budget=16",
+                             "bench.max_samples=1", "bench.max_new_tokens=8", "bench.warmup=0"), tmp_path / "run")
+    runner.run(report=False)
+    assert runner.engine._cache is None and runner.engine.compiled is None and runner.judge is None
+    init = {f.name: getattr(runner.method, f.name) for f in dataclasses.fields(runner.method) if f.init}
+    assert vars(runner.method).keys() == vars(type(runner.method)(**init)).keys()
+    held = [k for k, v in vars(runner.method).items() if isinstance(v, (torch.Tensor, Engine, KVCache))]
+    assert held == []
+
+
+def test_compiled_rows_are_left_out_of_speedups():
+    def row(sample, total, compiles):
+        return {"sample_id": sample, "turn": 0, "repeat": 0, "status": "ok", "new_tokens": 11, "forwards": 10,
+                "target_forwards": 11, "total_s": total, "decode_s": total, "prefill_s": 0.0, "ref_total_s": 1.0,
+                "ref_decode_s": 1.0, "ref_new_tokens": 11, "ref_source": "interleaved", "peak_mem_mb": 1.0,
+                "compiles": compiles}
+
+    clean = summarize([row("a", 0.5, 0), row("b", 0.5, 0)], n_boot=0)
+    hit = summarize([row("a", 0.5, 0), row("b", 50.0, 3)], n_boot=0)
+    assert clean["n_compiled"] == 0 and hit["n_compiled"] == 1 and hit["compiled"] == ["b/0"]
+    assert hit["speedup"] == pytest.approx(clean["speedup"]) == pytest.approx(2.0)
+    assert hit["tau"] == clean["tau"]  # counts keep every row
+
+
+def test_cuda_graph_skip_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setattr("fafo.bench.runner.cudagraph_skips", lambda: 2)
+    cfg = make_cfg(tmp_path, "model=tiny_llama", "bench.max_samples=1", "bench.max_new_tokens=4",
+                   "bench.compile=true", "bench.compile_backend=aot_eager")
+    with pytest.raises(RuntimeError, match="not recorded as CUDA graphs"):
+        Runner(cfg, tmp_path / "run").run(report=False)
+
+
+def _demo(tmp_path, *overrides) -> dict[str, dict]:
+    out = tmp_path / "out"
+    proc = run_cli("experiment=demo", "model=tiny_llama", "bench.max_new_tokens=16", "bench.progress=false",
+                   "task.ids=[chat-01,code-01]", f"bench.output_dir={out}", *overrides, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recompile" not in proc.stderr.lower()
+    runs = {p.parent.name: p for p in out.rglob("summary.json")}
+    assert len(runs) == 13, sorted(runs)
+    return {name: {"summary": json.loads(p.read_text()), "rows": read_rows(p.parent)} for name, p in runs.items()}
+
+
+@pytest.mark.slow
+def test_main_comparison_compiled_is_token_identical_without_compiling_while_timed(tmp_path):
+    """The main job with compiled steps (the CUDA path's graphs: FlexAttention, static shapes), every method in
+    one process: each starts on a reset compiler, none hits the recompile limit, none compiles in a timed row."""
+    runs = _demo(tmp_path, "bench.compile=true", "bench.compile_backend=aot_eager", "bench.compile_attention=flex")
+    for name, run in runs.items():
+        assert run["summary"]["n_failed"] == 0, (name, run["summary"]["failed"])
+        assert run["summary"]["exact_match_rate"] == 1.0, name
+        assert run["summary"]["n_compiled"] == 0, (name, [r["compiles"] for r in run["rows"]])
+        assert run["summary"]["compiled_graphs"] >= 1, name
+
+
+@pytest.mark.slow
+def test_main_comparison_in_bfloat16_is_exact_or_ties(tmp_path):
+    """Half precision: a method may pick another token where two logits tie within rounding; every mismatch is
+    classified by the float32 check, and none is a divergence."""
+    runs = _demo(tmp_path, "bench.dtype=bfloat16")
+    for name, run in runs.items():
+        s = run["summary"]
+        assert s["n_failed"] == 0, (name, s["failed"])
+        assert s["n_mismatch_divergence"] == 0, (name, [r["mismatch_kind"] for r in run["rows"]])
+        exact = [r for r in run["rows"] if r["exact_match"] == "True"]
+        assert len(exact) + s["n_mismatch_tie"] == s["n_turns"], name
+
+
+def test_peak_memory_of_vanilla_is_the_same_after_another_method(tmp_path):
+    """Isolation: vanilla's peak after a method with a larger cache equals its peak run alone."""
+    common = ["model=tiny_llama", "bench.max_new_tokens=8", "task.ids=[chat-01]", "bench.progress=false"]
+    after = run_cli(*common, "compare.methods=[lookahead,vanilla]", "+compare.overrides.lookahead=['method.window=60']",
+                    f"bench.output_dir={tmp_path / 'a'}",
+                    cwd=tmp_path)
+    alone = run_cli(*common, "method=vanilla", f"bench.output_dir={tmp_path / 'b'}", cwd=tmp_path)
+    assert after.returncode == 0 and alone.returncode == 0, after.stderr[-3000:] + alone.stderr[-3000:]
+    rows = {p.parent.name: read_rows(p.parent) for p in tmp_path.rglob("samples.csv")}
+    van = next(rows[k] for k in rows if k == "vanilla")[0]
+    solo = next(r for k, v in rows.items() if k not in ("vanilla", "lookahead") for r in v)
+    assert float(van["peak_mem_mb"]) == float(solo["peak_mem_mb"]) == float(van["ref_peak_mem_mb"])
+    assert float(rows["lookahead"][0]["peak_mem_mb"]) > float(van["peak_mem_mb"])
+
+
+@pytest.mark.parametrize("n", [1, 127, 128, 300])
+def test_causal_block_mask_needs_no_dense_mask(n, monkeypatch):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    want = create_block_mask(lambda b, h, q, k: q >= k, None, None, n, n, device="cpu").to_dense()
+    monkeypatch.setattr("torch.nn.attention.flex_attention.create_block_mask", None)  # never evaluated densely
+    attention._causal_masks.clear()
+    assert torch.equal(attention.causal_block_mask(n, "cpu").to_dense(), want)
+
+
+def test_eager_flex_prefill_builds_no_dense_mask(engine, monkeypatch):
+    """Prefill and vanilla steps on ``model.attention=flex``: no block mask is evaluated from a mask function."""
+    eng = engine("llama_gqa", "flex")
+    ids = eng.tokenizer(PROMPTS[2]).input_ids
+    want = VanillaDecoder().generate(engine("llama_gqa"), ids, 6).tokens
+    aux, _, flex = attention._flex()
+    monkeypatch.setattr(attention, "_flex", lambda: (aux, None, flex))
+    attention._causal_masks.clear()
+    assert VanillaDecoder().generate(eng, ids, 6).tokens == want
+
+
+def test_method_that_cannot_compile_races_an_eager_vanilla(tmp_path):
+    cfg = make_cfg(tmp_path, "model=tiny_llama", "method=swift", "bench.max_samples=1", "bench.max_new_tokens=6",
+                   "bench.compile=true", "bench.compile_backend=aot_eager")
+    summary = Runner(cfg, tmp_path / "run").run(report=False)
+    assert summary["compile"] is None and "layer-skipped drafts" in summary["timing_note"]
+    assert summary["compiled_graphs"] == 0
