@@ -192,7 +192,7 @@ def test_dynamic_automaton_on_a_real_repetitive_text(engine):
     ids = eng.tokenizer(twelve_days()).input_ids
     prompt, out = ids[:20], ids[20:]
     accepts, _ = replay(SAMDecoder(), eng, prompt, out, None)
-    assert (len(out) - 1) / len(accepts) > 4  # the superseded back-off rule stayed near 1 on such text
+    assert (len(out) - 1) / len(accepts) > 4  # verses repeat with variation: long continuations accepted
     replay(SAMDecoder(n_predicts=60), eng, prompt, out, None, max_predicts=60)
 
 
@@ -243,7 +243,7 @@ def test_automaton_cursor_equals_brute_force_on_random_texts():
 
 
 # ------------------------------------------------------------------ lossless, exact, refused
-def _carol_corpus(eng, tmp_path) -> str:
+def _answers_corpus(eng, tmp_path) -> str:
     ids = []
     for text in PROMPTS:
         p = eng.tokenizer(text).input_ids
@@ -257,7 +257,7 @@ def _carol_corpus(eng, tmp_path) -> str:
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2_gqa_rep"])
 def test_corpus_trees_are_token_identical_to_vanilla(engine, tmp_path, name, monkeypatch):
     eng = engine(name)
-    method = SAMDecoder(n_predicts=60, len_bias=0, corpus_path=_carol_corpus(eng, tmp_path), add_vocabulary=True)
+    method = SAMDecoder(n_predicts=60, len_bias=0, corpus_path=_answers_corpus(eng, tmp_path), add_vocabulary=True)
     method.setup(eng)
     taus = assert_lossless(method, eng)
     assert max(taus) > 2  # the corpus holds these continuations
@@ -321,3 +321,28 @@ def test_published_preset_with_a_built_corpus_through_the_cli(tmp_path):
     config = next((tmp_path / "runs").rglob("config.yaml")).read_text()
     for line in ("n_predicts: 60", "len_bias: 0", "alpha: 4.0", "topk: 8", "add_vocabulary: true"):
         assert line in config, line
+    # the same corpus from the run's recorded answers (no generation): the task's prompts + the recorded tokens
+    again = tmp_path / "again.jsonl"
+    outputs = next((tmp_path / "runs").rglob("outputs.jsonl"))
+    build = _run("scripts/build_sam_corpus.py", "task.ids=[chat-01,code-01,struct-01]", "--answers", str(outputs),
+                 "--out", str(again))
+    assert build.returncode == 0, build.stderr
+    assert [json.loads(line)["ids"] for line in again.read_text().splitlines()] == [r["ids"] for r in records[:2]]
+
+
+def test_corpus_builder_reads_the_official_prompt_response_records(tmp_path):
+    """The official ``sam_dialogues`` records: prompt + response tokenised together, special tokens included."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from build_sam_corpus import main
+
+    answers = tmp_path / "dialogues.jsonl"
+    answers.write_text(json.dumps({"prompt": "USER: hi\nASSISTANT:", "response": " hello there"}) + "\n")
+    assert main(["--answers", str(answers), "--out", str(tmp_path / "c.jsonl")]) == 0
+    record = json.loads((tmp_path / "c.jsonl").read_text())
+    from fafo.bench.setup import resolve_model
+    from tests.test_runner import make_cfg
+
+    tok = resolve_model(make_cfg(tmp_path).model).tokenizer
+    assert record["ids"] == tok("USER: hi\nASSISTANT: hello there").input_ids
+    assert record["tokenizer"] == tokenizer_fingerprint(tok)
+    assert main(["--answers", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "d.jsonl")]) == 2
