@@ -19,9 +19,10 @@ from baselines.sam_decoding import SAMDecoder, tokenizer_fingerprint
 from baselines.suffix_automaton import DynamicAutomaton
 from baselines.vanilla import VanillaDecoder
 from fafo.errors import ConfigError
+from fafo.sampling import Sampling
 from fafo.sampling_check import compare, run_many
 from tests.lossless import PROMPTS, assert_lossless
-from tests.test_sampling import K, SAMPLES, SAMPLING, _passes, law  # noqa: F401 (law: a fixture)
+from tests.test_sampling import BIASED, K, SAMPLES, SAMPLING, _passes, law  # noqa: F401 (law: a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 GIFTS = ["a partridge in a pear tree", "two turtle doves", "three French hens", "four calling birds",
@@ -265,7 +266,7 @@ def test_corpus_trees_are_token_identical_to_vanilla(engine, tmp_path, name, mon
     assert_lossless(method, eng, max_new=24, prompts=PROMPTS[:2])
 
 
-def test_corpus_trees_are_exact_in_distribution(law, tmp_path):
+def _sampled(law, tmp_path):
     eng, ids, joint = law("rep2")
     path = tmp_path / "corpus.jsonl"
     path.write_text(json.dumps({"ids": ids + VanillaDecoder().generate(eng, ids, 40).tokens}) + "\n")
@@ -273,7 +274,18 @@ def test_corpus_trees_are_exact_in_distribution(law, tmp_path):
     method.setup(eng)
     seqs, tau = run_many(method, eng, ids, SAMPLING, K, SAMPLES)
     assert tau > 1.1
-    assert _passes(compare(seqs, joint, K))
+    return _passes(compare(seqs, joint, K))
+
+
+def test_corpus_trees_are_exact_in_distribution(law, tmp_path):
+    assert _sampled(law, tmp_path)
+
+
+@pytest.mark.slow
+def test_corpus_trees_with_a_biased_verifier_fail(law, tmp_path, monkeypatch):
+    for attr, fn in BIASED.items():
+        monkeypatch.setattr(Sampling, attr, staticmethod(fn))
+    assert not _sampled(law, tmp_path)
 
 
 def test_a_corpus_of_another_tokenizer_or_none_is_refused(engine, tmp_path):
