@@ -1,43 +1,61 @@
 """SAM-Decoding (Hu et al., 2024, "SAM Decoding: Speculative Decoding via Suffix Automaton",
-https://arxiv.org/abs/2411.10666), the automaton-only variant, re-implemented from hyx1999/SAM-Decoding
-(``evaluation/model/sam_only/``: ``draft.py`` ``DraftModel.lookup``/``update``, ``samd_model.py``,
-``samd_config.py``, ``sam/sam.py``).
+https://arxiv.org/abs/2411.10666), the automaton-only variant, re-implemented from the official automaton-only
+evaluation: hyx1999/SAM-Decoding at commit 18c41f055b424fa3fa0bac41a8953d34cea1ed77,
+``evaluation/inference_sam_only.py`` with the ``samd_sam_only`` package (``draft.py`` ``DraftModel.lookup``/``update``, ``samd_model.py``,
+``samd_config.py``, ``sam/dyn_sam.py``, ``sam/static_sam.py``; automata in ``baselines/suffix_automaton.py``).
 
-* A dynamic suffix automaton (``baselines/suffix_automaton.py``) over the prompt and the committed output, built
-  online and reset per generation, and optionally a static one over a corpus (``corpus_path``; off by default,
-  as the brief of this harness asks; the official ``sam_data`` is a tokenised ShareGPT-like corpus).
-* Each step the current token is looked up in both: the draft is the text that followed the first occurrence of
-  the longest matching suffix (backed off until ``n_predicts`` tokens follow it), truncated to
-  ``int(alpha * match_length)`` tokens; the static automaton's match length is first reduced by ``len_bias``
-  and the dynamic one wins ties (official ``lookup``). The draft is a chain, verified in one forward.
-* After a step the current token and the accepted tokens are added to the dynamic automaton; the static one's
-  cursor follows them (official ``update``).
+* A dynamic suffix automaton over the prompt and the committed output, reset per generation: each committed token
+  moves the cursor, then is added. The current token is looked up: the longest suffix of ``text + [token]``
+  occurring in the text; the draft is the chain of tokens that followed its first occurrence, at most
+  ``min(n_predicts, 1 + int(alpha * match))`` nodes with the current token (official ``DynSAM.gen_draft``).
+* Optionally a static automaton over a corpus (``corpus_path``; official ``sam_path``): its cursor follows the
+  committed tokens without adding them. Its match length minus ``len_bias`` is compared with the dynamic one (the
+  dynamic automaton wins ties); when it wins, the draft is a tree of at most ``min(n_predicts, 1 + int(alpha *
+  (match - len_bias)))`` nodes chosen best-first by corpus frequency, at most ``topk`` children per node and
+  ``topk`` nodes per depth (official ``StaticSAM.gen_draft``, K = 8).
+* Drafts are verified in one forward by the shared tree loop (``baselines/tree_drafting.py``); greedy acceptance is
+  token-identical to vanilla, sampled acceptance exact (deterministic guesses).
 
-Defaults: ``SamdConfig`` (``max_predicts`` 40, ``alpha`` 4.0, ``len_bias`` 5). Not included: the EAGLE / EAGLE-2
-draft head of the full SAM-Decoding (its leaderboard row, SAMD[EAGLE2], uses one) and the Token Recycling
-fallback tree of the ``samd`` package. Corpus documents end with the tokenizer's EOS, as the official builder.
-Under ``engine.static_shapes`` the chain is padded to ``n_predicts + 1`` nodes.
+Corpus files (``.jsonl`` / ``.json`` / text): a record's ``ids`` (token ids, as ``scripts/build_sam_corpus.py``
+writes them: prompt + model answer) are used as they are; text (``text``, or ``turns`` / ``conversations`` joined)
+is tokenised without special tokens. Every document ends with the tokenizer's EOS, and with ``add_vocabulary``
+every vocabulary token is added as a one-token document after the corpus (official
+``tools/gen_sam_alpaca_sam_only.py``). Not included: the EAGLE / Token Recycling draft of the full SAM-Decoding.
+Under ``engine.static_shapes`` a draft is padded to ``n_predicts`` nodes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from baselines.suffix_automaton import SuffixAutomaton
+from baselines.suffix_automaton import CorpusAutomaton, DynamicAutomaton
 from baselines.tree_drafting import DraftState, TreeDrafter, chain
 from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.files import Source, parse_json, parse_jsonl, read_text
 from fafo.tree import DraftTree
 
+BUILD_HINT = "build one with python scripts/build_sam_corpus.py model=<the target> task=<prompts> --out FILE"
 
-def read_corpus(path: str) -> list[str]:
-    """Documents of a corpus file: ``.jsonl`` (a ``text`` field, or ``turns``/``conversations`` joined), ``.json``
-    (a list of such records or strings) or plain text (one document)."""
-    p = Path(path)
-    src = Source("method.corpus_path", str(path), "point it at a .jsonl/.json/.txt corpus or set "
-                 "method.corpus_path=null")
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of a tokenizer's vocabulary: corpora of token ids are only valid for the same one."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
+def _source(path) -> Source:
+    return Source("method.corpus_path", str(path), f"point it at a .jsonl/.json/.txt corpus ({BUILD_HINT}) or set "
+                  "method.corpus_path=null")
+
+
+def read_records(path: str) -> list[dict]:
+    """The records of a corpus file: ``.jsonl`` / ``.json`` objects or strings (strings become ``{"text": s}``), or
+    plain text (one record); a record with ``ids`` must hold a list of token ids."""
+    p, src = Path(path), _source(path)
     text = read_text(p, src)
     if p.suffix == ".jsonl":
         records = parse_jsonl(text, p, src)
@@ -45,14 +63,27 @@ def read_corpus(path: str) -> list[str]:
         records = parse_json(text, p, src, kind=None)
         records = records if isinstance(records, list) else [records]
     else:
-        return [text]
-    bad = next((r for r in records if not isinstance(r, (str, dict))), None)
-    if bad is not None:
-        raise src.error(p, f"holds a {type(bad).__name__} record, not a string or an object with text/turns")
-    docs = []
-    for r in records:
+        return [{"text": text}]
+    out = []
+    for i, r in enumerate(records):
         if isinstance(r, str):
-            docs.append(r)
+            r = {"text": r}
+        if not isinstance(r, dict):
+            raise src.error(p, f"holds a {type(r).__name__} record, not a string or an object with ids/text/turns")
+        ids = r.get("ids")
+        if ids is not None and not (isinstance(ids, list) and all(type(t) is int and t >= 0 for t in ids)):
+            raise src.error(p, f"record {i + 1}: ids must be a list of token ids (integers >= 0)")
+        out.append(r)
+    return out
+
+
+def documents(records: list[dict]) -> list[str | list[int]]:
+    """A corpus's documents: token-id lists (records with ``ids``) or texts (``text``, or ``turns`` /
+    ``conversations`` joined by newlines)."""
+    docs: list[str | list[int]] = []
+    for r in records:
+        if r.get("ids") is not None:
+            docs.append(r["ids"])
         elif "text" in r:
             docs.append(str(r["text"]))
         else:
@@ -62,29 +93,32 @@ def read_corpus(path: str) -> list[str]:
     return docs
 
 
+def read_corpus(path: str) -> list[str | list[int]]:
+    """Documents of a corpus file (:func:`read_records`, :func:`documents`)."""
+    return documents(read_records(path))
+
+
 class _SAMState(DraftState):
-    def __init__(self, cfg: SAMDecoder, prompt: list[int]):
+    def __init__(self, cfg: SAMDecoder):
         self.cfg = cfg
-        self.dyn = SuffixAutomaton(cfg.n_predicts)
+        self.dyn = DynamicAutomaton()
         self.static = cfg.static_sam
-        if self.static is not None:
-            self.static.cur = (0, 0)  # official StaticSAM.reset
+        self.static_cursor = (0, 0)  # official StaticSAM.reset
         self.added = 0
-        self.matches: list[int] = []
 
     def draft(self, context: list[int], max_depth: int) -> DraftTree:
-        new = context[self.added:-1]  # committed tokens before the current one (official update)
+        cfg, token = self.cfg, context[-1]
+        new = context[self.added:-1]  # committed tokens before the current one (official DraftModel.update)
         self.dyn.extend(new)
-        if self.static is not None:
-            self.static.follow(new)
         self.added = len(context) - 1
-        pred, match = self.dyn.retrieve(context[-1])
+        state, match = self.dyn.lookup(token)
         if self.static is not None:
-            spred, smatch = self.static.retrieve(context[-1])
-            if smatch - self.cfg.len_bias > match:
-                pred, match = spred, smatch - self.cfg.len_bias
-        self.matches.append(match)
-        return chain(context[-1], pred[: int(self.cfg.alpha * match)], max_depth)
+            self.static_cursor = self.static.follow(self.static_cursor, new)
+            s_state, s_match = self.static.step(*self.static_cursor, token)
+            s_match -= cfg.len_bias
+            if s_match > match:
+                return self.static.tree(token, s_state, cfg.nodes(s_match), cfg.topk, max_depth)
+        return chain(token, self.dyn.continuation(state, cfg.nodes(match) - 1), max_depth)
 
 
 @dataclass
@@ -92,43 +126,75 @@ class SAMDecoder(TreeDrafter):
     """SAM-Decoding, automaton only (see the module docstring).
 
     Attributes:
-        n_predicts: tokens retrieved per step (official ``max_predicts``).
-        alpha: the draft is at most ``alpha`` x the match length.
-        len_bias: the static automaton's match length is reduced by this before the comparison.
-        corpus_path: a corpus for the static automaton (null = none, the default).
+        n_predicts: most nodes of a draft, the current token included (official ``max_predicts``).
+        alpha: a draft has at most ``1 + int(alpha * match length)`` nodes.
+        len_bias: the corpus automaton's match length is reduced by this before the comparison.
+        topk: the corpus tree's most children per node and nodes per depth (official ``K``).
+        corpus_path: a corpus for the static automaton (null = none).
+        add_vocabulary: add every vocabulary token as a one-token document to the corpus (as the official builder).
+        corpus_required: refuse to run without ``corpus_path`` (presets reproducing a run that used a corpus).
     """
 
     n_predicts: int = at_least(1, 40)
     alpha: float = 4.0
     len_bias: int = at_least(0, 5)  # 0: the static automaton's match counts in full
+    topk: int = at_least(1, 8)
     corpus_path: str | None = None
+    add_vocabulary: bool = False
+    corpus_required: bool = False
 
     def __post_init__(self):
         check_bounds(self, "method")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or self.alpha <= 0:
             raise ConfigError(f"method.alpha={self.alpha!r} must be a number > 0")
-        if self.corpus_path is not None:
-            read_corpus(str(self.corpus_path))  # fails now (one ConfigError line) rather than after loading
-        self.static_sam: SuffixAutomaton | None = None
+        # read now (one ConfigError line for a bad file) rather than after loading the model
+        self._records = read_records(str(self.corpus_path)) if self.corpus_path is not None else None
+        self.static_sam: CorpusAutomaton | None = None
+        self._bytes = 0
+
+    def nodes(self, match: int) -> int:
+        """Nodes of a draft for a match of ``match`` tokens, the current token included."""
+        return min(self.n_predicts, 1 + int(match * self.alpha))
+
+    def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
+        if self._records is None:
+            if self.corpus_required:
+                raise ConfigError("method.corpus_path is required by this preset (the published run drafted from a "
+                                  f"corpus of the model's own answers); {BUILD_HINT} and set method.corpus_path=FILE")
+            return
+        src, mine, size = _source(self.corpus_path), tokenizer_fingerprint(tokenizer), len(tokenizer)
+        for i, r in enumerate(self._records):
+            if r.get("ids") is None:
+                continue
+            if r.get("tokenizer", mine) != mine:
+                raise src.error(self.corpus_path, f"record {i + 1} holds token ids of another tokenizer (built for "
+                                f"{r.get('model', 'another model')}); {BUILD_HINT}")
+            if r["ids"] and max(r["ids"]) >= size:
+                raise src.error(self.corpus_path, f"record {i + 1} holds token id {max(r['ids'])}, beyond the "
+                                f"target's vocabulary of {size}; {BUILD_HINT}")
 
     def setup(self, engine) -> None:
         self.static_sam = None
-        if self.corpus_path is not None:
-            tok = engine.tokenizer
-            eos = tok.eos_token_id
-            sam = SuffixAutomaton(self.n_predicts)
-            for doc in read_corpus(str(self.corpus_path)):
-                ids = list(tok(doc, add_special_tokens=False).input_ids)
-                if eos is not None and (not ids or ids[-1] != eos):
-                    ids.append(eos)
-                for t in ids:
-                    sam.add(t)
-            self.static_sam = sam
+        tok = engine.tokenizer
+        self.check_target(None, tok)
+        if self._records is None:
+            return
+        docs = [d if isinstance(d, list) else list(tok(d, add_special_tokens=False).input_ids)
+                for d in documents(self._records)]
+        if self.add_vocabulary:
+            docs += [[i] for i in range(len(tok))]
+        self.static_sam = CorpusAutomaton.build(docs, tok.eos_token_id)
+        self._bytes = 200 * len(self.static_sam.next) + 85 * sum(len(d) for d in self.static_sam.next)
 
     def start(self, engine, prompt_ids, eos_ids) -> DraftState:
-        if self.corpus_path is not None and self.static_sam is None:
+        if (self._records is not None or self.corpus_required) and self.static_sam is None:
             self.setup(engine)
-        return _SAMState(self, prompt_ids)
+        return _SAMState(self)
 
     def max_tree(self) -> int:
-        return 1 + self.n_predicts
+        return self.n_predicts
+
+    def buffer_bytes(self) -> int:
+        """The corpus automaton's Python lists and dicts: about 200 bytes per state and 85 per transition (measured
+        with tracemalloc; about 340 bytes per state in all)."""
+        return self._bytes if self.static_sam is not None else 0

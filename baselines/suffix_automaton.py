@@ -1,49 +1,59 @@
-"""A suffix automaton over token ids with SAM-Decoding's retrieval (hyx1999/SAM-Decoding,
-``evaluation/model/sam_only/sam/sam.py`` ``SAM``, ``DynSAM``, ``StaticSAM``).
+"""Suffix automata over token ids with SAM-Decoding's retrieval, as the official automaton-only evaluation runs it:
+hyx1999/SAM-Decoding at commit 18c41f055b424fa3fa0bac41a8953d34cea1ed77 (Dec 2024), ``evaluation/inference_sam_only.py``
+importing the ``samd_sam_only`` package: ``samd_sam_only/sam/dyn_sam.py`` (:class:`DynamicAutomaton`) and
+``samd_sam_only/sam/static_sam.py`` (:class:`CorpusAutomaton`). Spec-Bench's integrated copy
+(hemingkx/Spec-Bench ``model/samd/sam/dyn_sam.py`` ``gen_dyn_draft``) drafts from the dynamic automaton the same way.
 
 The automaton of a text accepts exactly its substrings; each state is a class of substrings with the same end
-positions, ``length`` its longest, ``link`` the state of the longest suffix in another class, ``min_endpos`` the
-first end position (1-based, fixed when the state is created; a clone inherits its source's). It is built online
-(:meth:`SuffixAutomaton.add`, amortised O(1) per token). A cursor ``(state, length)`` tracks the longest suffix of
-the decoded text that occurs in the automaton's text: :meth:`step` follows one token, falling back along suffix
-links; :meth:`retrieve` steps by the current token and then, official ``to_anc``, backs off along suffix links
-until the match's first occurrence has ``n_predicts`` tokens after it (the root always qualifies), returning the
-``n_predicts`` tokens that followed that occurrence (padded with 0 when the text is shorter, as the official) and
-the match length.
+positions, ``length`` its longest, ``link`` the state of the longest suffix in another class, ``first_end`` the first
+end position (1-based; a clone inherits its source's, official ``min_endpos``). It is built online
+(:meth:`SuffixAutomaton.add`, amortised O(1) per token). A cursor ``(state, length)`` names the longest suffix of the
+decoded text that occurs in the automaton's text; :meth:`SuffixAutomaton.step` follows one token, falling back
+along suffix links (official ``transfer_state``).
+
+The dynamic rule (:meth:`DynamicAutomaton.extend`): each committed token first moves the cursor and is then added,
+so the cursor is the longest suffix of the text with an EARLIER occurrence; a lookup of the current token gives
+the longest suffix of ``text + [token]`` occurring in ``text`` and the draft is what followed its first
+occurrence. The superseded Nov-2024 ``evaluation/model/sam_only`` rule (add first, then back off along suffix
+links until ``n_predicts`` tokens follow the first occurrence, ``to_anc``) is not implemented.
 """
 
 from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from fafo.tree import DraftTree
 
 
 class SuffixAutomaton:
     """Online suffix automaton of a token list (see the module docstring)."""
 
-    def __init__(self, n_predicts: int = 40):
-        self.n_predicts = n_predicts
+    def __init__(self):
         self.next: list[dict[int, int]] = [{}]
         self.link: list[int] = [-1]
         self.length: list[int] = [0]
-        self.min_endpos: list[int] = [0]
-        self.tokens: list[int] = [-1]  # official: input_ids[0] is a sentinel, so endpos p is tokens[p]
+        self.first_end: list[int] = [0]
+        self.cloned: list[bool] = [False]
         self.last = 0
-        self.cur = (0, 0)  # (state, match length) of the decoded text's longest matching suffix
+        self.n = 0  # tokens added
 
     def __len__(self) -> int:
-        return len(self.tokens) - 1
+        return self.n
 
-    def _new(self, nxt: dict, link: int, length: int, endpos: int) -> int:
+    def _new(self, nxt: dict, link: int, length: int, first_end: int, cloned: bool) -> int:
         self.next.append(nxt)
         self.link.append(link)
         self.length.append(length)
-        self.min_endpos.append(endpos)
+        self.first_end.append(first_end)
+        self.cloned.append(cloned)
         return len(self.next) - 1
 
     def add(self, token: int) -> None:
-        """Append ``token`` to the automaton's text (official ``add_state``)."""
-        token = int(token)
-        self.tokens.append(token)
-        n = len(self.tokens) - 1
-        cur = self._new({}, -1, n, n)
+        """Append ``token`` to the automaton's text (official ``add_state``; transition dicts keep the official
+        insertion order, which decides ties among a corpus state's children)."""
+        self.n += 1
+        cur = self._new({}, -1, self.n, self.n, False)
         p = self.last
         while p != -1 and token not in self.next[p]:
             self.next[p][token] = cur
@@ -55,7 +65,7 @@ class SuffixAutomaton:
             if self.length[p] + 1 == self.length[q]:
                 self.link[cur] = q
             else:
-                clone = self._new(dict(self.next[q]), self.link[q], self.length[p] + 1, self.min_endpos[q])
+                clone = self._new(dict(self.next[q]), self.link[q], self.length[p] + 1, self.first_end[q], True)
                 while p != -1 and self.next[p].get(token) == q:
                     self.next[p][token] = clone
                     p = self.link[p]
@@ -63,7 +73,7 @@ class SuffixAutomaton:
         self.last = cur
 
     def step(self, state: int, length: int, token: int) -> tuple[int, int]:
-        """The longest matching suffix after ``token`` (official ``transfer_state``)."""
+        """The cursor after ``token``: the longest suffix of the cursor's string + ``token`` in the automaton."""
         while state != 0 and token not in self.next[state]:
             state = self.link[state]
             length = self.length[state]
@@ -71,31 +81,125 @@ class SuffixAutomaton:
             return self.next[state][token], length + 1
         return 0, 0
 
-    def _anc(self, state: int, length: int) -> tuple[int, int]:
-        """Back off until the first occurrence has ``n_predicts`` tokens after it (official ``to_anc``)."""
-        while state != 0 and self.n_predicts > len(self) - self.min_endpos[state]:
-            state = self.link[state]
-            length = self.length[state]
-        return state, length
+    def follow(self, cursor: tuple[int, int], tokens) -> tuple[int, int]:
+        """The cursor after ``tokens``, without adding them (official ``transfer_tokens``)."""
+        for t in tokens:
+            cursor = self.step(*cursor, int(t))
+        return cursor
+
+
+class DynamicAutomaton(SuffixAutomaton):
+    """The automaton of one generation's prompt + committed output (official ``DynSAM``), with its cursor."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens: list[int] = [-1]  # official input_ids: a sentinel, so end position p is tokens[p]
+        self.cursor = (0, 0)
 
     def extend(self, tokens) -> None:
-        """Append tokens to the text and advance the cursor over them (official ``add_tokens``)."""
+        """Commit ``tokens``: for each, move the cursor, then add it (official ``add_tokens``)."""
         for t in tokens:
+            t = int(t)
+            self.cursor = self.step(*self.cursor, t)
             self.add(t)
-            self.cur = self.step(*self.cur, int(t))
-        self.cur = self._anc(*self.cur)
+            self.tokens.append(t)
 
-    def follow(self, tokens) -> None:
-        """Advance the cursor over decoded tokens without adding them (official ``transfer_tokens``, used for a
-        static corpus automaton)."""
-        for t in tokens:
-            self.cur = self.step(*self.cur, int(t))
-        self.cur = self._anc(*self.cur)
+    def lookup(self, token: int) -> tuple[int, int]:
+        """(state, match length) of the longest suffix of ``text + [token]`` occurring in the text."""
+        return self.step(*self.cursor, int(token))
 
-    def retrieve(self, token: int) -> tuple[list[int], int]:
-        """(the ``n_predicts`` tokens after the match of text + ``token``, the match length) (official
-        ``lookup``)."""
-        state, length = self._anc(*self.step(*self.cur, int(token)))
-        end = self.min_endpos[state]
-        pred = self.tokens[end + 1: end + self.n_predicts + 1]
-        return pred + [0] * (self.n_predicts - len(pred)), length
+    def continuation(self, state: int, n: int) -> list[int]:
+        """The (at most) ``n`` tokens after the first occurrence of ``state``'s strings (official ``gen_draft``)."""
+        end = self.first_end[state]
+        return self.tokens[end + 1: end + 1 + max(n, 0)] if state else []
+
+
+@dataclass(order=True)
+class _Candidate:
+    """A node waiting in the best-first search; ordered by ``score`` only (negated path probability), so equal
+    scores leave the heap in the order ``heapq`` gives them, as the official ``SearchItem``."""
+
+    score: float
+    token: int = field(compare=False)
+    state: int = field(compare=False)
+    parent: int = field(compare=False)
+    depth: int = field(compare=False)
+
+
+class CorpusAutomaton(SuffixAutomaton):
+    """The automaton of a fixed corpus (official ``StaticSAM``): shared by all generations, read only once built.
+
+    ``count[s]`` is the number of end positions of state ``s`` (official ``cnt_endpos``, which the official keeps
+    up to date on each add; here summed over the suffix-link tree once, :meth:`finish`: the same numbers).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.count: list[int] = []
+        self._top: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (state, k) -> children
+
+    @classmethod
+    def build(cls, documents, eos: int | None) -> "CorpusAutomaton":
+        """One text of all documents in order, each followed by ``eos`` unless it ends with it (official
+        ``StaticSAM.build`` / ``add_batch_tokens``)."""
+        sam = cls()
+        for doc in documents:
+            for t in doc:
+                sam.add(int(t))
+            if eos is not None and (not doc or int(doc[-1]) != eos):
+                sam.add(eos)
+        sam.finish()
+        return sam
+
+    def finish(self) -> None:
+        """Count end positions: 1 per state created for a position (clones and the root: 0), summed bottom-up."""
+        count = [0 if c else 1 for c in self.cloned]
+        count[0] = 0
+        by_length: list[list[int]] = [[] for _ in range(self.n + 1)]
+        for s in range(1, len(self.next)):
+            by_length[self.length[s]].append(s)
+        for bucket in reversed(by_length):
+            for s in bucket:
+                if self.link[s] > 0:
+                    count[self.link[s]] += count[s]
+        self.count, self._top = count, {}
+
+    def children(self, state: int, k: int) -> list[tuple[int, int]]:
+        """The ``k`` most frequent (token, state) transitions, most frequent first, ties in insertion order
+        (official ``init_topk_next``, computed lazily)."""
+        top = self._top.get((state, k))
+        if top is None:
+            top = sorted(self.next[state].items(), key=lambda kv: self.count[kv[1]], reverse=True)[:k]
+            self._top[state, k] = top
+        return top
+
+    def tree(self, root: int, state: int, n: int, k: int, max_depth: int) -> DraftTree:
+        """At most ``n`` nodes (root included) below ``root``, chosen best-first by the corpus probability of their
+        path, at most ``k`` children per node and ``k`` nodes per depth (official ``StaticSAM.gen_draft``); nodes
+        deeper than ``max_depth`` are dropped afterwards (they could not be committed)."""
+        heap = [_Candidate(-1.0, int(root), state, -1, 0)]
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        per_depth: dict[int, int] = {}
+        while len(tokens) != n and heap:
+            item = heapq.heappop(heap)
+            if per_depth.get(item.depth, 0) + 1 > k:
+                continue
+            per_depth[item.depth] = per_depth.get(item.depth, 0) + 1
+            index = len(tokens)
+            tokens.append(item.token)
+            parents.append(item.parent)
+            depths.append(item.depth)
+            if len(tokens) == n:
+                break
+            total = self.count[item.state]
+            for token, child in self.children(item.state, k):
+                heapq.heappush(heap, _Candidate(item.score * (self.count[child] / total), token, child, index,
+                                                item.depth + 1))
+        out = DraftTree.root(tokens[0])
+        node = {0: 0}
+        for i in range(1, len(tokens)):
+            if depths[i] <= max_depth:  # parents precede children, so a kept node's parent is kept
+                node[i] = out.add(node[parents[i]], tokens[i])
+        return out

@@ -25,6 +25,9 @@ def test_method_config_is_token_identical_to_vanilla(name, engine, tmp_path):
         overrides += TINY_DRAFT[2:] if name == "triforce_nodraft" else TINY_DRAFT
     if name.startswith("longspec"):  # the released drafts cannot be fetched offline: a random one
         overrides += ["method.draft.path=null", "method.draft.random_seed=0"]
+    if name == "sam_decoding_published":  # its corpus is built per model (scripts/build_sam_corpus.py): a text one
+        (tmp_path / "corpus.txt").write_text(PROMPTS[0] * 4 + PROMPTS[2] * 3)
+        overrides += [f"method.corpus_path={tmp_path / 'corpus.txt'}"]
     method = build(method_node(make_cfg(tmp_path, *overrides).method), "method")
     eng = engine("qwen2_gqa_rep")
     method.setup(eng)
