@@ -96,9 +96,6 @@ class NgramPool:
     def __len__(self) -> int:
         return sum(len(v) for v in self.table.values())
 
-    def as_dict(self) -> dict[int, list[tuple[int, ...]]]:
-        return {key: list(bucket) for key, bucket in self.table.items()}
-
     def get(self, key: int) -> list[tuple[int, ...]]:
         """The guesses for ``key``, oldest first (the official list order, which decides ties)."""
         return list(self.table.get(key, ()))

@@ -328,7 +328,7 @@ class TriForceState(StepState):
           from the residual norm(max(0, p_m - q_j)) and the round of drafts ends; after all drafts are accepted a
           token is drawn from p_m. Hence every token the middle level emits is distributed as p_m(. | prefix)
           (the standard argument), and its proposal distribution for the final level is that p_m row (the
-          residual-corrected law), NOT the draft's q (the issue reports the official code as not exact here;
+          residual-corrected law), NOT the draft's q (the official code is not exact here;
           we did not re-check it).
         * Final level (the full cache, the target p): the same rule with q = the middle rows p_m; the first
           rejection draws from norm(max(0, p - p_m)); a full accept draws the bonus token from p. Exact: the

@@ -2,7 +2,7 @@
 
 The matrix (kind of file x way of breaking it) runs the checks in this process, through the function the runner
 calls for that setting; one case per kind then runs through the CLI (``python -m fafo.bench`` via ``runpy``, with
-``Engine.load`` replaced by a test failure), and the issue's three headline cases (a truncated
+``Engine.load`` replaced by a test failure), and the three headline cases (a truncated
 ``model.safetensors``, a checkpoint without tokenizer files, a binary prompts file) run in a real subprocess.
 """
 

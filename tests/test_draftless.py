@@ -1,4 +1,4 @@
-"""The draftless methods of issue 22 (Prompt Lookup, Token Recycling, SuffixDecoding, SAM-Decoding): token-identical
+"""The draftless methods (Prompt Lookup, Token Recycling, SuffixDecoding, SAM-Decoding): token-identical
 to vanilla greedy, each draft source doing the work (tau > 2 only through it), Prompt Lookup's tau equal to
 transformers' own ``generate(prompt_lookup_num_tokens=10)``, and their data structures checked against brute force.
 Sampling (exact in distribution) is in tests/test_draftless_sampling.py."""

@@ -1,4 +1,4 @@
-"""Sampling (temperature > 0) with the draftless methods of issue 22: exact in distribution, with the chi-square
+"""Sampling (temperature > 0) with the draftless methods: exact in distribution, with the chi-square
 harness of tests/test_sampling.py (same model, prompt, law and significance; a biased verifier must fail)."""
 
 import pytest

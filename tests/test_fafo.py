@@ -149,7 +149,7 @@ def region_holds_selection(layout) -> bool:
     sel = layout.compression.select(layout)
     L, H, _ = layout.pos.shape
     sel = sel.expand(L, H, -1) if sel.dim() == 1 else sel
-    region = layout.region_positions()
+    region = layout.pos[:, :, : layout.region_len]
     return region.shape == sel.shape and bool((region.sort(-1).values == sel.sort(-1).values).all())
 
 

@@ -93,7 +93,6 @@ def test_vanilla_eager_step_is_one_attention_call(backend, engine, monkeypatch):
     merges = []
     real = attention.merge
     monkeypatch.setattr(attention, "merge", lambda *a: merges.append(1) or real(*a))
-    monkeypatch.setattr(attention, "_merge", lambda *a: merges.append(1) or real(*a))
     ids = eng.tokenizer(PROMPTS[1]).input_ids
     tokens = VanillaDecoder().generate(eng, ids, 12).tokens
     assert merges == []

@@ -21,7 +21,7 @@ SMALL = dict(group_size=16, gamma=4, weight_group=32, chunk_size=32)  # chunk 32
 
 
 def formula(x: torch.Tensor, dim: int):
-    """The issue's formulas, written out independently of quantize()."""
+    """The paper's formulas (seed 002_), written out independently of quantize()."""
     mn = x.amin(dim, keepdim=True)
     scale = (x.amax(dim, keepdim=True) - mn) / 15
     q_hi = torch.clamp(torch.round((x - mn) / scale), 0, 15)

@@ -144,7 +144,7 @@ def test_each_reproduce_launcher_runs_its_own_preset():
 def test_a_preset_whose_method_is_missing_fails_with_a_clear_message(tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
-    (conf / "method" / "swift.yaml").unlink()  # as before the SWIFT issue landed
+    (conf / "method" / "swift.yaml").unlink()  # as before SWIFT was added
     compose_with("experiment=table1", conf=conf)  # the preset itself still composes ...
     for job in (["method=swift"], ["experiment/rows/table2@_global_=llama2_7b_chat-swift"]):
         preset = "table1" if job[0].startswith("method") else "table2"
@@ -156,7 +156,7 @@ def test_a_preset_whose_method_is_missing_fails_with_a_clear_message(tmp_path):
 def test_table4_without_the_model_default_sampling_config_stops_with_a_clear_message(tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(CONF, conf)
-    (conf / "sampling" / "model_default.yaml").unlink(missing_ok=True)  # as before the sampling issue landed
+    (conf / "sampling" / "model_default.yaml").unlink(missing_ok=True)  # as before sampling presets were added
     with pytest.raises(Exception, match=r"Could not find 'sampling/model_default'"):
         compose_with("experiment=table4", conf=conf)
 

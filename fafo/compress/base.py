@@ -177,10 +177,6 @@ class FixedRegion:
                 vals = buf.gather(2, src[layer][None, :, :, None].expand(buf.shape[0], -1, -1, D))
                 buf.scatter_(2, dst[layer][None, :, :, None].expand(buf.shape[0], -1, -1, D), vals)
 
-    def region_positions(self) -> torch.Tensor:
-        """[L, H_kv, region_len] logical positions currently in the fixed region."""
-        return self.pos[:, :, : self.region_len].clone()
-
 
 def _first_true(values: torch.Tensor, mask: torch.Tensor, width: int, fill: int) -> torch.Tensor:
     """Per row, the values where mask is True, first ``width`` of them, padded with ``fill``: [..., width]."""

@@ -111,10 +111,6 @@ def tree_mask(parents: list[int] | torch.Tensor, device=None) -> torch.Tensor:
     return mask
 
 
-_masked_attention_lse = reference_attention_lse  # the names earlier code imported
-_merge = merge
-
-
 def _prefix_mask(plan: AttentionPlan, device) -> torch.Tensor | None:
     if plan.prefix_lens is None:
         return None
@@ -153,11 +149,11 @@ def dense_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sc
                 mask = None if prefix_mask is None else prefix_mask[lo:hi, :n_kv]
                 if length is not None:  # a static capacity of which the first `length` slots are live
                     mask = torch.arange(n_kv, device=q.device)[None, :] < length  # [1, K]
-                parts.append(_masked_attention_lse(qg[..., lo:hi, :], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv],
+                parts.append(reference_attention_lse(qg[..., lo:hi, :], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv],
                                                    mask, scale))
         o1, l1 = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
-        o2, l2 = _masked_attention_lse(qg[..., s:e, :], k_step, v_step, step_mask[s:e], scale)
-        outs.append(_merge(o1, l1, o2, l2))
+        o2, l2 = reference_attention_lse(qg[..., s:e, :], k_step, v_step, step_mask[s:e], scale)
+        outs.append(merge(o1, l1, o2, l2))
     return torch.cat(outs, dim=-2).view(B, Hq, Q, D).to(q.dtype)
 
 
@@ -278,7 +274,7 @@ def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionP
         n_kv = bm.seq_lengths[1]  # the region's capacity: the kernel never reads past it
         parts.append(_flex_call(q[:, :, split:], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv], bm, scale, compiled))
     o1, l1 = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
-    return _merge(o1, l1, o2, l2).to(q.dtype)
+    return merge(o1, l1, o2, l2).to(q.dtype)
 
 
 def _causal(b, h, q_idx, kv_idx):
