@@ -315,7 +315,8 @@ class TriForceState(StepState):
 
     def _verify(self, v: list[int]) -> torch.Tensor:
         """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits.
-        Captures the rows' queries when the retrieval cache is due for a rebuild this round.
+        With rebuilds on it captures the rows' queries every round (a rebuild, when due, reads one of them): the
+        verification is the same graph in every round and for every prompt, so compiled steps never recompile.
 
         Under static shapes ``v`` (shorter when drafting stopped at max_new_tokens or an EOS) is padded to
         ``verify_len`` tokens: their KV goes to slots ``N + len(v)..``, past anything the commit keeps (the
@@ -325,8 +326,8 @@ class TriForceState(StepState):
         idx = torch.arange(len(tokens), device=self.engine.device)
         plan = causal_plan(N)
         self.stats["rounds"] += 1
-        if self._rebuild_due(N + len(v)):  # the commit may reach the next rebuild (it ends at <= N + len(v))
-            plan.capture_rows = idx  # all rows (a fixed count); commit reads row `accepted` < len(v)
+        if self.cfg.rebuild_interval is not None:  # every round, so compiled verifications keep one graph
+            plan.capture_rows = idx  # all rows (a fixed count); a rebuild reads row `accepted` < len(v)
         out = self.engine.forward(self.cache, tokens, N + idx, N + idx, plan, logits="all")
         self.captured = plan.captured
         return out[:, : len(v)]  # [1, len(tokens), V] -> the real rows

@@ -15,6 +15,7 @@ from baselines.triforce_cache import RetrievalCache
 from baselines.vanilla import VanillaDecoder
 from fafo.sampling_check import compare, run_many
 from tests.lossless import assert_lossless
+from tests.test_compiled import compiled_engine, fresh_dynamo  # noqa: F401 (fresh_dynamo: a fixture)
 from tests.test_sampling import ALPHA, SAMPLES, SAMPLING, TRIFORCE, K, law  # noqa: F401 (law: a fixture)
 from tests.test_triforce import DRAFT_SPEC, LONG, SMALL
 
@@ -139,3 +140,18 @@ def test_sampled_with_rebuilds_matches_the_vanilla_law(law):  # noqa: F811 (the 
     assert tau > 1.1 and min(r["pvalue"] for r in compare(seqs, joint, K)) > ALPHA
     gen = method.generate(eng, ids, 12, sampling=SAMPLING, generator=SAMPLING.generator(0))
     assert gen.extras["rebuilds"] == len(gen.accept_lengths) - 1  # one per commit
+
+
+def test_compiled_rebuilds_do_not_recompile(engine, checkpoint, fresh_dynamo):  # noqa: F811
+    """A warm-up too short to rebuild compiles every graph a later, rebuilding generation needs (the verification
+    captures its queries every round when rebuilds are on), and the tokens stay vanilla's."""
+    from fafo.engine.compiled import CompileOptions, compile_stats
+
+    compiled = compiled_engine(checkpoint, "llama_mha_rep", CompileOptions(backend="aot_eager", attention="flex"))
+    method = TriForceDecoder(draft=None, budget=16, chunk_size=4, gamma2=4, rebuild_interval=12)
+    ids = compiled.tokenizer(LONG[0]).input_ids
+    assert method.generate(compiled, ids, 8).extras["rebuilds"] == 0  # the warm-up
+    warm = compile_stats()["graphs"]
+    gen = method.generate(compiled, ids, 40)
+    assert gen.extras["rebuilds"] >= 2 and compile_stats()["graphs"] == warm
+    assert gen.tokens == VanillaDecoder().generate(engine("llama_mha_rep"), ids, 40).tokens
