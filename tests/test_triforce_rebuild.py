@@ -51,7 +51,7 @@ def builds(monkeypatch):
 
 @pytest.mark.parametrize("name,interval,draft", [("qwen2_gqa_rep", 3, True), ("llama_mha_rep", 5, False),
                                                  ("llama_gqa", 4, True), ("qwen2_gqa_rep", None, True)])
-def test_rebuilds_happen_at_the_interval(name, interval, draft, engine, checkpoint, builds, ckpt_root):
+def test_rebuilds_happen_at_the_interval(name, interval, draft, engine, builds, ckpt_root):
     from fafo.engine.tiny import tiny_checkpoint
 
     eng = engine(name)
