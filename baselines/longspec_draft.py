@@ -10,12 +10,21 @@ and rotary, and owns one layer::
     h = h + mlp(post_cross_attention_layernorm(h))        #   post-RoPE KV cache, read in place (no copy)
     logits = lm_head(h)                                   # no final norm (as the release: lm_head on h directly)
 
-Released format (``sail/longspec-*``): ``config.json`` is the target's transformers config (so the draft's sizes are
-the target's: hidden size, heads, KV heads, head dim = hidden / heads, rope) and the weights file holds exactly the
-keys of ``LlamaGlideDecoderLayer.state_dict()``: ``self_attn.{q,k,v,o}_proj.*`` (q/k/v with bias, o without),
-``cross_attn.{q,k,v,o}_proj.*`` (the cross-attention's k/v projections exist but are unused at inference),
-``mlp.{gate,up,down}_proj.weight``, ``input_layernorm.weight``, ``post_self_attention_layernorm.weight``,
-``post_cross_attention_layernorm.weight`` (``*rotary_emb*`` buffers, if present, are ignored).
+Released format (``sail/longspec-*``), loaded as the official loader does (``LlamaGlideDecoderLayer`` /
+``Qwen2GlideDecoderLayer.from_pretrained`` in ``longspec/test/llama_glide.py`` / ``qwen2_glide.py`` @ 15e4998, pinned
+to transformers 4.46.3): ``config.json`` is the target's transformers config (so the draft's sizes are the target's:
+hidden size, heads, KV heads, head dim = hidden / heads) and the weights hold the keys of the layer's
+``state_dict()``: ``self_attn.{q,k,v,o}_proj.*`` (q/k/v with bias, o without), ``cross_attn.{q,k,v,o}_proj.*`` (the
+cross-attention's k/v projections exist but are unused at inference), ``mlp.{gate,up,down}_proj.weight``,
+``input_layernorm.weight``, ``post_self_attention_layernorm.weight``, ``post_cross_attention_layernorm.weight``.
+Either bare or under a ``model.`` prefix (the class's ``base_model_prefix``, which ``from_pretrained`` strips), or
+``glide.`` (the attribute of the official ``LlamaGlide``); ``*rotary_emb*`` buffers, if present, are ignored.
+
+Rope: the draft has no rotary of its own at inference; every official draft call takes ``position_embeddings``
+from the target's ``model.rotary_emb``, so the official loader accepts a draft whose rope settings differ from the
+target's, and so do we. It refuses a ``rope_scaling`` that its transformers cannot build (the config's
+``rope_config_validation``: required keys per rope type; the layer's ``LlamaRotaryEmbedding``: a known rope type):
+:func:`check_release_rope` refuses the same, in one line, before any weights load.
 
 Window rule: a draft query at position ``p`` sees its own keys at positions ``p - window <= k <= p`` (flash-attn's
 ``window_size=(512, -1)`` in the release). Unlike the release, which allocates the whole sequence and masks, the
@@ -35,11 +44,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from fafo.engine.model import RMSNorm
-from fafo.engine.rope import apply_rotary, rope_parameters
+from fafo.engine.rope import apply_rotary
 from fafo.errors import ConfigError
 from fafo.files import Source, check_checkpoint, check_safetensors, read_json, weight_files
 
 SHAPE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+RELEASE_PREFIXES = ("model.", "glide.")  # base_model_prefix (stripped by from_pretrained); LlamaGlide's attribute
+# transformers 4.46.3 (the official pin): ROPE_INIT_FUNCTIONS' rope types and the keys each one's validation requires
+OFFICIAL_ROPE_KEYS = {"default": (), "linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+                      "longrope": ("short_factor", "long_factor"),
+                      "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")}
 ARCHITECTURES = {"llama": "LlamaGlideDecoderLayer", "qwen2": "Qwen2GlideDecoderLayer",
                  "mistral": "LlamaGlideDecoderLayer"}
 
@@ -261,8 +275,12 @@ def check_draft_weights(ckpt: Path, src: Source) -> None:
     files = weight_files(Path(ckpt), src)
     if any(f.suffix != ".safetensors" for f in files):
         return  # pickled weights are matched when they load (load_draft)
-    have = {n.removeprefix("glide."): tuple(i["shape"]) for f in files for n, i in check_safetensors(f, src).items()
-            if n != "__metadata__" and "rotary_emb" not in n}
+    names = [(release_key(n), tuple(i["shape"])) for f in files for n, i in check_safetensors(f, src).items()
+             if n != "__metadata__"]
+    have = {n: shape for n, shape in names if n is not None}
+    if len(have) < sum(n is not None for n, _ in names):
+        raise src.error(files[0] if len(files) == 1 else ckpt, "holds a weight both with and without a prefix "
+                        f"({', '.join(RELEASE_PREFIXES)})", "keep one copy of each LongSpec Glide layer weight")
     missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
     shapes = sorted(n for n in set(want) & set(have) if want[n] != have[n])
     if missing or unexpected or shapes:
@@ -270,6 +288,16 @@ def check_draft_weights(ckpt: Path, src: Source) -> None:
                         f"holds weights that are not the LongSpec Glide layer its config.json describes (missing "
                         f"{missing[:2]}, unexpected {unexpected[:2]}, of another shape {shapes[:2]})",
                         "use a released sail/longspec-* draft or one from scripts/train_longspec_draft.py")
+
+
+def release_key(name: str) -> str | None:
+    """A released weight's name as a Glide layer parameter (``model.`` / ``glide.`` prefix dropped), or None for
+    the rotary buffers older transformers saved (unused: the target's rotary is used)."""
+    for prefix in RELEASE_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    return None if "rotary_emb" in name else name
 
 
 def _draft_source(path) -> Source:
@@ -295,17 +323,33 @@ def check_shapes(cfg: dict, target_config, where: str) -> None:
         if got != want:
             raise ConfigError(f"method.draft.path={where}: draft {key}={got} but the target has {want}; use the "
                               "LongSpec draft trained for this target (scripts/train_longspec_draft.py makes one)")
-    d_rope, t_rope = rope_parameters(_as_config(cfg)), rope_parameters(_as_config(tcfg))
-    if d_rope != t_rope:
-        raise ConfigError(f"method.draft.path={where}: draft rope {d_rope} differs from the target's {t_rope}; the "
-                          "draft shares the target's rotary, so it must be trained with the same rope")
+    check_release_rope(cfg, tcfg, where)
 
 
-def _as_config(cfg: dict):
-    from transformers import AutoConfig
-
-    kw = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "transformers_version")}
-    return AutoConfig.for_model(cfg.get("model_type", "llama"), **kw)
+def check_release_rope(cfg: dict, tcfg: dict, where: str) -> None:
+    """Refuse the draft config's ``rope_scaling`` where the official loader (transformers 4.46.3) would: not a
+    mapping, no rope type (``LlamaRotaryEmbedding`` looks up ``rope_type`` or ``type``), a type it has no init
+    function for, or a missing key that type requires (``rope_config_validation``). Values it only warns about, and
+    settings that differ from the target's, are accepted as officially: the target's rotary is used."""
+    scaling = cfg.get("rope_scaling")
+    if scaling is None:
+        return
+    target = tcfg.get("rope_scaling") or tcfg.get("rope_parameters")
+    fix = (f"set rope_scaling in the draft's config.json to the target's ({target}) or to null; the draft uses the "
+           "target's rotary either way")
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"method.draft.path={where}: the draft's config.json rope_scaling={scaling!r} is not a "
+                          f"mapping (the official LongSpec loader cannot read it); {fix}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in OFFICIAL_ROPE_KEYS:
+        raise ConfigError(f"method.draft.path={where}: the draft's config.json rope_scaling={scaling} has rope_type "
+                          f"{kind!r}, which the official LongSpec loader (transformers 4.46) cannot build (known: "
+                          f"{', '.join(OFFICIAL_ROPE_KEYS)}); {fix}")
+    missing = [k for k in OFFICIAL_ROPE_KEYS[kind] if k not in scaling]
+    if missing:
+        raise ConfigError(f"method.draft.path={where}: the draft's config.json rope_scaling={scaling} lacks "
+                          f"{', '.join(missing)}, required for rope_type {kind!r} (the official LongSpec loader "
+                          f"refuses it); {fix}")
 
 
 def load_draft(ckpt: Path, target_config, dtype, device) -> GlideLayer:
@@ -317,8 +361,8 @@ def load_draft(ckpt: Path, target_config, dtype, device) -> GlideLayer:
     with torch.device("meta"):
         layer = _build(cfg)
     files = weight_files(Path(ckpt), _draft_source(ckpt))
-    state = {n.removeprefix("glide."): t for n, t in _read_state_dict(files, dtype, torch.device(device))
-             if "rotary_emb" not in n}
+    state = {release_key(n): t for n, t in _read_state_dict(files, dtype, torch.device(device))}
+    state.pop(None, None)
     missing, unexpected = layer.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ConfigError(f"method.draft.path={str(ckpt)!r}: weights are not a LongSpec Glide layer (missing "

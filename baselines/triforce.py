@@ -13,8 +13,9 @@ Three levels (paper Alg. 1; official code Infini-AI-Lab/TriForce @ 164c8c0, ``ut
 * **Target**: one forward over the full cache verifies them; the longest matching prefix plus the target's next
   token is committed, so the output is exactly the target's greedy output. Committed tokens' full-cache KV then
   overwrites the retrieval cache's lowest-ranked chunks (official ``update_graph_cache``); the draft's window
-  slides. ``rebuild_every=R`` re-selects the chunks every R verifications with the newest committed token's query
-  (official ``update_graph_cache_retrieval``, never called by the official loop: off by default).
+  slides. Every ``rebuild_interval`` generated tokens the chunks are re-selected with the newest committed token's
+  query (the paper's "reconstructed at fixed intervals", Sec. 4.3 and App. B.2; the selection of the official
+  ``update_graph_cache_retrieval``, which the official loop never calls).
 
 ``gamma1=1`` is what the official code does (one draft token per retrieval forward: ``Middle_Spec``); the paper's
 best is gamma1=2, gamma2=6 (Table 8). ``draft: null`` is "retrieval without hierarchy" (Table 2 ablation): the
@@ -31,7 +32,17 @@ Choices where the paper and the code are silent or do not fit (each documented i
   ``floor(T / chunk) * chunk`` tokens and the tail is the first "recent" token run, placed like generated tokens.
 * Budget vs prompt: the budget used is ``min(budget, that aligned prompt length)`` (all chunks, ranked, when the
   prompt is shorter than the budget); when the prompt has fewer than 2 whole chunks the middle level runs on the
-  full cache (exact, pointless, never an error). ``extras["budget_used"]`` is the budget used (0: full cache).
+  full cache (exact, pointless, never an error). ``extras["budget_used"]`` is the budget used (0: full cache) and
+  ``extras["retrieval_covers_prompt"]`` says the budget held the whole prompt: the "retrieval" level then read
+  every prompt entry, i.e. it was self-speculation on the full prompt cache, not retrieval (the run summary
+  counts these generations).
+* Rebuild interval: the paper gives no value ("a designed stride", Sec. 4.3) and the official code
+  (@ 164c8c0) builds C_r once per generation, over its default 256-token generations (``test/on_chip.py
+  --gen_len 256``; the paper's Fig. 3c measures the reuse over 256 tokens too). ``rebuild_interval=256`` (default)
+  is therefore the official code on every generation of up to 256 tokens (no rebuild happens) and rebuilds at that
+  stride beyond them, as the paper's Table 7 runs to 2048 tokens do; null = never (the official code literally).
+  A rebuild happens at the first verification whose commit brings the generated tokens with full-cache KV to a
+  multiple of the interval (or past it), with the newest committed token's query.
 * Chunk scores are computed in float32; GQA targets combine a KV head's query heads with ``gqa_reduce``.
 * The recent region never overwrites chunk 0: once it fills ``budget - chunk`` slots it wraps (oldest dropped).
 * Drafting stops early when the proposal already reaches ``max_new_tokens`` or an EOS (the rest would be cut).
@@ -81,7 +92,9 @@ class TriForceDecoder(Decoder):
         draft_budget: draft cache budget as the official ``draft_cache_budget``: the window holds
             ``draft_budget - draft_start - gamma2`` recent tokens.
         draft_start: draft sink tokens (official 16).
-        rebuild_every: re-select the retrieval chunks every this many verifications (None: never, as official).
+        rebuild_interval: re-select the retrieval chunks every this many generated tokens (paper Sec. 4.3: "at a
+            designed stride", no value given; default 256 = the official code's generation length, over which it
+            builds C_r once; None: never, as the official loop).
         gqa_reduce: how a KV head combines its query heads' chunk scores: mean (their sum) or max.
     """
 
@@ -92,7 +105,7 @@ class TriForceDecoder(Decoder):
     draft: dict | None = field(default_factory=_default_draft)
     draft_budget: int = at_least(1, 256)  # and >= draft_start + gamma2 + 1 with a draft (__post_init__)
     draft_start: int = at_least(0, 16)  # 0: a window without sinks
-    rebuild_every: int | None = at_least(1, None)  # null: never
+    rebuild_interval: int | None = at_least(1, 256)  # generated tokens; null: never
     gqa_reduce: str = "mean"
     _loaded: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _ckpt: object = field(default=None, init=False, repr=False, compare=False)
@@ -205,6 +218,9 @@ class TriForceState(StepState):
         self.draft = cfg._loaded[1] if cfg.draft is not None else None
         self.stats = dict.fromkeys(("rounds", "proposed", "accepted", "drafted", "draft_accepted", "rebuilds"), 0)
         self.draft_mark = self.draft.engine.ledger.mark() if self.draft else None
+        self.rebuilt_at = 0  # rebuild_interval multiples of generated tokens covered by the last (re)build
+        # the budget held every prompt entry (or the middle level reads the full cache): no retrieval took place
+        self.covers_prompt = cfg.budget >= self.aligned
         self.captured: dict = {}
         # per-round forward lengths under engine.static_shapes (else each forward has its real length)
         self.static = engine.static_shapes
@@ -299,7 +315,8 @@ class TriForceState(StepState):
 
     def _verify(self, v: list[int]) -> torch.Tensor:
         """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits.
-        Captures the rows' queries when the retrieval cache is due for a rebuild this round.
+        With rebuilds on it captures the rows' queries every round (a rebuild, when due, reads one of them): the
+        verification is the same graph in every round and for every prompt, so compiled steps never recompile.
 
         Under static shapes ``v`` (shorter when drafting stopped at max_new_tokens or an EOS) is padded to
         ``verify_len`` tokens: their KV goes to slots ``N + len(v)..``, past anything the commit keeps (the
@@ -309,12 +326,18 @@ class TriForceState(StepState):
         idx = torch.arange(len(tokens), device=self.engine.device)
         plan = causal_plan(N)
         self.stats["rounds"] += 1
-        every = self.cfg.rebuild_every
-        if self.retrieval is not None and every and self.stats["rounds"] % every == 0:
-            plan.capture_rows = idx  # all rows (a fixed count); commit reads row `accepted` < len(v)
+        if self.cfg.rebuild_interval is not None:  # every round, so compiled verifications keep one graph
+            plan.capture_rows = idx  # all rows (a fixed count); a rebuild reads row `accepted` < len(v)
         out = self.engine.forward(self.cache, tokens, N + idx, N + idx, plan, logits="all")
         self.captured = plan.captured
         return out[:, : len(v)]  # [1, len(tokens), V] -> the real rows
+
+    def _rebuild_due(self, end: int) -> bool:
+        """Whether committing up to position ``end`` (exclusive) makes the generated tokens with full-cache KV
+        (``end - prompt``) reach the next multiple of ``rebuild_interval`` since the last (re)build."""
+        every = self.cfg.rebuild_interval
+        return self.retrieval is not None and every is not None and \
+            (end - len(self.prompt)) // every > self.rebuilt_at
 
     def _hist(self, extra: list[int]) -> list[int] | None:
         """The token history before a predicted token (only built when the repetition penalty reads it)."""
@@ -383,10 +406,11 @@ class TriForceState(StepState):
         new, accepted = step.tokens, step.kv
         end = self.N + accepted + 1
         if self.retrieval is not None:
-            if self.captured:  # rebuild with the newest committed token's query (its row: accepted)
+            if self.captured and self._rebuild_due(end):  # with the newest committed token's query (row accepted)
                 queries = {layer: q[:, :, accepted : accepted + 1] for layer, q in self.captured.items()}
                 self.retrieval.build(self.cache, self.aligned, queries, end)
                 self.stats["rebuilds"] += 1
+                self.rebuilt_at = (end - len(self.prompt)) // self.cfg.rebuild_interval
             else:
                 self.retrieval.add_recent(self.cache, self.N, end)
         self.hist.extend(new)
@@ -409,6 +433,7 @@ class TriForceState(StepState):
         return {
             "budget_used": self.retrieval.budget if self.retrieval is not None else 0,
             "rebuilds": s["rebuilds"],
+            "retrieval_covers_prompt": self.covers_prompt,
             "accept_rate": s["accepted"] / max(s["proposed"], 1),  # official acceptance_rate (final level)
             "middle_accept_rate": s["draft_accepted"] / max(s["drafted"], 1),  # official acc_rate_middle
             "retrieval_bytes": retrieval_bytes,

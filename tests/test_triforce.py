@@ -33,7 +33,7 @@ CASES = {  # name: (target, prompts, decoder kwargs without the draft, with a dr
     "short-prompts-g1": ("llama_gqa", PROMPTS, dict(SMALL, budget=64, gamma1=1), True),  # budget > prompt: clamped
     "fewer-than-2-chunks": ("llama_mha", PROMPTS, dict(SMALL, budget=32, chunk_size=16), True),  # 2nd: full cache
     "nodraft": ("llama_mha_rep", LONG, dict(SMALL, gamma2=4), False),
-    "rebuild": ("qwen2_gqa_rep", LONG, dict(SMALL, gamma1=2, rebuild_every=2), True),
+    "rebuild": ("qwen2_gqa_rep", LONG, dict(SMALL, gamma1=2, rebuild_interval=2), True),
 }
 
 
@@ -88,7 +88,7 @@ def brute_force_check(state, queries, reduce):
 def test_retrieval_cache_equals_brute_force(name, reduce, rebuild, engine):
     eng = engine(name)
     method = TriForceDecoder(**dict(SMALL, budget=24), draft=None, gamma2=3, gqa_reduce=reduce,
-                             rebuild_every=rebuild)
+                             rebuild_interval=rebuild)
     ids = eng.tokenizer(LONG[2]).input_ids
     state = TriForceState(method, eng, ids, 60)
     state.prefill()
@@ -176,7 +176,7 @@ def test_runner_exact_and_peak_memory_above_vanilla(tmp_path):
 
 BAD = [("gamma1", {"gamma1": 0}), ("gamma2", {"gamma2": -1}), ("chunk_size", {"chunk_size": 0}),
        ("budget", {"budget": 20, "chunk_size": 8}), ("budget", {"budget": 8, "chunk_size": 8}),
-       ("rebuild_every", {"rebuild_every": 0}), ("gqa_reduce", {"gqa_reduce": "sum"}),
+       ("rebuild_interval", {"rebuild_interval": 0}), ("gqa_reduce", {"gqa_reduce": "sum"}),
        ("draft", {"draft": {"path": None, "tiny": None}}), ("draft", {"draft": {"path": "a/b", "size": 1}}),
        ("draft_budget", {"draft_budget": 20})]
 
@@ -203,7 +203,7 @@ def test_vocab_mismatch_and_sampling_are_refused(engine, checkpoint, ckpt_root):
 # ---------------------------------------------------------------------------- engine.static_shapes
 STATIC_CASES = {  # name: (target, prompts, decoder kwargs, draft: None, "tiny" (DRAFT_SPEC) or "self" (the target))
     "rep-self-g2": ("llama_mha_rep", LONG, dict(SMALL, gamma1=2), "self"),  # high acceptance at both levels
-    "qwen2-rep-g1-rebuild": ("qwen2_gqa_rep", LONG, dict(SMALL, gamma1=1, rebuild_every=2), "tiny"),
+    "qwen2-rep-g1-rebuild": ("qwen2_gqa_rep", LONG, dict(SMALL, gamma1=1, rebuild_interval=2), "tiny"),
     "gqa-g3-short": ("llama_gqa", PROMPTS, dict(SMALL, budget=64, gamma1=3, gamma2=4), "tiny"),
     "full-cache-middle": ("llama_mha_rep", PROMPTS, dict(SMALL, budget=64, chunk_size=32), "self"),  # < 2 chunks
     "nodraft": ("llama_mha_rep", LONG, dict(SMALL, gamma2=4), None),

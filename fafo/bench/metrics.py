@@ -269,3 +269,15 @@ def accept_histogram(accept_lengths) -> dict[int, int]:
         for n in lengths:
             hist[int(n)] = hist.get(int(n), 0) + 1
     return dict(sorted(hist.items()))
+
+
+def flag_counts(outputs) -> dict[str, int]:
+    """For each true/false entry of the generations' ``Generation.extras`` (``outputs.jsonl`` records), how many
+    (sample, turn) generations had it true, e.g. TriForce's ``retrieval_covers_prompt``: how many prompts the
+    retrieval budget held whole (its "retrieval" level then read the entire prompt cache)."""
+    counts: dict[str, int] = {}
+    for out in outputs:
+        for key, value in (out.get("extras") or {}).items():
+            if isinstance(value, bool):
+                counts[key] = counts.get(key, 0) + value
+    return dict(sorted(counts.items()))

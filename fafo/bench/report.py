@@ -38,7 +38,7 @@ METRIC_KEYS = {
     "speedup_decode", "speedup_decode_ci95", "speedup_specbench", "speedup_specbench_ci95", "prefill_forwards",
     "verify_forwards", "draft_forwards", "aux_forwards", "target_forwards", "draft_model_forwards",
     "draft_model_share", "drafted", "accepted", "accept_rate", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms",
-    "n_mismatch_tie", "n_mismatch_divergence", "by_category", "accept_hist", "alpha",
+    "n_mismatch_tie", "n_mismatch_divergence", "by_category", "accept_hist", "alpha", "flag_counts",
 }
 
 

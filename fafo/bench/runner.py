@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from fafo.bench.cost_curve import CostCurve, summary_fields
-from fafo.bench.metrics import accept_histogram, summarize
+from fafo.bench.metrics import accept_histogram, flag_counts, summarize
 from fafo.bench.mismatch import MismatchJudge
 from fafo.bench.naming import cli_overrides, model_name
 from fafo.bench.preempt import sample_done
@@ -197,6 +197,7 @@ class Runner:
                        step_attention=self.engine.step_backend,
                        compile_s=self.warm_compile["compile_s"], compiled_graphs=self.warm_compile["graphs"])
         summary["accept_hist"] = accept_histogram(o["accept_lengths"] for o in records.outputs.values())
+        summary["flag_counts"] = flag_counts(records.outputs.values())  # e.g. {"retrieval_covers_prompt": 3}
         if self.judge.note:
             summary["mismatch_check"] = self.judge.note
         write_json_atomic(self.run_dir / "summary.json", summary)
