@@ -217,9 +217,7 @@ class StreamingDraft:
         if k:
             moves = {self._slot(self.D + i): self._base() + i for i in range(k)}  # later positions win a slot
             if any(d != s for d, s in moves.items()):
-                dev = self.engine.device
-                self.kv.move(torch.tensor(list(moves.values()), device=dev),
-                             torch.tensor(list(moves), device=dev))
+                self.kv.move(*self.engine.upload(list(moves.values()), list(moves)))  # one non-blocking copy
         self.D += k
         self.spec = []
         self._rotate_sinks(max(0, self.D - self.start - self.window))
