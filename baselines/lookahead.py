@@ -44,9 +44,10 @@ Where we differ or the official code is open (each documented in place):
 * Unlimited guess sets (official ``GUESS_SET_SIZE=-1``, an unordered set) are not offered; ``guess_set=0``
   disables verification (one token per step, the window still runs; the official code fails an assert).
 * The number of guesses, hence the step's shape, varies per step as in the official code (no padding);
-  masks, positions and flex BlockMasks are built once per shape per generation. Under ``engine.static_shapes``
-  (compiled steps) the guesses are padded to G after the warm-up (``LookaheadState.step``), so every steady
-  step has the same shape; the N-3 warm-up shapes are the same in every generation.
+  masks and positions are built once per shape per generation (the engine derives its backend's masks from
+  them). Under ``engine.static_shapes`` (compiled steps) the guesses are padded to G after the warm-up
+  (``LookaheadState.step``), so every steady step has the same shape; the N-3 warm-up shapes are the same in
+  every generation.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from dataclasses import dataclass
 import torch
 
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
-from fafo.engine.attention import AttentionPlan, causal_plan, step_block_mask
+from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
@@ -178,7 +179,6 @@ class _Shape:
     """What one step shape (window columns x levels, number of guesses) needs, built once per generation."""
 
     mask: torch.Tensor  # [Q, Q] bool, on device
-    block_mask: object | None  # flex only
     rel: torch.Tensor  # [Q] positions relative to the current token
     offsets: torch.Tensor  # [Q] arange: the step's KV goes to slots P + offsets
     rows: torch.Tensor  # logits rows: current token, top window level, every guess token
@@ -232,9 +232,8 @@ class LookaheadState(StepState):
             rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
             w = levels * columns
             rows = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(w - columns, w + n_guesses * k)])
-            bm = step_block_mask(mask) if self.engine.step_backend == "flex" else None
             offsets = torch.arange(rel.numel(), device=dev)
-            self.shapes[key] = _Shape(mask, bm, rel.to(dev), offsets, rows.to(dev), w)
+            self.shapes[key] = _Shape(mask, rel.to(dev), offsets, rows.to(dev), w)
         return self.shapes[key]
 
     def extras(self) -> dict:
@@ -263,7 +262,7 @@ class LookaheadState(StepState):
         s = self._shape(columns, len(levels), n_branch)
         padding = [self.cur] * ((n_branch - len(guesses)) * k)  # KV to scratch slots past the real guesses
         tokens = [self.cur] + [t for lv in levels for t in lv] + [t for g in guesses for t in g] + padding
-        plan = AttentionPlan(prefix=self.P, step_mask=s.mask, step_block_mask=s.block_mask)
+        plan = AttentionPlan(prefix=self.P, step_mask=s.mask)
         out = self.engine.forward(self.cache, tokens, s.rel + self.P, s.offsets + self.P, plan, logits=s.rows)
         preds = out[0].argmax(-1).tolist()  # the step's one host sync
         first, top, checked = preds[0], preds[1 : 1 + columns], preds[1 + columns :]

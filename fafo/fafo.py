@@ -41,7 +41,7 @@ import torch
 from fafo.compress.base import Compression, FixedRegion
 from fafo.compress.stream import StreamingLLM
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
-from fafo.engine.attention import AttentionPlan, causal_plan, length_block_mask, step_block_mask
+from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
@@ -152,28 +152,22 @@ class FAFOState(StepState):
         self.cand_rel = torch.arange(1, k + 1).repeat(m)
         self.stream_rel = stream_rel  # column-wise: row j of every stream, then row j + 1...
         self.v_len = 1 + m * k  # current token + candidates
-        self.region_len_t = torch.zeros(1, dtype=torch.long, device=dev)
         self.scratch_slots_cpu = torch.arange(self.scratch, self.scratch + self.v_len)  # no sync to index it
         self.scratch_slots = self.scratch_slots_cpu.to(dev)
         self.verify_rows = torch.arange(self.v_len, device=dev)
         self.captured: dict = {}
         stream_last = torch.arange((k - 1) * n, k * n)  # row k-1 of the stream block: each stream's newest token
-        flex = self.engine.step_backend == "flex"
-        capacity = min(self.cfg.compress.budget, self.scratch)
         self.region_capacity = min(self.cfg.compress.budget, self.cache.max_len)  # static across samples
         if self.cfg.fused:
             mask = fafo_step_mask(m, k, n, self.cfg.see_current).to(dev)
             self.rows = torch.cat([torch.arange(self.v_len), self.v_len + stream_last]).to(dev)
-            self.masks = [(mask, step_block_mask(mask) if flex else None)]
+            self.masks = [mask]
         else:
             full = fafo_step_mask(m, k, n, self.cfg.see_current)
             keep_f = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(self.v_len, self.v_len + n * k)])
             verify, fumble = full[: self.v_len, : self.v_len].to(dev), full[keep_f][:, keep_f].to(dev)
             self.rows = (1 + stream_last).to(dev)
-            self.masks = [(fumble, step_block_mask(fumble) if flex else None),
-                          (verify, step_block_mask(verify) if flex else None)]
-        eager_flex = flex and self.engine.compiled is None  # compiled steps keep their own region mask
-        self.region_mask = length_block_mask(self.region_len_t, n * k, capacity) if eager_flex else None
+            self.masks = [fumble, verify]
 
     def extras(self) -> dict:
         # buffer_bytes: extra device memory beyond the cache (the step's scratch slots are inside the cache)
@@ -202,34 +196,31 @@ class FAFOState(StepState):
             cands[: len(found)] = torch.tensor(found)
         return cands, len(found)
 
-    def plan(self, mask, block_mask, region_from: int | None, capture: bool = False) -> AttentionPlan:
+    def plan(self, mask, region_from: int | None, capture: bool = False) -> AttentionPlan:
         rows = self.verify_rows if capture and self.cfg.compress.wants_decode_query else None
         return AttentionPlan(prefix=self.layout.n, step_mask=mask, region_from=region_from,
                              region_len=self.layout.region_len, region_capacity=self.region_capacity,
-                             region_block_mask=self.region_mask,
-                             step_block_mask=block_mask, dense_layers=self.cfg.compress.dense(),
+                             dense_layers=self.cfg.compress.dense(),
                              capture_rows=rows)
 
     def forward_logits(self, cands: torch.Tensor) -> torch.Tensor:
         """The step's logits rows: [1 + m*k verification rows, then each stream's newest-token row]."""
         P = self.layout.n  # the current token's position = number of cached entries
-        self.region_len_t.fill_(self.layout.region_len)
         cur = torch.tensor([self.cur])
         streams = self.streams.T.flatten()  # column-wise
         if self.cfg.fused:
             tokens = torch.cat([cur, cands.flatten(), streams])
             pos = P + torch.cat([torch.zeros(1, dtype=torch.long), self.cand_rel, self.stream_rel])
-            (mask, bm), = self.masks
-            plan = self.plan(mask, bm, self.v_len, capture=True)
+            plan = self.plan(self.masks[0], self.v_len, capture=True)
             out = self.engine.forward(self.cache, tokens, pos, self.scratch_slots, plan, logits=self.rows)
             self.captured = plan.captured
             return out[0]
-        (f_mask, f_bm), (v_mask, v_bm) = self.masks
+        f_mask, v_mask = self.masks
         pos_f = P + torch.cat([torch.zeros(1, dtype=torch.long), self.stream_rel])
         fumble = self.engine.forward(self.cache, torch.cat([cur, streams]), pos_f, None,
-                                     self.plan(f_mask, f_bm, 1), logits=self.rows, kind="draft")
+                                     self.plan(f_mask, 1), logits=self.rows, kind="draft")
         pos_v = P + torch.cat([torch.zeros(1, dtype=torch.long), self.cand_rel])
-        plan = self.plan(v_mask, v_bm, None, capture=True)
+        plan = self.plan(v_mask, None, capture=True)
         verify = self.engine.forward(self.cache, torch.cat([cur, cands.flatten()]), pos_v, self.scratch_slots, plan)
         self.captured = plan.captured
         return torch.cat([verify[0], fumble[0]])

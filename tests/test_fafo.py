@@ -188,6 +188,7 @@ def test_block_masks_are_built_once_per_generation(engine, monkeypatch):
         calls = []
         original = fa.create_block_mask
         monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+        eng._flex = None  # the engine's mask cache (fafo.engine.flex_masks), emptied: count one generation's
         gen = FAFODecoder(compress=SMALL, n=2, k=2).generate(eng, ids, max_new)
         monkeypatch.setattr(fa, "create_block_mask", original)
         assert gen.n_forwards >= max_new // 2

@@ -13,6 +13,7 @@ from fafo.engine.attention import BACKENDS, AttentionPlan, causal_plan
 from fafo.engine.cache import KVCache
 from fafo.engine.compiled import CompiledStep, CompileOptions
 from fafo.engine.context import context_limit
+from fafo.engine.flex_masks import FlexMasks
 from fafo.engine.ledger import ForwardLedger
 from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
 from fafo.engine.model import Transformer, plan_is_plain_causal
@@ -59,6 +60,7 @@ class Engine:
     compiled: CompiledStep | None = field(default=None, repr=False)
     _cache: KVCache | None = field(default=None, repr=False)
     ledger: ForwardLedger = field(default_factory=ForwardLedger, repr=False)
+    _flex: FlexMasks | None = field(default=None, repr=False)
 
     @classmethod
     def from_pretrained(cls, path: str, *, device="cpu", dtype="float32", backend="sdpa",
@@ -107,7 +109,7 @@ class Engine:
     def release(self) -> None:
         """Drop the static cache and the compiled steps (the weights stay): with
         :func:`~fafo.engine.compiled.reset_compiled_state` the device holds only the weights afterwards."""
-        self._cache, self.compiled, self.static_shapes = None, None, False
+        self._cache, self.compiled, self.static_shapes, self._flex = None, None, False, None
 
     def new_cache(self, max_len: int) -> KVCache:
         """A cache of its own for a decoder (e.g. a retrieval cache); CUDA graphs may keep its address."""
@@ -162,6 +164,9 @@ class Engine:
         self.ledger.record(kind, tokens.shape[-1])
         if self.compiled is not None and plan.prefix > 0 and skip is None and not eager:
             return self.compiled(tokens, positions, cache, slots, plan, logits)
+        if self.backend == "flex":  # the block masks the plan implies, built once (fafo.engine.flex_masks)
+            self._flex = self._flex or FlexMasks(self.device)
+            plan = self._flex.fill(plan, tokens.shape[-1])
         return self.model(tokens, positions, cache, slots, plan, self.backend, logits, skip)
 
     def prefill(self, cache: KVCache, prompt_ids: list[int], logits="last") -> torch.Tensor:

@@ -1,0 +1,56 @@
+"""FlexAttention's block masks for eager steps, derived by the engine from the decoder's plan.
+
+A decoder says which step tokens each query sees (``AttentionPlan.step_mask``) and where its fixed region ends
+(``region_len`` below a static ``region_capacity``); the BlockMasks FlexAttention needs are built here, once per
+mask tensor and once per region capacity, and reused step after step. So decoders never branch on the backend.
+Compiled steps derive theirs in :class:`fafo.engine.compiled.CompiledStep`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import replace
+
+from fafo.engine.attention import AttentionPlan, step_block_mask
+
+
+class FlexMasks:
+    """Block masks of eager FlexAttention steps, kept across steps and generations (see module docstring).
+
+    Args:
+        device: where the masks live.
+        keep: how many step masks are kept (a decoder has a few step shapes; FAFO 1-2, Lookahead a handful).
+    """
+
+    def __init__(self, device, keep: int = 16):
+        self.device, self.keep = device, keep
+        self._step: OrderedDict[tuple, tuple] = OrderedDict()
+        self._regions: dict[int, object] = {}
+
+    def fill(self, plan: AttentionPlan, n_queries: int) -> AttentionPlan:
+        """``plan`` with its missing step and region block masks (unchanged when it needs none)."""
+        changes = {}
+        if plan.step_mask is not None and plan.step_block_mask is None:
+            changes["step_block_mask"] = self.step(plan.step_mask)
+        if plan.region_from is not None and plan.region_block_mask is None and plan.region_capacity:
+            region = self.region(plan.region_capacity).set(plan.region_len)
+            changes["region_block_mask"] = region.block_mask(n_queries - plan.region_from)
+        return replace(plan, **changes) if changes else plan
+
+    def step(self, mask):
+        """The BlockMask of a ``[Q, Q]`` step mask, built once per mask tensor (and rebuilt if it is written)."""
+        key = (id(mask), mask._version)
+        hit = self._step.get(key)
+        if hit is None or hit[0] is not mask:  # the mask is held, so its id is not reused while cached
+            hit = self._step[key] = (mask, step_block_mask(mask))
+            while len(self._step) > self.keep:
+                self._step.popitem(last=False)
+        return hit[1]
+
+    def region(self, capacity: int):
+        """The live region length below ``capacity`` and its block masks (one per query count)."""
+        from fafo.engine.compiled import _Length
+
+        if capacity not in self._regions:
+            self._regions[capacity] = _Length(capacity, self.device)
+        return self._regions[capacity]
