@@ -427,7 +427,7 @@ def print_summary(summary: dict, random_model: bool) -> None:
     metrics."""
     keys = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples", "n_turns", "n_failed",
             "new_tokens", "tau", "tau_ci95", "tau_with_prefill", "tau_all", "accept_rate", "draft_model_forwards",
-            "tokens_per_forward", "break_even_tau", "tokens_per_s", "verify_ms", "speedup_kind", "speedup",
+            "tokens_per_forward", "break_even_tau", "projected_speedup", "tokens_per_s", "verify_ms", "speedup_kind", "speedup",
             "speedup_ci95", "speedup_e2e", "speedup_e2e_ci95", "speedup_decode", "speedup_decode_ci95",
             "speedup_specbench", "speedup_min", "speedup_max", "n_flagged", "n_compiled", "peak_mem_mb",
             "ref_peak_mem_mb", "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence",
