@@ -24,8 +24,8 @@ by estimated probability, a child's being its parent's times ``count(child) / co
 ``min_token_prob`` dropped) or a path (``_speculate_path``: the first child each time, stopping below
 ``min_token_prob``). The highest score (sum of probabilities) wins, the longer match on ties. Probabilities and
 scores are float32 as in C++, and the queue reproduces libstdc++'s ``std::priority_queue`` (``push_heap`` /
-``pop_heap``), so equal probabilities come out in the official order. Matches are tried longest first and a
-shorter one skipped when its budget cannot beat the best score, which gives the same draft.
+``pop_heap``), so equal probabilities come out in the official order. Matches are tried most promising first, a
+match skipped when its budget (or its depth left) cannot beat the best score, which gives the same draft.
 """
 
 from __future__ import annotations
@@ -38,6 +38,14 @@ import numpy as np
 RECENT = 8192  # tokens kept outside the sorted index (scanned) before a merge
 _F32 = struct.Struct("<f")
 _NEW = float(1 << 40)  # order key offset of a child seen once: behind those whose count changed
+
+
+_MAX_TOKEN = (1 << 21) - 1
+
+
+def _key(x, y, z):
+    """Index key of a position: its token ``x``, the previous ``y`` and the one before ``z`` (-1: none)."""
+    return (x << 42) | ((y + 1) << 21) | (z + 1)
 
 
 def f32(x: float) -> float:
@@ -102,14 +110,16 @@ class SuffixTree:
 
     def __init__(self, max_depth: int):
         self.max_depth = max_depth
-        self.tokens = np.full(1024, -1, dtype=np.int32)  # [0] and every gap are -1 (separators)
-        self.n = 1  # used length
+        self.tokens = np.full(1024, -1, dtype=np.int32)  # [0:3] and every gap are -1 (separators)
+        self.n = 3  # used length
         self.seqs: dict[object, list[int]] = {}  # seq_id -> [start, end)
         self._last = None  # the sequence that can grow
-        self._keys = np.zeros(0, np.int64)  # sorted (token << 32 | previous + 1) of positions < _merged
+        self._keys = np.zeros(0, np.int64)  # sorted trigram keys (see _key) of the positions < _merged
         self._pos = np.zeros(0, np.int32)
-        self._merged = 1
+        self._merged = 3
         self._dead = 0
+        self._bounds = None  # (starts, ends) of the sequences, for _tokens_after
+        self._budgets: dict = {}
 
     def __len__(self) -> int:
         """Tokens held (all sequences)."""
@@ -126,11 +136,11 @@ class SuffixTree:
             if seq_id in self.seqs:
                 raise ValueError(f"sequence {seq_id!r} is not the newest: only the newest sequence can grow")
             self.n += 1 if self.tokens[self.n - 1] >= 0 else 0  # a -1 gap after the previous sequence
-            self.seqs[seq_id], self._last = [self.n, self.n], seq_id
+            self.seqs[seq_id], self._last, self._bounds = [self.n, self.n], seq_id, None
         if len(tokens) == 0:
             return
-        if tokens.min() < 0 or tokens.max() >= 1 << 31:
-            raise ValueError("token ids must be in [0, 2**31)")
+        if tokens.min() < 0 or tokens.max() >= _MAX_TOKEN:
+            raise ValueError(f"token ids must be in [0, {_MAX_TOKEN}) (the index packs three in 64 bits)")
         need = self.n + len(tokens) + 2
         if need > len(self.tokens):
             grown = np.full(max(need, 2 * len(self.tokens)), -1, dtype=np.int32)
@@ -147,6 +157,7 @@ class SuffixTree:
         if seq_id not in self.seqs:
             return  # never extended
         start, end = self.seqs.pop(seq_id)
+        self._bounds = None
         self.tokens[start:end] = -1
         self._dead += end - start
         if seq_id == self._last:
@@ -157,7 +168,8 @@ class SuffixTree:
     def _merge(self) -> None:
         pos = np.arange(self._merged, self.n, dtype=np.int64)
         pos = pos[self.tokens[pos] >= 0]
-        keys = (self.tokens[pos].astype(np.int64) << 32) | (self.tokens[pos - 1].astype(np.int64) + 1)
+        t = [self.tokens[np.maximum(pos - k, 0)].astype(np.int64) for k in range(3)]
+        keys = _key(t[0], t[1], np.where(t[1] >= 0, t[2], -1))
         order = np.argsort(keys, kind="stable")
         keys, pos = keys[order], pos[order]
         at = np.searchsorted(self._keys, keys, side="right")  # after older equal keys: positions stay sorted
@@ -165,53 +177,96 @@ class SuffixTree:
         self._merged = self.n
 
     def _compact(self) -> None:
-        parts, seqs, n = [np.full(1, -1, np.int32)], {}, 1
+        parts, seqs, n = [np.full(3, -1, np.int32)], {}, 3
         for seq_id, (start, end) in self.seqs.items():
             parts += [self.tokens[start:end], np.full(1, -1, np.int32)]
             seqs[seq_id], n = [n, n + end - start], n + end - start + 1
         live = np.concatenate(parts)
         self.tokens = np.full(max(2 * len(live), 1024), -1, dtype=np.int32)
         self.tokens[: len(live)] = live
-        self.n, self.seqs, self._dead = max(n - 1, 1), seqs, 0
-        self._keys, self._pos, self._merged = np.zeros(0, np.int64), np.zeros(0, np.int32), 1
+        self.n, self.seqs, self._dead, self._bounds = max(n - 1, 3), seqs, 0, None
+        self._keys, self._pos, self._merged = np.zeros(0, np.int64), np.zeros(0, np.int32), 3
         self._merge()
 
     # ---------------------------------------------------------------- occurrences
-    def _range(self, lo_key: int, hi_key: int, x: int, y: int | None) -> np.ndarray:
-        """End positions of ``x`` (preceded by ``y`` unless None): the sorted index plus a scan of the newest."""
-        lo, hi = np.searchsorted(self._keys, [lo_key, hi_key])
+    def _range(self, suffix: list[int]) -> np.ndarray:
+        """End positions of ``suffix`` (1 to 3 tokens): the sorted index plus a scan of the newest tokens."""
+        x, y, z = (suffix[::-1] + [None, None])[:3]
+        lo = _key(x, -1 if y is None else y, -1 if z is None else z)
+        hi = lo + (1 << 42 if y is None else 1 << 21 if z is None else 1)
+        lo, hi = np.searchsorted(self._keys, [lo, hi])
         old = self._pos[lo:hi].astype(np.int64)
-        recent = self.tokens[self._merged: self.n] == x
-        if y is not None:
-            recent &= self.tokens[self._merged - 1: self.n - 1] == y
-        occ = np.concatenate([old, np.flatnonzero(recent) + self._merged])
-        if self._dead:
+        start = self._merged
+        recent = self.tokens[start: self.n] == x
+        for k, t in ((1, y), (2, z)):
+            if t is not None:
+                recent &= self.tokens[start - k: self.n - k] == t
+        occ = np.concatenate([old, np.flatnonzero(recent) + start])
+        if self._dead:  # removed sequences are -1 in the token array but may still be in the index
             occ = occ[self.tokens[occ] == x]
-            if y is not None:
-                occ = occ[self.tokens[occ - 1] == y]
         return occ
 
     def _matches(self, ctx: list[int]) -> list:
-        """``out[m - 1]`` = end positions of ``ctx[-m:]`` for m = 1 .. M (M < len(ctx) the longest that occurs);
-        ``out[0]`` may be None (not needed unless m = 1 is tried; it occurs since m = 2 does)."""
-        if len(ctx) < 2:
+        """``out[m - 1]`` = (end positions of ``ctx[-m:]``, tokens after each in its sequence or None for large
+        sets) for m = 1 .. M (M < len(ctx) the longest that occurs); shorter than the index's first hit, the
+        positions are None (looked up if that m is tried). Equal sets for successive m are the same arrays."""
+        longest = len(ctx) - 1
+        k = min(3, longest)  # the index answers up to 3 tokens
+        occ = self._range(ctx[-k:]) if k > 0 else []
+        while not len(occ) and k > 1:
+            k -= 1
+            occ = self._range(ctx[-k:])
+        if not len(occ):
             return []
-        x = ctx[-1]
-        if len(ctx) >= 3:
-            occ = self._range((x << 32) | (ctx[-2] + 1), ((x << 32) | (ctx[-2] + 1)) + 1, x, ctx[-2])
-            if len(occ):
-                out = [None, occ]
-                for m in range(3, len(ctx)):
-                    occ = occ[self.tokens[occ - (m - 1)] == ctx[-m]]
-                    if not len(occ):
-                        break
-                    out.append(occ)
-                return out
-        occ = self._occ1(x)
-        return [occ] if len(occ) else []
+        after = self._tokens_after(occ) if len(occ) <= 4096 else None
+        out = [(None, None)] * (k - 1) + [(occ, after)]
+        for m in range(k + 1, longest + 1):
+            if len(occ) <= 32:  # few left: each one's match length, in Python
+                return out + self._match_lengths(ctx, occ, after, m - 1)
+            keep = self.tokens[occ - (m - 1)] == ctx[-m]
+            if not keep.all():
+                occ = occ[keep]
+                after = None if after is None else after[keep]
+                if not len(occ):
+                    break
+            if after is None and len(occ) <= 4096:
+                after = self._tokens_after(occ)
+            out.append((occ, after))
+        return out
+
+    def _match_lengths(self, ctx: list[int], occ: np.ndarray, after: np.ndarray, matched: int) -> list:
+        """``_matches`` from m = matched + 1 on, for a few occurrences that all match ``matched`` tokens."""
+        longest = len(ctx) - 1
+        lengths = []
+        for p in occ.tolist():
+            seq = self.tokens[max(p - longest + 1, 0): p + 1].tolist()[::-1]
+            k = matched
+            while k < min(longest, len(seq)) and seq[k] == ctx[-1 - k]:
+                k += 1
+            lengths.append(k)
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # longest match first
+        out, alive, kept = [], len(order), -1
+        for m in range(matched + 1, lengths[order[0]] + 1):
+            while lengths[order[alive - 1]] < m:
+                alive -= 1
+            if alive != kept:  # the set shrinks: new arrays (else the same ones)
+                idx = sorted(order[:alive])
+                pair, kept = (occ[idx], after[idx]), alive
+            out.append(pair)
+        return out
 
     def _occ1(self, x: int) -> np.ndarray:
-        return self._range(x << 32, (x + 1) << 32, x, None)
+        return self._range([x])
+
+    def _tokens_after(self, occ: np.ndarray) -> np.ndarray:
+        """Tokens after each end position ``occ`` in its sequence."""
+        if self._bounds is None:
+            spans = sorted(self.seqs.values())
+            self._bounds = (np.array([s for s, _ in spans], np.int64), np.array([e for _, e in spans], np.int64))
+        starts, ends = self._bounds
+        if self._last is not None:
+            ends[-1] = self.seqs[self._last][1]  # the newest sequence still grows
+        return ends[np.searchsorted(starts, occ, side="right") - 1] - occ - 1
 
     def count(self, pattern) -> int:
         """Occurrences of ``pattern`` (1 <= length <= max_depth): the official node count."""
@@ -222,41 +277,51 @@ class SuffixTree:
         return len(occ)
 
     # ---------------------------------------------------------------- the tree below a node
-    def _children(self, occ: np.ndarray, depth: int, min_count: float) -> tuple[list, int]:
-        """Children of the node with end positions ``occ`` at ``depth``, in the official sibling order, as
-        ``(count, token, end positions)``; those with fewer than ``min_count`` occurrences are left out (the first
-        is always kept). Also returns the number of children."""
+    def _children(self, occ, depth: int, min_count: float) -> tuple[list, int]:
+        """Children of the node with end positions ``occ`` (array, or list when small) at ``depth``, in the
+        official sibling order, as ``(count, token, end positions)``: those with at least ``min_count``
+        occurrences and all of the highest count (the first child). Also returns the number of children."""
         if depth >= self.max_depth:
             return [], 0
-        nxt = occ + 1
-        toks = self.tokens[nxt]
-        if len(occ) <= 16:
+        if isinstance(occ, list) or len(occ) <= 16:
             groups: dict[int, list] = {}
-            for t, p in zip(toks.tolist(), nxt.tolist()):
+            tokens = self.tokens
+            for p in (occ if isinstance(occ, list) else occ.tolist()):
+                t = int(tokens[p + 1])
                 if t >= 0:
-                    groups.setdefault(t, []).append(p)
-            kids = [(len(ps), t, np.array(ps, dtype=np.int64), _NEW + ps[0] if len(ps) == 1 else -float(max(ps)))
-                    for t, ps in groups.items()]
+                    groups.setdefault(t, []).append(p + 1)
+            if len(groups) < 2:  # at most one child: no order to decide
+                if not groups:
+                    return [], 0
+                ((t, ps),) = groups.items()
+                return [(len(ps), t, ps)], 1
+            kids = [(len(ps), t, ps, _NEW + ps[0] if len(ps) == 1 else -float(max(ps))) for t, ps in groups.items()]
+            n_kids = len(groups)
         else:
+            nxt = occ + 1
+            toks = self.tokens[nxt]
             keep = toks >= 0
             toks, nxt = toks[keep], nxt[keep]
             if not len(toks):
                 return [], 0
-            order = np.lexsort((nxt, toks))
-            toks, nxt = toks[order], nxt[order]
-            cut = np.flatnonzero(np.diff(toks)) + 1
-            starts, ends = np.concatenate([[0], cut]), np.concatenate([cut, [len(toks)]])
-            counts = ends - starts
-            sel = np.flatnonzero(counts >= min_count)
-            if len(sel) == 0 and len(counts):
-                sel = np.flatnonzero(counts == counts.max())
-            kids = [(int(counts[i]), int(toks[starts[i]]), nxt[starts[i]: ends[i]],
-                     _NEW + float(nxt[starts[i]]) if counts[i] == 1 else -float(nxt[ends[i] - 1])) for i in sel]
-            groups = counts
+            if len(toks) >= 2048 and int(toks.max()) < 1 << 22:
+                per_token = np.bincount(toks)
+                uniq = np.flatnonzero(per_token)
+                counts, per_entry = per_token[uniq], per_token[toks]
+            else:
+                uniq, inverse, counts = np.unique(toks, return_inverse=True, return_counts=True)
+                per_entry = counts[inverse]
+            n_kids, top = len(uniq), int(counts.max())
+            # the first child: of the highest count, the oldest if seen once, else the latest seen
+            at = np.flatnonzero(per_entry == top)
+            first = at[nxt[at].argmin()] if top == 1 else at[nxt[at].argmax()]
+            wanted = set(uniq[counts >= min_count].tolist()) | {int(toks[first])}
+            kids = []
+            for t in wanted:
+                ps = nxt[toks == t]
+                c = len(ps)
+                kids.append((c, t, ps if c > 16 else ps.tolist(), _NEW + float(ps.min()) if c == 1 else -float(ps.max())))
         kids.sort(key=lambda k: (-k[0], k[3]))
-        n_kids = len(groups)
-        if not kids:
-            return [], n_kids
         return [kids[0][:3]] + [k[:3] for k in kids[1:] if k[0] >= min_count], n_kids
 
     @staticmethod
@@ -272,23 +337,48 @@ class SuffixTree:
         ctx = [int(t) for t in context[-self.max_depth:]]
         matches = self._matches(ctx)
         factor, offset, min_prob = f32(max_spec_factor), f32(max_spec_offset), f32(min_token_prob)
-        best, floor = None, beat
-        for m in range(len(matches), 0, -1):
-            budget = max(min(max_spec_tokens, int(f32(f32(m * factor) + offset) + 1e-6)), 0)
-            if floor is not None and min(budget, self.max_depth - m + 1e-3) <= floor:
-                continue  # each level of a draft sums to <= 1: it cannot beat the best
-            occ = matches[m - 1] if matches[m - 1] is not None else self._occ1(ctx[-1])
-            grow = self._tree if tree else self._path
-            draft = grow(occ, m, budget, min_prob)
-            if floor is None or draft.score > floor:
-                draft.match_len = m
-                best, floor = draft, draft.score
+        key = (max_spec_tokens, factor, offset)
+        if key not in self._budgets:  # official: min(max_spec_tokens, int(m * factor + offset + 1e-6)) in float
+            self._budgets[key] = {m: max(min(max_spec_tokens, int(f32(f32(m * factor) + offset) + 1e-6)), 0)
+                                  for m in range(1, self.max_depth)}
+        budget = {m: self._budgets[key][m] for m in range(1, len(matches) + 1)}
+        # a draft's score is at most its size, and at most 1 per level below the match (+ float32 rounding); a
+        # node's probability is count(node) / count(match), so level k sums to the share of the match's
+        # occurrences followed by k more tokens
+        bound, small = {}, {}
+        for m, b in budget.items():
+            levels = min(b, self.max_depth - m)
+            bound[m] = min(b, levels + 1e-3)
+            after = matches[m - 1][1]
+            if after is not None:
+                if len(after) <= 8:
+                    if id(after) not in small:
+                        small[id(after)] = after.tolist()
+                    mass = sum(min(a, levels) for a in small[id(after)]) / len(after)
+                else:
+                    mass = float(np.minimum(after, levels).sum()) / len(after)
+                bound[m] = min(bound[m], mass * (1 + 1e-4) + 1e-4) if mass else 0.0  # 0: nothing to draft
+        best = None
+        for m in sorted(bound, key=lambda m: (-bound[m], -m)):  # the most promising first
+            if best is not None:
+                if bound[m] < best.score or (bound[m] == best.score and m < best.match_len):
+                    continue  # cannot win: the highest score wins, the longer match on ties
+            elif beat is not None and bound[m] <= beat:
+                continue
+            occ = matches[m - 1][0] if matches[m - 1][0] is not None else self._range(ctx[-m:])
+            draft = (self._tree if tree else self._path)(occ, m, budget[m], min_prob) if bound[m] else Draft()
+            draft.match_len = m
+            if best is None:
+                if beat is None or draft.score > beat:
+                    best = draft
+            elif draft.score > best.score or (draft.score == best.score and m > best.match_len):
+                best = draft
         return Draft() if best is None and beat is None else best
 
     def _path(self, occ: np.ndarray, depth: int, budget: int, min_prob: float) -> Draft:
         out, prob, count = Draft(), 1.0, len(occ)
         while len(out.tokens) < budget and prob >= min_prob:
-            kids, n_kids = self._children(occ, depth, 1)
+            kids, n_kids = self._children(occ, depth, float("inf"))  # the first child only
             if not kids:
                 break
             child_count, token, occ = kids[0]

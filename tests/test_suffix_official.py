@@ -329,3 +329,19 @@ def test_compact_storage_survives_merges_and_compaction(monkeypatch):
     for sub in ([0], [1, 2], [3, 3, 4], [0, 1, 0, 1]):
         assert tree.count(sub) == sum(1 for s in seqs.values() for j in range(len(s) - len(sub) + 1)
                                       if s[j: j + len(sub)] == sub)
+
+
+@pytest.mark.parametrize("min_count", [0, 40, float("inf")])
+def test_vectorised_children_agree_with_the_plain_grouping(min_count):
+    """Large occurrence sets are grouped with numpy (bincount from 2048 on): same children, order and counts."""
+    rng = random.Random(7)
+    tree = SuffixTree(8)
+    for i in range(40):  # token 1: 40 %, 0: 5 %, 2..60: the rest
+        tree.extend(i, [1 if u < 0.4 else 0 if u < 0.45 else rng.randrange(2, 61)
+                        for u in (rng.random() for _ in range(200))])
+    for token in (1, 0, 50):
+        occ = tree._matches([7, token])[0][0]
+        fast, n_fast = tree._children(occ, 1, min_count)
+        plain, n_plain = tree._children(occ.tolist(), 1, min_count)
+        assert n_fast == n_plain and [(c, t, list(ps)) for c, t, ps in fast] == plain
+    assert len(tree._matches([7, 1])[0][0]) >= 2048 > len(tree._matches([7, 0])[0][0]) > 16
