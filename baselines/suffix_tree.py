@@ -120,6 +120,7 @@ class SuffixTree:
         self._dead = 0
         self._bounds = None  # (starts, ends) of the sequences, for _tokens_after
         self._budgets: dict = {}
+        self._groups: dict = {}  # 1-2 token pattern -> children of its indexed occurrences (per merge)
 
     def __len__(self) -> int:
         """Tokens held (all sequences)."""
@@ -158,6 +159,7 @@ class SuffixTree:
             return  # never extended
         start, end = self.seqs.pop(seq_id)
         self._bounds = None
+        self._groups.clear()
         self.tokens[start:end] = -1
         self._dead += end - start
         if seq_id == self._last:
@@ -175,6 +177,7 @@ class SuffixTree:
         at = np.searchsorted(self._keys, keys, side="right")  # after older equal keys: positions stay sorted
         self._keys, self._pos = np.insert(self._keys, at, keys), np.insert(self._pos, at, pos.astype(np.int32))
         self._merged = self.n
+        self._groups.clear()
 
     def _compact(self) -> None:
         parts, seqs, n = [np.full(3, -1, np.int32)], {}, 3
@@ -189,21 +192,28 @@ class SuffixTree:
         self._merge()
 
     # ---------------------------------------------------------------- occurrences
-    def _range(self, suffix: list[int]) -> np.ndarray:
-        """End positions of ``suffix`` (1 to 3 tokens): the sorted index plus a scan of the newest tokens."""
+    def _index_span(self, suffix: list[int]) -> tuple[int, int]:
+        """Where the merged index holds the end positions of ``suffix`` (1 to 3 tokens)."""
         x, y, z = (suffix[::-1] + [None, None])[:3]
         lo = _key(x, -1 if y is None else y, -1 if z is None else z)
         hi = lo + (1 << 42 if y is None else 1 << 21 if z is None else 1)
         lo, hi = np.searchsorted(self._keys, [lo, hi])
-        old = self._pos[lo:hi].astype(np.int64)
-        start = self._merged
-        recent = self.tokens[start: self.n] == x
-        for k, t in ((1, y), (2, z)):
-            if t is not None:
-                recent &= self.tokens[start - k: self.n - k] == t
-        occ = np.concatenate([old, np.flatnonzero(recent) + start])
+        return int(lo), int(hi)
+
+    def _scan(self, suffix: list[int], start: int | None = None) -> np.ndarray:
+        """End positions of ``suffix`` (1 to 3 tokens) from ``start`` on (default: the tokens not merged yet)."""
+        start, hit = self._merged if start is None else start, None
+        for k, t in enumerate(suffix[::-1]):
+            same = self.tokens[start - k: self.n - k] == t
+            hit = same if hit is None else hit & same
+        return np.flatnonzero(hit) + start
+
+    def _range(self, suffix: list[int]) -> np.ndarray:
+        """End positions of ``suffix`` (1 to 3 tokens): the sorted index plus a scan of the newest tokens."""
+        lo, hi = self._index_span(suffix)
+        occ = np.concatenate([self._pos[lo:hi].astype(np.int64), self._scan(suffix)])
         if self._dead:  # removed sequences are -1 in the token array but may still be in the index
-            occ = occ[self.tokens[occ] == x]
+            occ = occ[self.tokens[occ] == suffix[-1]]
         return occ
 
     def _matches(self, ctx: list[int]) -> list:
@@ -255,6 +265,13 @@ class SuffixTree:
             out.append(pair)
         return out
 
+    def _count(self, suffix: list[int]) -> int:
+        """Occurrences of ``suffix`` (1 to 3 tokens)."""
+        if self._dead:
+            return len(self._range(suffix))
+        lo, hi = self._index_span(suffix)
+        return hi - lo + len(self._scan(suffix))
+
     def _occ1(self, x: int) -> np.ndarray:
         return self._range([x])
 
@@ -283,6 +300,10 @@ class SuffixTree:
         occurrences and all of the highest count (the first child). Also returns the number of children."""
         if depth >= self.max_depth:
             return [], 0
+        if isinstance(occ, tuple):  # a node named by its 1-3 tokens (below a short match)
+            if len(occ) <= 2:
+                return self._indexed_children(occ, min_count)
+            occ = self._range(list(occ))
         if isinstance(occ, list) or len(occ) <= 16:
             groups: dict[int, list] = {}
             tokens = self.tokens
@@ -323,6 +344,55 @@ class SuffixTree:
                 kids.append((c, t, ps if c > 16 else ps.tolist(), _NEW + float(ps.min()) if c == 1 else -float(ps.max())))
         kids.sort(key=lambda k: (-k[0], k[3]))
         return [kids[0][:3]] + [k[:3] for k in kids[1:] if k[0] >= min_count], n_kids
+
+    def _indexed_children(self, pattern: tuple, min_count: float) -> tuple[list, int]:
+        """``_children`` of a 1-2 token node: its older occurrences grouped once per index merge (cached), its
+        newest ones scanned. Children are named by their tokens (resolved when expanded)."""
+        entry = self._groups.get(pattern)
+        if entry is None:
+            lo, hi = self._index_span(list(pattern))
+            nxt = np.sort(self._pos[lo:hi]).astype(np.int64) + 1
+            toks = self.tokens[nxt]
+            if self._dead:
+                alive = self.tokens[nxt - 1] == pattern[-1]
+                nxt, toks = nxt[alive], toks[alive]
+            keep = (toks >= 0) & (nxt < self._merged)  # a next token not merged yet may still be written
+            nxt, toks = nxt[keep], toks[keep]
+            uniq, first, counts = np.unique(toks, return_index=True, return_counts=True)
+            last = len(toks) - 1 - np.unique(toks[::-1], return_index=True)[1]
+            entry = self._groups[pattern] = (uniq, counts, nxt[first], nxt[last])
+        uniq, counts, first, last = entry
+        recent = self._scan(list(pattern), self._merged - 1) + 1
+        if len(recent):  # newer than all grouped ones
+            rt = self.tokens[recent]
+            recent, rt = recent[rt >= 0], rt[rt >= 0]
+            extra = {}
+            for t, p in zip(rt.tolist(), recent.tolist()):
+                c, f, _ = extra.get(t, (0, p, p))
+                extra[t] = (c + 1, f, p)
+            at = np.searchsorted(uniq, list(extra))
+            known = [i < len(uniq) and uniq[i] == t for i, t in zip(at.tolist(), extra)]
+            counts, last = counts.copy(), last.copy()
+            new = [(t, *v) for (t, v), k in zip(extra.items(), known) if not k]
+            for i, (t, (c, _, p)), k in zip(at.tolist(), extra.items(), known):
+                if k:
+                    counts[i] += c
+                    last[i] = p
+            if new:
+                uniq = np.concatenate([uniq, [t for t, *_ in new]])
+                counts = np.concatenate([counts, [c for _, c, _, _ in new]])
+                first = np.concatenate([first, [f for _, _, f, _ in new]])
+                last = np.concatenate([last, [p for *_, p in new]])
+        if not len(uniq):
+            return [], 0
+        top = int(counts.max())
+        tied = np.flatnonzero(counts == top)
+        head = tied[first[tied].argmin()] if top == 1 else tied[last[tied].argmax()]
+        wanted = set(np.flatnonzero(counts >= min_count).tolist()) | {int(head)}
+        kids = [(int(counts[i]), int(uniq[i]), pattern + (int(uniq[i]),),
+                 _NEW + float(first[i]) if counts[i] == 1 else -float(last[i])) for i in wanted]
+        kids.sort(key=lambda k: (-k[0], k[3]))
+        return [kids[0][:3]] + [k[:3] for k in kids[1:] if k[0] >= min_count], len(uniq)
 
     @staticmethod
     def _node_end(count: int, kids: list, n_kids: int) -> bool:
@@ -365,8 +435,12 @@ class SuffixTree:
                     continue  # cannot win: the highest score wins, the longer match on ties
             elif beat is not None and bound[m] <= beat:
                 continue
-            occ = matches[m - 1][0] if matches[m - 1][0] is not None else self._range(ctx[-m:])
-            draft = (self._tree if tree else self._path)(occ, m, budget[m], min_prob) if bound[m] else Draft()
+            occ = matches[m - 1][0]
+            if occ is None:  # a short match with many occurrences: named by its tokens
+                occ, count = tuple(ctx[-m:]), self._count(ctx[-m:])
+            else:
+                count = len(occ)
+            draft = (self._tree if tree else self._path)(occ, count, m, budget[m], min_prob) if bound[m] else Draft()
             draft.match_len = m
             if best is None:
                 if beat is None or draft.score > beat:
@@ -375,8 +449,8 @@ class SuffixTree:
                 best = draft
         return Draft() if best is None and beat is None else best
 
-    def _path(self, occ: np.ndarray, depth: int, budget: int, min_prob: float) -> Draft:
-        out, prob, count = Draft(), 1.0, len(occ)
+    def _path(self, occ, count: int, depth: int, budget: int, min_prob: float) -> Draft:
+        out, prob = Draft(), 1.0
         while len(out.tokens) < budget and prob >= min_prob:
             kids, n_kids = self._children(occ, depth, float("inf"))  # the first child only
             if not kids:
@@ -390,11 +464,11 @@ class SuffixTree:
             count, depth = child_count, depth + 1
         return out
 
-    def _tree(self, occ: np.ndarray, depth: int, budget: int, min_prob: float) -> Draft:
+    def _tree(self, occ, count: int, depth: int, budget: int, min_prob: float) -> Draft:
         # queue items: (prob, 0, count, token, occ, depth, parent) emits a token;
         #              (prob, 1, count, kids, depth, parent) pushes the children of a node end
         out = Draft()
-        heap = [self._after(1.0, len(occ), occ, depth, -1, min_prob)]
+        heap = [self._after(1.0, count, occ, depth, -1, min_prob)]
         while len(out.tokens) < budget and heap:
             item = _heap_pop(heap)
             prob, kind, count = item[:3]

@@ -4,6 +4,7 @@ lengths, as a plain re-implementation of the official cache written here (an unc
 sibling list, compressed nodes found on the fly, libstdc++'s priority queue, float32); the per-request tree holds
 the prompt and the generated tokens; a bounded cache evicts oldest-first; state crosses requests and snapshots."""
 
+import json
 import random
 
 import numpy as np
@@ -272,6 +273,18 @@ def test_replay_of_random_small_vocabulary_text_with_ties(depth, spec):
     assert got == want
 
 
+@pytest.mark.parametrize("tree", [True, False])
+def test_replay_with_frequent_index_merges(tree, monkeypatch):
+    """Tokens merged into the sorted index every 24 appends: the cached children of short matches are rebuilt
+    and combined with the newest tokens at every step, and drafts stay the official ones."""
+    monkeypatch.setattr("baselines.suffix_tree.RECENT", 24)
+    rng = random.Random(11)
+    requests = [([rng.randrange(5) for _ in range(rng.randrange(2, 20))],
+                 [rng.randrange(5) for _ in range(rng.randrange(20, 70))]) for _ in range(10)]
+    got, want = replay(requests, depth=10, tree=tree)
+    assert got == want
+
+
 def test_per_request_tree_holds_the_prompt_and_the_generated_tokens():
     dec = SuffixDecoder(max_cached_outputs=0)
     state = dec.start(None, [5, 6, 7], ())
@@ -345,3 +358,21 @@ def test_vectorised_children_agree_with_the_plain_grouping(min_count):
         plain, n_plain = tree._children(occ.tolist(), 1, min_count)
         assert n_fast == n_plain and [(c, t, list(ps)) for c, t, ps in fast] == plain
     assert len(tree._matches([7, 1])[0][0]) >= 2048 > len(tree._matches([7, 0])[0][0]) > 16
+
+
+def test_cli_runs_the_vllm_settings_and_refuses_a_negative_cache(tmp_path):
+    """The real CLI: a bounded cache of single-path drafts (the vLLM hook's behaviour) stays exact; -1 (the official
+    spelling of unlimited) is refused with the one-line error naming null."""
+    from tests.test_runner import run_cli
+    from tests.test_spec_bench import write_question_jsonl
+
+    data, out = write_question_jsonl(tmp_path / "question.jsonl"), tmp_path / "runs"
+    proc = run_cli("method=suffix_decoding", "method.tree=false", "method.max_cached_outputs=2", "task=spec_bench",
+                   f"task.data_path={data}", "bench.max_new_tokens=12", f"bench.output_dir={out}",
+                   "wandb.mode=disabled", "bench.progress=false", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (summary,) = out.glob("*/spec_bench/*/*/summary.json")
+    assert json.loads(summary.read_text())["exact_match_rate"] == 1.0
+    proc = run_cli("method=suffix_decoding", "method.max_cached_outputs=-1", f"bench.output_dir={out}", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+        "error: method.max_cached_outputs=-1 must be null"), proc.stderr[-2000:]
