@@ -277,7 +277,7 @@ def test_replay_of_random_small_vocabulary_text_with_ties(depth, spec):
 def test_replay_with_frequent_index_merges(tree, monkeypatch):
     """Tokens merged into the sorted index every 24 appends: the cached children of short matches are rebuilt
     and combined with the newest tokens at every step, and drafts stay the official ones."""
-    monkeypatch.setattr("baselines.suffix_tree.RECENT", 24)
+    monkeypatch.setattr("baselines.suffix_index.RECENT", 24)
     rng = random.Random(11)
     requests = [([rng.randrange(5) for _ in range(rng.randrange(2, 20))],
                  [rng.randrange(5) for _ in range(rng.randrange(20, 70))]) for _ in range(10)]
@@ -329,7 +329,7 @@ def test_unbounded_by_default_and_state_crosses_requests_and_snapshots():
 
 
 def test_compact_storage_survives_merges_and_compaction(monkeypatch):
-    monkeypatch.setattr("baselines.suffix_tree.RECENT", 16)
+    monkeypatch.setattr("baselines.suffix_index.RECENT", 16)
     rng = random.Random(5)
     tree, seqs = SuffixTree(6), {}
     for i in range(40):
