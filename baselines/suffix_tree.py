@@ -163,16 +163,19 @@ class SuffixTree(SuffixIndex):
             if len(self._groups) >= 4096:
                 self._groups.clear()
             lo, hi = self._index_span(list(pattern))
-            nxt = np.sort(self._pos[lo:hi]).astype(np.int64) + 1
+            nxt = self._pos[lo:hi].astype(np.int64) + 1
             toks = self.tokens[nxt]
             if self._dead:
                 alive = self.tokens[nxt - 1] == pattern[-1]
                 nxt, toks = nxt[alive], toks[alive]
             keep = (toks >= 0) & (nxt < self._merged)  # a next token not merged yet may still be written
-            nxt, toks = nxt[keep], toks[keep]
-            uniq, first, counts = np.unique(toks, return_index=True, return_counts=True)
-            last = len(toks) - 1 - np.unique(toks[::-1], return_index=True)[1]
-            entry = self._groups[pattern] = (self._merged, uniq, counts, nxt[first], nxt[last])
+            nxt, toks = nxt[keep], toks[keep].astype(np.int64)
+            size = int(toks.max()) + 1 if len(toks) else 1
+            counts, first, last = np.bincount(toks, minlength=size), np.full(size, 1 << 62), np.full(size, -1)
+            np.minimum.at(first, toks, nxt)
+            np.maximum.at(last, toks, nxt)
+            uniq = np.flatnonzero(counts)
+            entry = self._groups[pattern] = (self._merged, uniq, counts[uniq], first[uniq], last[uniq])
         upto, uniq, counts, first, last = entry  # grouped: the occurrences followed by a token before ``upto``
         recent = self._scan(list(pattern), upto - 1) + 1
         if len(recent):  # newer than all grouped ones
