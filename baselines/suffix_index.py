@@ -23,7 +23,6 @@ def _key(x, y, z):
     return (x << 42) | ((y + 1) << 21) | (z + 1)
 
 
-
 class SuffixIndex:
     """Token array + sorted index of a set of sequences (see the module docstring). ``extend`` grows the newest
     sequence (or starts one); ``remove`` forgets one; ``count`` is a pattern's number of occurrences."""

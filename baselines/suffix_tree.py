@@ -198,9 +198,9 @@ class SuffixTree(SuffixIndex):
                 counts = np.concatenate([counts, [c for _, c, _, _ in new]])
                 first = np.concatenate([first, [f for _, _, f, _ in new]])
                 last = np.concatenate([last, [p for *_, p in new]])
-            if self.n - upto > 2 * suffix_index.RECENT:  # fold the scanned ones in (each next token is written: < n)
-                order = np.argsort(uniq)
-                self._groups[pattern] = (self.n, uniq[order], counts[order], first[order], last[order])
+        if self.n - upto > 2 * suffix_index.RECENT:  # fold the scanned ones in (each next token is written: < n)
+            order = np.argsort(uniq)
+            self._groups[pattern] = (self.n, uniq[order], counts[order], first[order], last[order])
         if not len(uniq):
             return [], 0
         top = int(counts.max())
