@@ -1,23 +1,25 @@
 """SuffixDecoding (Oliaro, Jia, Campos, Qiao, NeurIPS 2025, https://arxiv.org/abs/2411.04975), re-implemented from
-snowflakedb/ArcticInference (``arctic_inference/suffix_decoding/cache.py`` ``SuffixDecodingCache``,
-``csrc/suffix_decoding/suffix_tree.cc``, the vLLM hook in ``arctic_inference/vllm/model_runner.py``).
+snowflakedb/ArcticInference at commit 9d4643881608178f0f58a33d1b61919ca246997f (``arctic_inference/suffix_decoding/
+cache.py`` ``SuffixDecodingCache``, ``simulator.py``, ``csrc/suffix_decoding/suffix_tree.cc``; unchanged since
+8d5d124, Oct 2025).
 
-* Two suffix trees (``baselines/suffix_tree.py``) of depth ``max_depth``: a per-generation one over the prompt,
-  and a global one over the outputs of the run (earlier generations AND the current one as it grows; official
-  ``add_active_response``), keeping the last ``max_cached_outputs`` outputs (FIFO eviction, as the official).
-* Each step the pattern (the last ``max_depth`` committed tokens, the current token included) is matched in both
-  trees and a speculation grown from each; the one with the higher score (expected accepted tokens) is verified,
-  the prompt's winning ties (official). Its size adapts to the match: at most ``max_spec_factor * match_length +
-  max_spec_offset`` tokens and ``max_spec_tokens``, tokens whose estimated probability (frequency ratio along the
-  path) falls below ``min_token_prob`` pruned.
-* ``tree=true`` (the paper's speculation tree, ``use_tree_spec``) verifies a best-first tree in one forward with
-  tree attention; ``tree=false`` a single most-frequent path (ArcticInference's current vLLM default).
+* Two suffix trees (:class:`baselines.suffix_tree.SuffixTree`) of depth ``max_depth``: a per-request one holding
+  the prompt and then every generated token, and a global one holding the outputs of earlier requests and the
+  current output as it grows. ``SuffixDecodingCache.add_active_response`` appends each new token to BOTH trees.
+* The global tree keeps the last ``max_cached_outputs`` outputs, the current one included (official
+  ``max_cached_requests``; None = its -1, unlimited, the default of ``SuffixDecodingCache`` and of the paper's
+  simulator; 0 = no global tree); a new request evicts the oldest output first (FIFO, ``_maybe_evict_requests``).
+* Each step the pattern (the last ``max_depth`` committed tokens, the current one included) is matched in both trees
+  and a draft grown from each; the one with the higher score (expected accepted tokens) is verified, the request's
+  own tree winning ties. Its size adapts to the match: at most ``max_spec_factor * match_length + max_spec_offset``
+  tokens and ``max_spec_tokens``, tokens whose estimated probability falls below ``min_token_prob`` pruned.
+* ``tree=true`` (the paper's speculation tree, ``use_tree_spec``) verifies the draft tree in one forward with tree
+  attention; ``tree=false`` a single path (the default of ``SuffixDecodingCache.speculate`` and of the vLLM hook).
 
-Defaults: ArcticInference's (``suffix_cache_max_depth`` 64, ``suffix_max_spec_factor`` 1.0,
-``suffix_max_spec_offset`` 0.0, ``suffix_min_token_prob`` 0.1) and vLLM's ``MAX_SPEC_LEN`` 32 for
-``max_spec_tokens``. Where we differ: our trie is uncompressed Python (about 64 nodes per cached token), so the
-default global cache keeps 128 outputs (official 100,000 requests in a compressed C++ tree); trees are cut at
-the tokens left to generate. Under ``engine.static_shapes`` the tree is padded to ``max_spec_tokens + 1`` nodes.
+Defaults are the simulator's behind the paper (``simulator.py``: ``--max-depth 64``, ``--max-spec-tokens 0`` =
+the depth, ``--max-spec-factor 1.0``, ``--min-token-prob 0.1``, ``--use-tree-spec true``, ``--max-cached-requests
+-1``; ``max_spec_offset`` 0.0 as ``speculate``). Trees are cut at the tokens left to generate. Under
+``engine.static_shapes`` the tree is padded to ``max_spec_tokens + 1`` nodes.
 """
 
 from __future__ import annotations
@@ -47,17 +49,22 @@ def draft_tree(root: int, draft: Draft, max_depth: int) -> DraftTree:
 
 
 class _SuffixState(DraftState):
-    def __init__(self, cfg: SuffixDecoder, prompt: list[int], seq_id: int):
+    """One request: its own tree (prompt, then each committed token) and its output in the global tree."""
+
+    def __init__(self, cfg: SuffixDecoder, prompt: list[int], seq_id: int | None):
         self.cfg, self.seq_id, self.n_prompt = cfg, seq_id, len(prompt)
         self.local = SuffixTree(cfg.max_depth)
-        self.local.extend("prompt", prompt)
-        self.added = 0  # output tokens already in the global tree
+        self.local.extend(0, prompt)  # official start_request
+        self.added = 0  # output tokens already added
         self.matches: list[int] = []
 
     def sync(self, context: list[int]) -> None:
+        """Official ``add_active_response``: new tokens go to the request's tree and to its global output."""
         out = context[self.n_prompt + self.added:]
         if out:
-            self.cfg.global_tree.extend(self.seq_id, out)
+            self.local.extend(0, out)
+            if self.seq_id is not None:  # None: no global tree (max_cached_outputs=0)
+                self.cfg.global_tree.extend(self.seq_id, out)
             self.added += len(out)
 
     def draft(self, context: list[int], max_depth: int) -> DraftTree:
@@ -65,9 +72,9 @@ class _SuffixState(DraftState):
         c = self.cfg
         pattern = context[-c.max_depth:]
         args = (c.max_spec_tokens, c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.tree)
-        local = self.local.speculate(pattern, *args)
-        glob = c.global_tree.speculate(pattern, *args)
-        best = local if local.score >= glob.score else glob
+        best = self.local.speculate(pattern, *args)
+        if self.seq_id is not None:
+            best = c.global_tree.speculate(pattern, *args, beat=best.score) or best
         self.matches.append(best.match_len)
         return draft_tree(context[-1], best, max_depth)
 
@@ -77,23 +84,25 @@ class SuffixDecoder(TreeDrafter):
     """SuffixDecoding (see the module docstring).
 
     Attributes:
-        max_depth: suffix tree depth = the longest pattern matched (``suffix_cache_max_depth``).
-        max_spec_tokens: most speculated tokens per step.
+        max_depth: suffix tree depth = the longest pattern matched (``max_tree_depth``, 64).
+        max_spec_tokens: most speculated tokens per step (simulator: 0 = ``max_depth``).
         max_spec_factor: speculated tokens <= factor * match length + offset.
         max_spec_offset: see ``max_spec_factor``.
         min_token_prob: prune tokens whose estimated probability is below this.
-        tree: a speculation tree (paper) or a single path (vLLM default).
-        max_cached_outputs: earlier outputs kept in the global tree (0: only the current one).
+        tree: a speculation tree (paper's simulator) or a single path (``speculate``'s and vLLM's default).
+        max_cached_outputs: outputs kept in the global tree, the current one included (None: unlimited, the
+            official default -1; 0: no global tree; N: the oldest evicted first).
     """
 
     max_depth: int = at_least(2, 64)
-    max_spec_tokens: int = at_least(1, 32)
+    max_spec_tokens: int = at_least(1, 64)
     max_spec_factor: float = 1.0
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1
     tree: bool = True
-    max_cached_outputs: int = at_least(0, 128)  # 0: the prompt's tree only
-    cross_request_state: ClassVar[tuple[str, ...]] = ("global_tree", "_cached", "_next_id")  # official: learnt across requests
+    max_cached_outputs: int | None = at_least(0, None)  # None: unlimited (official -1)
+    # official: learnt across requests
+    cross_request_state: ClassVar[tuple[str, ...]] = ("global_tree", "_cached", "_next_id")
 
     def __post_init__(self):
         check_bounds(self, "method")
@@ -114,17 +123,19 @@ class SuffixDecoder(TreeDrafter):
         self._next_id = 0
 
     def start(self, engine, prompt_ids, eos_ids) -> DraftState:
-        seq_id, self._next_id = self._next_id, self._next_id + 1
+        seq_id = None
+        if self.max_cached_outputs != 0:  # official start_request: a global slot, evicting oldest-first
+            seq_id, self._next_id = self._next_id, self._next_id + 1
+            while self.max_cached_outputs is not None and len(self._cached) >= self.max_cached_outputs:
+                self.global_tree.remove(self._cached.popleft())
+            self._cached.append(seq_id)
         return _SuffixState(self, prompt_ids, seq_id)
 
     def finish(self, state, prompt_ids, tokens) -> None:
         state.sync(list(prompt_ids) + list(tokens))
-        self._cached.append(state.seq_id)
-        while len(self._cached) > self.max_cached_outputs:  # FIFO eviction (official)
-            self.global_tree.remove(self._cached.popleft())
 
     def max_tree(self) -> int:
         return 1 + self.max_spec_tokens
 
     def buffer_bytes(self) -> int:
-        return 0  # host-side Python structures; nothing on the device
+        return self.global_tree.nbytes()  # host arrays of the global tree (nothing on the device)

@@ -1,39 +1,53 @@
-"""A depth-bounded suffix tree with occurrence counts and frequency-ordered speculation, the data structure of
-SuffixDecoding (ArcticInference ``csrc/suffix_decoding/suffix_tree.cc``), as an uncompressed trie.
+"""The depth-bounded suffix tree of SuffixDecoding and its speculation, re-implemented from snowflakedb/ArcticInference
+``csrc/suffix_decoding/suffix_tree.{h,cc}`` (commit 9d4643881608178f0f58a33d1b61919ca246997f; these files last
+changed in 8d5d124, Oct 2025), over the compact storage of ``baselines/suffix_index.py`` (never built node by
+node).
 
-The tree of a set of sequences holds every substring of length <= ``max_depth``; a node's ``count`` is the number
-of its occurrences (start positions; ArcticInference counts the suffixes passing through a node, the same number).
-Appending a token to a sequence extends each of the sequence's last ``max_depth - 1`` suffixes (and starts a new
-one); removing a sequence walks the same suffixes back, decrementing counts and pruning empty nodes.
+**What the official tree holds.** For each sequence added, every substring of length <= ``max_depth`` is a path
+from the root; a node's ``count`` is its number of occurrences. Nodes are path-compressed (a node ends where paths
+branch or an occurrence ends), children are kept in a list ordered by decreasing count in which a child whose count
+changes moves to the front of its new count group and a new child (count 1) joins the back.
 
-:meth:`SuffixTree.speculate` is ArcticInference's ``SuffixTree::speculate``: for every match length
-``m = 1, 2, ...`` (while ``context[-m:]`` occurs; never the whole context) a draft is grown from the matched node
-with at most ``min(max_spec_tokens, int(m * max_spec_factor + max_spec_offset))`` tokens, either as a tree
-(``_speculate_tree``: best-first by estimated probability, a child's probability being its parent's times
-``count(child) / count(parent)``, children below ``min_token_prob`` pruned) or as a path (``_speculate_path``:
-the most frequent child each time, stopping once the probability falls below ``min_token_prob``); the draft
-with the highest score (sum of its tokens' probabilities) wins, a later (longer) match winning ties.
-Equal probabilities in the tree's priority queue are taken in insertion order (C++'s heap order is unspecified).
+Here a node is the set of end positions of its string. Its node ends (path compression) are where the set stops
+continuing as one, and the sibling order follows from the positions when sequences are only appended (a position
+is a time): among equal counts, a child seen more than once ranks by its latest occurrence (newest first), a child
+seen once by its occurrence (oldest first). The official also reorders siblings when a sequence is removed, which
+this does not replay (it matters only for ties after evictions; counts stay exact).
+
+:meth:`SuffixTree.speculate` is ``SuffixTree::speculate``: for each match length ``m`` (``context[-m:]``
+occurs, ``m < len(context)``) a draft of at most ``min(max_spec_tokens, int(m * max_spec_factor +
+max_spec_offset + 1e-6))`` tokens is grown from the matched node, as a tree (``_speculate_tree``: a priority queue
+by estimated probability, a child's being its parent's times ``count(child) / count(node)``, children below
+``min_token_prob`` dropped) or a path (``_speculate_path``: the first child each time, stopping below
+``min_token_prob``). The highest score (sum of probabilities) wins, the longer match on ties. Probabilities and
+scores are float32 as in C++, and the queue reproduces libstdc++'s ``std::priority_queue`` (``push_heap`` /
+``pop_heap``), so equal probabilities come out in the official order. Matches are tried most promising first, a
+match skipped when its budget (or its depth left) cannot beat the best score, which gives the same draft.
 """
 
 from __future__ import annotations
 
-import heapq
+import struct
 from dataclasses import dataclass, field
 
+import numpy as np
 
-class Node:
-    __slots__ = ("count", "children")
+from baselines import suffix_index
+from baselines.suffix_index import SuffixIndex
 
-    def __init__(self):
-        self.count = 0
-        self.children: dict[int, Node] = {}
+_F32 = struct.Struct("<f")
+_NEW = float(1 << 40)  # order key offset of a child seen once: behind those whose count changed
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to float32 (C++ ``float``)."""
+    return _F32.unpack(_F32.pack(x))[0]
 
 
 @dataclass
 class Draft:
-    """A speculation: tokens with their parent index in the draft (-1 = below the matched node), probabilities
-    and score (sum of probabilities)."""
+    """A speculation (``Draft`` in suffix_tree.h): tokens, parent index in the draft (-1 = below the matched
+    node), float32 probabilities, score (their float32 sum) and the match length it came from."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
@@ -41,133 +55,257 @@ class Draft:
     score: float = 0.0
     match_len: int = 0
 
-    def paths(self) -> list[list[int]]:
-        """Root-to-leaf token paths (for :meth:`fafo.tree.DraftTree.from_paths`)."""
-        has_child = {p for p in self.parents if p >= 0}
-        out = []
-        for i in range(len(self.tokens)):
-            if i in has_child:
-                continue
-            path, j = [], i
-            while j >= 0:
-                path.append(self.tokens[j])
-                j = self.parents[j]
-            out.append(path[::-1])
-        return out
+    def add(self, token: int, parent: int, prob: float) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.probs.append(prob)
+        self.score = f32(self.score + prob)
+        return len(self.tokens) - 1
 
 
-class SuffixTree:
-    """Counts of every substring of length <= ``max_depth`` of the sequences added (see the module docstring)."""
+def _heap_push(heap: list, item: tuple) -> None:
+    """libstdc++ ``push_heap`` on a max-heap keyed by ``item[0]``."""
+    heap.append(item)
+    hole = len(heap) - 1
+    while hole > 0 and heap[(hole - 1) // 2][0] < item[0]:
+        heap[hole] = heap[(hole - 1) // 2]
+        hole = (hole - 1) // 2
+    heap[hole] = item
+
+
+def _heap_pop(heap: list) -> tuple:
+    """libstdc++ ``pop_heap`` + ``pop_back`` (``__adjust_heap``: the hole sinks to a leaf, then the last item
+    rises from there)."""
+    top, n = heap[0], len(heap) - 1
+    if n:
+        value, hole, child = heap[n], 0, 0
+        while child < (n - 1) // 2:
+            child = 2 * (child + 1)
+            if heap[child][0] < heap[child - 1][0]:
+                child -= 1
+            heap[hole], hole = heap[child], child
+        if n % 2 == 0 and child == (n - 2) // 2:
+            child = 2 * (child + 1)
+            heap[hole], hole = heap[child - 1], child - 1
+        while hole > 0 and heap[(hole - 1) // 2][0] < value[0]:
+            heap[hole] = heap[(hole - 1) // 2]
+            hole = (hole - 1) // 2
+        heap[hole] = value
+    heap.pop()
+    return top
+
+
+class SuffixTree(SuffixIndex):
+    """The official depth-bounded suffix tree of a set of sequences (see the module docstring)."""
 
     def __init__(self, max_depth: int):
-        self.max_depth = max_depth
-        self.root = Node()
-        self.seqs: dict[object, list[int]] = {}
-        self._active: dict[object, list[Node]] = {}  # per sequence: nodes of its last suffixes (depth < max)
-        self.n_nodes = 1
+        super().__init__(max_depth)
+        self._budgets: dict = {}  # (max_spec_tokens, factor, offset) -> {match length: draft size}
 
-    def extend(self, seq_id, tokens) -> None:
-        """Append ``tokens`` to sequence ``seq_id`` (created if new)."""
-        seq = self.seqs.setdefault(seq_id, [])
-        active = self._active.setdefault(seq_id, [])
-        for t in tokens:
-            t = int(t)
-            seq.append(t)
-            nxt = []
-            for node in [self.root, *active]:  # the new suffix starts at the root
-                child = node.children.get(t)
-                if child is None:
-                    child = node.children[t] = Node()
-                    self.n_nodes += 1
-                child.count += 1
-                nxt.append(child)
-            # nxt[i] sits at depth i + 1 (suffix started i tokens ago); keep those that can still grow
-            self._active[seq_id] = active = nxt[: self.max_depth - 1]
+    # ---------------------------------------------------------------- the tree below a node
+    def _children(self, occ, depth: int, min_count: float) -> tuple[list, int]:
+        """Children of the node with end positions ``occ`` (array, or list when small) at ``depth``, in the
+        official sibling order, as ``(count, token, end positions)``: those with at least ``min_count``
+        occurrences and all of the highest count (the first child). Also returns the number of children."""
+        if depth >= self.max_depth:
+            return [], 0
+        if isinstance(occ, tuple):  # a node named by its 1-3 tokens (below a short match)
+            if len(occ) <= 2:
+                return self._indexed_children(occ, min_count)
+            occ = self._range(list(occ))
+        if isinstance(occ, list) or len(occ) <= 16:
+            groups: dict[int, list] = {}
+            tokens = self.tokens
+            for p in (occ if isinstance(occ, list) else occ.tolist()):
+                t = int(tokens[p + 1])
+                if t >= 0:
+                    groups.setdefault(t, []).append(p + 1)
+            if len(groups) < 2:  # at most one child: no order to decide
+                if not groups:
+                    return [], 0
+                ((t, ps),) = groups.items()
+                return [(len(ps), t, ps)], 1
+            kids = [(len(ps), t, ps, _NEW + ps[0] if len(ps) == 1 else -float(max(ps))) for t, ps in groups.items()]
+            n_kids = len(groups)
+        else:
+            nxt = occ + 1
+            toks = self.tokens[nxt]
+            keep = toks >= 0
+            toks, nxt = toks[keep], nxt[keep]
+            if not len(toks):
+                return [], 0
+            if len(toks) >= 2048 and int(toks.max()) < 1 << 22:
+                per_token = np.bincount(toks)
+                uniq = np.flatnonzero(per_token)
+                counts, per_entry = per_token[uniq], per_token[toks]
+            else:
+                uniq, inverse, counts = np.unique(toks, return_inverse=True, return_counts=True)
+                per_entry = counts[inverse]
+            n_kids, top = len(uniq), int(counts.max())
+            # the first child: of the highest count, the oldest if seen once, else the latest seen
+            at = np.flatnonzero(per_entry == top)
+            first = at[nxt[at].argmin()] if top == 1 else at[nxt[at].argmax()]
+            wanted = set(uniq[counts >= min_count].tolist()) | {int(toks[first])}
+            kids = []
+            for t in wanted:
+                ps = nxt[toks == t]
+                c = len(ps)
+                key = _NEW + float(ps.min()) if c == 1 else -float(ps.max())
+                kids.append((c, t, ps if c > 16 else ps.tolist(), key))
+        kids.sort(key=lambda k: (-k[0], k[3]))
+        return [kids[0][:3]] + [k[:3] for k in kids[1:] if k[0] >= min_count], n_kids
 
-    def remove(self, seq_id) -> None:
-        """Forget sequence ``seq_id`` (its counts are subtracted, empty nodes pruned)."""
-        seq = self.seqs.pop(seq_id, None)
-        self._active.pop(seq_id, None)
-        if seq is None:
-            return
-        for start in range(len(seq)):
-            node = self.root
-            for t in seq[start: start + self.max_depth]:
-                child = node.children[t]
-                child.count -= 1
-                if child.count == 0:
-                    del node.children[t]
-                    self.n_nodes -= self._size(child)
-                    break
-                node = child
+    def _indexed_children(self, pattern: tuple, min_count: float) -> tuple[list, int]:
+        """``_children`` of a 1-2 token node: its older occurrences grouped once (cached; the newer ones folded in
+        now and then), its newest ones scanned. Children are named by their tokens (resolved when expanded)."""
+        entry = self._groups.get(pattern)
+        if entry is None:
+            if len(self._groups) >= 4096:
+                self._groups.clear()
+            lo, hi = self._index_span(list(pattern))
+            nxt = self._pos[lo:hi].astype(np.int64) + 1
+            toks = self.tokens[nxt]
+            if self._dead:
+                alive = self.tokens[nxt - 1] == pattern[-1]
+                nxt, toks = nxt[alive], toks[alive]
+            keep = (toks >= 0) & (nxt < self._merged)  # a next token not merged yet may still be written
+            nxt, toks = nxt[keep], toks[keep].astype(np.int64)
+            size = int(toks.max()) + 1 if len(toks) else 1
+            counts, first, last = np.bincount(toks, minlength=size), np.full(size, 1 << 62), np.full(size, -1)
+            np.minimum.at(first, toks, nxt)
+            np.maximum.at(last, toks, nxt)
+            uniq = np.flatnonzero(counts)
+            entry = self._groups[pattern] = (self._merged, uniq, counts[uniq], first[uniq], last[uniq])
+        upto, uniq, counts, first, last = entry  # grouped: the occurrences followed by a token before ``upto``
+        recent = self._scan(list(pattern), upto - 1) + 1
+        if len(recent):  # newer than all grouped ones
+            rt = self.tokens[recent]
+            recent, rt = recent[rt >= 0], rt[rt >= 0]
+            extra = {}
+            for t, p in zip(rt.tolist(), recent.tolist()):
+                c, f, _ = extra.get(t, (0, p, p))
+                extra[t] = (c + 1, f, p)
+            at = np.searchsorted(uniq, list(extra))
+            known = [i < len(uniq) and uniq[i] == t for i, t in zip(at.tolist(), extra)]
+            counts, last = counts.copy(), last.copy()
+            new = [(t, *v) for (t, v), k in zip(extra.items(), known) if not k]
+            for i, (t, (c, _, p)), k in zip(at.tolist(), extra.items(), known):
+                if k:
+                    counts[i] += c
+                    last[i] = p
+            if new:
+                uniq = np.concatenate([uniq, [t for t, *_ in new]])
+                counts = np.concatenate([counts, [c for _, c, _, _ in new]])
+                first = np.concatenate([first, [f for _, _, f, _ in new]])
+                last = np.concatenate([last, [p for *_, p in new]])
+        if self.n - upto > 2 * suffix_index.RECENT:  # fold the scanned ones in (each next token is written: < n)
+            order = np.argsort(uniq)
+            self._groups[pattern] = (self.n, uniq[order], counts[order], first[order], last[order])
+        if not len(uniq):
+            return [], 0
+        top = int(counts.max())
+        tied = np.flatnonzero(counts == top)
+        head = tied[first[tied].argmin()] if top == 1 else tied[last[tied].argmax()]
+        wanted = set(np.flatnonzero(counts >= min_count).tolist()) | {int(head)}
+        kids = [(int(counts[i]), int(uniq[i]), pattern + (int(uniq[i]),),
+                 _NEW + float(first[i]) if counts[i] == 1 else -float(last[i])) for i in wanted]
+        kids.sort(key=lambda k: (-k[0], k[3]))
+        return [kids[0][:3]] + [k[:3] for k in kids[1:] if k[0] >= min_count], len(uniq)
 
     @staticmethod
-    def _size(node: Node) -> int:
-        return 1 + sum(SuffixTree._size(c) for c in node.children.values())
+    def _node_end(count: int, kids: list, n_kids: int) -> bool:
+        """Whether a compressed node of the official tree ends here (branching, or an occurrence stops)."""
+        return n_kids != 1 or kids[0][0] < count
 
-    def match(self, context) -> Node | None:
-        node = self.root
-        for t in context:
-            node = node.children.get(int(t))
-            if node is None:
-                return None
-        return node
-
-    def speculate(self, context: list[int], max_spec_tokens: int, max_spec_factor: float = 1.0,
-                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, tree: bool = True) -> Draft:
-        context = context[-self.max_depth:]
-        best = Draft()
-        for m in range(1, len(context)):
-            node = self.match(context[len(context) - m:])
-            if node is None:
-                break
-            budget = max(min(max_spec_tokens, int(m * max_spec_factor + max_spec_offset + 1e-6)), 0)
-            draft = (self._tree if tree else self._path)(node, budget, min_token_prob)
-            if draft.score >= best.score:
-                draft.match_len = m
+    # ---------------------------------------------------------------- speculation
+    def speculate(self, context, max_spec_tokens: int, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
+                  min_token_prob: float = 0.1, tree: bool = True, beat: float | None = None) -> Draft | None:
+        """``SuffixTree::speculate`` over the last ``max_depth`` tokens of ``context``. With ``beat``, only a draft
+        scoring strictly more than it is returned (else None): the global tree against the prompt's."""
+        ctx = [int(t) for t in context[-self.max_depth:]]
+        matches = self._matches(ctx)
+        factor, offset, min_prob = f32(max_spec_factor), f32(max_spec_offset), f32(min_token_prob)
+        key = (max_spec_tokens, factor, offset)
+        if key not in self._budgets:  # official: min(max_spec_tokens, int(m * factor + offset + 1e-6)) in float
+            self._budgets[key] = {m: max(min(max_spec_tokens, int(f32(f32(m * factor) + offset) + 1e-6)), 0)
+                                  for m in range(1, self.max_depth)}
+        budget = {m: self._budgets[key][m] for m in range(1, len(matches) + 1)}
+        # a draft's score is at most its size, and at most 1 per level below the match (+ float32 rounding); a
+        # node's probability is count(node) / count(match), so level k sums to the share of the match's
+        # occurrences followed by k more tokens
+        bound, small = {}, {}
+        for m, b in budget.items():
+            levels = min(b, self.max_depth - m)
+            bound[m] = min(b, levels + 1e-3)
+            after = matches[m - 1][1]
+            if after is not None:
+                if len(after) <= 8:
+                    if id(after) not in small:
+                        small[id(after)] = after.tolist()
+                    mass = sum(min(a, levels) for a in small[id(after)]) / len(after)
+                else:
+                    mass = float(np.minimum(after, levels).sum()) / len(after)
+                bound[m] = min(bound[m], mass * (1 + 1e-4) + 1e-4) if mass else 0.0  # 0: nothing to draft
+        best = None
+        for m in sorted(bound, key=lambda m: (-bound[m], -m)):  # the most promising first
+            if best is not None:
+                if bound[m] < best.score or (bound[m] == best.score and m < best.match_len):
+                    continue  # cannot win: the highest score wins, the longer match on ties
+            elif beat is not None and bound[m] <= beat:
+                continue
+            occ = matches[m - 1][0]
+            if occ is None:  # a short match with many occurrences: named by its tokens
+                occ, count = tuple(ctx[-m:]), self._count(ctx[-m:])
+            else:
+                count = len(occ)
+            draft = (self._tree if tree else self._path)(occ, count, m, budget[m], min_prob) if bound[m] else Draft()
+            draft.match_len = m
+            if best is None:
+                if beat is None or draft.score > beat:
+                    best = draft
+            elif draft.score > best.score or (draft.score == best.score and m > best.match_len):
                 best = draft
-        return best
+        return Draft() if best is None and beat is None else best
 
-    @staticmethod
-    def _ranked(node: Node) -> list[tuple[int, Node]]:
-        # children by decreasing count (ArcticInference keeps them sorted); equal counts by token id
-        return sorted(node.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
-
-    def _path(self, node: Node, budget: int, min_prob: float) -> Draft:
+    def _path(self, occ, count: int, depth: int, budget: int, min_prob: float) -> Draft:
         out, prob = Draft(), 1.0
-        while len(out.tokens) < budget:
-            if not node.children:
+        while len(out.tokens) < budget and prob >= min_prob:
+            kids, n_kids = self._children(occ, depth, float("inf"))  # the first child only
+            if not kids:
                 break
-            token, child = self._ranked(node)[0]
-            prob *= child.count / node.count
-            if prob < min_prob:
-                break
-            out.parents.append(len(out.tokens) - 1)
-            out.tokens.append(token)
-            out.probs.append(prob)
-            out.score += prob
-            node = child
+            child_count, token, occ = kids[0]
+            if self._node_end(count, kids, n_kids):
+                prob = f32(prob * f32(child_count / count))
+                if prob < min_prob:
+                    break
+            out.add(token, len(out.tokens) - 1, prob)
+            count, depth = child_count, depth + 1
         return out
 
-    def _tree(self, node: Node, budget: int, min_prob: float) -> Draft:
-        out, order = Draft(), 0
-        heap: list = []
-
-        def push_children(parent_node: Node, prob: float, parent: int) -> None:
-            nonlocal order
-            for token, child in self._ranked(parent_node):
-                p = prob * child.count / parent_node.count
-                if p < min_prob:
-                    break  # children are sorted: the rest are smaller
-                heapq.heappush(heap, (-p, order, token, child, parent))
-                order += 1
-
-        push_children(node, 1.0, -1)
+    def _tree(self, occ, count: int, depth: int, budget: int, min_prob: float) -> Draft:
+        # queue items: (prob, 0, count, token, occ, depth, parent) emits a token;
+        #              (prob, 1, count, kids, depth, parent) pushes the children of a node end
+        out = Draft()
+        heap = [self._after(1.0, count, occ, depth, -1, min_prob)]
         while len(out.tokens) < budget and heap:
-            neg, _, token, child, parent = heapq.heappop(heap)
-            out.parents.append(parent)
-            out.tokens.append(token)
-            out.probs.append(-neg)
-            out.score += -neg
-            push_children(child, -neg, len(out.tokens) - 1)
+            item = _heap_pop(heap)
+            prob, kind, count = item[:3]
+            if kind == 0:
+                _, _, _, token, occ, depth, parent = item
+                index = out.add(token, parent, prob)
+                _heap_push(heap, self._after(prob, count, occ, depth, index, min_prob))
+            else:
+                for child_count, token, child_occ in item[3]:
+                    p = f32(f32(prob * child_count) / count)
+                    if p < min_prob:
+                        break
+                    _heap_push(heap, (p, 0, child_count, token, child_occ, item[4] + 1, item[5]))
         return out
+
+    def _after(self, prob: float, count: int, occ: np.ndarray, depth: int, parent: int, min_prob: float) -> tuple:
+        """The queue item after a node: its only continuation inside a compressed node, else its children."""
+        kids, n_kids = self._children(occ, depth, min_prob * count * (1 - 1e-5))
+        if self._node_end(count, kids, n_kids):
+            return (prob, 1, count, kids, depth, parent)
+        child_count, token, child_occ = kids[0]
+        return (prob, 0, child_count, token, child_occ, depth + 1, parent)
