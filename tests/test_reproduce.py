@@ -133,12 +133,27 @@ def test_launchers_compose_without_the_submitit_plugin(launcher, target):
         assert cfg.hydra.launcher.submitit_folder == "results/runs/table2/.submitit/%j"
 
 
-def test_each_reproduce_launcher_runs_its_own_preset():
-    scripts = sorted((REPO / "scripts" / "reproduce").glob("*.sh"))
-    assert sorted(p.stem for p in scripts) == sorted(PAPER_ITEMS)
-    for script in scripts:
-        text = script.read_text()
-        assert f"python -m fafo.bench -m experiment={script.stem} " in text and os.access(script, os.X_OK)
+def test_reproduce_script_runs_each_preset_then_its_table_and_plot(tmp_path):
+    """scripts/reproduce.sh TABLE with a stand-in ``python`` on PATH: the commands it would run, in order."""
+    script = REPO / "scripts" / "reproduce.sh"
+    assert os.access(script, os.X_OK)
+    (tmp_path / "python").write_text('#!/bin/sh\necho "python $*" >> "$LOG"\n')
+    (tmp_path / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOG": str(tmp_path / "log")}
+    for item in PAPER_ITEMS:
+        (tmp_path / "log").write_text("")
+        proc = subprocess.run([str(script), item, "hydra/launcher=slurm"], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        lines = (tmp_path / "log").read_text().splitlines()
+        assert lines[0] == f"python -m fafo.bench -m experiment={item} hydra/launcher=slurm"
+        table = f"python scripts/make_tables.py results/runs/{item} --table {item}"
+        plot = f"python scripts/plot.py results/runs/{item} --table {item}"
+        ablation = item in {"table9", "table10", "table11", "table12", "table13"}
+        expected = [plot] if item == "figure1" else [table, plot] if ablation else [table]
+        assert lines[1:] == expected, (item, lines)
+    for args in ([], ["table99"]):  # no table, an unknown one: one error line, exit status 2, nothing run
+        proc = subprocess.run([str(script), *args], env=env, capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.startswith("error: ") and len(proc.stderr.splitlines()) == 1
 
 
 def test_a_preset_whose_method_is_missing_fails_with_a_clear_message(tmp_path):
