@@ -78,6 +78,11 @@ def run_cli(*args, cwd, wait=True):
 # ------------------------------------------------------------------ presets compose and cover the paper
 def test_every_paper_table_and_figure_has_a_preset_and_published_numbers():
     assert set(PAPER_ITEMS) <= set(PRESETS), f"missing presets: {set(PAPER_ITEMS) - set(PRESETS)}"
+    titles = mt.titles()  # one source: each preset's paper.title; a table without a preset, make_tables.TITLES
+    for preset in PRESETS:
+        assert titles[preset] == OmegaConf.load(CONF / "experiment" / f"{preset}.yaml").paper.title
+    assert not set(mt.TITLES) & set(PRESETS) and set(mt.paper_tables()) <= set(titles)
+    assert "LongBench" in titles["table3"] and "Llama-3.1-8B-Instruct" in titles["table3"]
     for item in PAPER_ITEMS:
         rows = mt.load_paper(item)
         assert rows or item == "figure1", f"results/paper/{item}.csv is missing"
