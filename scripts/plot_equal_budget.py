@@ -36,7 +36,8 @@ def table(rows: list[dict]) -> str:
     head = ["method", "tokens/forward", "tau", "break-even tau", "speedup", "95% CI", "speedup kind", "tau_all",
             "n (failed)"]
     lines = [[str(r["method"]), str(r["tokens_per_forward"]), rf.fmt(r["tau"], ".2f"),
-              rf.fmt(r["break_even_tau"], ".2f"), rf.fmt(r["speedup"], ".2f"), rf.fmt_ci(r["speedup_ci95"]) or rf.DASH, r["speedup_kind"] or rf.DASH,
+              rf.fmt(r["break_even_tau"], ".2f"), rf.fmt(r["speedup"], ".2f"),
+              rf.fmt_ci(r["speedup_ci95"]) or rf.DASH, r["speedup_kind"] or rf.DASH,
               rf.fmt(r["tau_all"], ".2f"), rf.fmt_n(r)] for r in rows]
     notes = ["tau = tokens committed per verification step, prefill excluded (runs before tau_all: new tokens / "
              "(forwards + 1)); tau_all = new tokens / every forward of the target's weights; speedup kind: e2e "

@@ -32,8 +32,9 @@ from fafo.bench.runner import Runner
 from fafo.errors import ConfigError
 from fafo.fafo import FAFODecoder
 from tests.lossless import PROMPTS
-from tests.test_triforce import DRAFT_SPEC
-from tests.test_runner import make_cfg, read_rows
+from tests.helpers import DRAFT_SPEC, make_cfg, read_rows
+
+pytestmark = pytest.mark.slow  # cold torch.compile runs: the full tier (make test), not make test-fast
 
 SMALL = StreamingLLM(sink=2, local=6)
 CAPACITY = 512  # the runner sizes the cache once per run, before warm-up; so do these tests

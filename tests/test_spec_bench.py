@@ -10,7 +10,7 @@ import pytest
 from fafo.engine.tiny_tokenizer import build_tiny_tokenizer
 from fafo.errors import ConfigError
 from tasks.spec_bench import SUBTASKS, SpecBenchTask, vicuna_prompt
-from tests.test_runner import make_cfg, run_cli
+from tests.helpers import make_cfg, run_cli
 
 MT = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
 
@@ -77,6 +77,7 @@ def test_specbench_experiment_composes(tmp_path):
     assert (recycling["overall"]["speedup"], recycling["overall"]["tau"]) == ("2.22", "2.73")
 
 
+@pytest.mark.slow
 def test_cli_runs_every_draftless_method_on_spec_bench_with_per_subtask_table(tmp_path):
     """The real CLI: a 4-method sweep over a Spec-Bench file on the tiny model; exact, rows per subtask, and
     make_tables splits the runs per subtask beside the leaderboard."""
