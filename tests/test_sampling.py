@@ -1,4 +1,5 @@
-"""Sampling (temperature > 0): every method is lossless in distribution.
+"""Sampling (temperature > 0): every method with a sampling case in the method matrix (tests/methods.py) is lossless
+in distribution.
 
 The statistical tests draw many seeded generations of the first 3 tokens and compare them with the exact law of
 vanilla sampling (enumerated from the model) by chi-square at significance 0.001; the seeds are fixed, so the
