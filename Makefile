@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_INSTALL = $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: install run test clean-venv
+.PHONY: install run test test-fast clean-venv
 $(PY):
 	@$(BOOT_PY) -m venv $(VENV) 2>/dev/null || { \
 	  rm -rf $(VENV); \
@@ -33,6 +33,10 @@ run: install
 
 test: install
 	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest $(PYTEST_ARGS)
+
+# The fast tier for iterating: everything but the tests marked slow (subprocess CLI runs, compiles, training).
+test-fast: install
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

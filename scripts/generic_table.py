@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-import make_tables as mt
 from fafo.bench import report
 from fafo.bench import report_format as rf
+from fafo.bench.report import Collected, Run
 
 CELL_KEYS = ["speedup", "tau", "exact_match_rate", "peak_mem_mb", "tokens_per_s", "new_tokens", "total_s",
              "n_samples", "n_turns", "tau_all", "n_failed", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms",
@@ -35,28 +35,28 @@ LONG_COLUMNS = ["table", "model", "method", "column", "task", "by", "value", "sp
 TAIL = ["n (failed)", "Exact", "Peak MB", "Vanilla MB", "Overhead MB", "tok/s", "verify ms", "Accept hist"]
 
 
-def run_value(run: mt.Run, key: str):
+def run_value(run: Run, key: str):
     """A dotted config key's value in a run's config.yaml, else the summary's (``dtype``, ``device_name``...);
     ``None`` where the run has neither."""
-    value = mt._get(run.config, key)
+    value = report.dotted(run.config, key)
     if value is None or isinstance(value, (dict, list)):
         value = run.summary.get(key, value if not isinstance(value, (dict, list)) else None)
     return value
 
 
-def runs_frame(collected: mt.Collected, by: str | None = None) -> pd.DataFrame:
+def runs_frame(collected: Collected, by: str | None = None) -> pd.DataFrame:
     """One line per run: its (model, method, task, by-value), its summary numbers and where it lives."""
     return _frame(sorted(collected.runs, key=lambda r: r.order), by)
 
 
-def _frame(runs: list[mt.Run], by: str | None) -> pd.DataFrame:
+def _frame(runs: list[Run], by: str | None) -> pd.DataFrame:
     records = []
     for run in runs:
         s = run.summary
-        value = mt.norm_value(run_value(run, by)) if by else ""
+        value = rf.norm_value(run_value(run, by)) if by else ""
         records.append({"model": str(s.get("model", "?")), "method": str(s.get("method", "?")),
-                        "task": str(s.get("task", "?")), "value": value or (mt.DASH if by else ""),
-                        **{k: mt._num(s.get(k)) for k in CELL_KEYS}, "complete": run.complete,
+                        "task": str(s.get("task", "?")), "value": value or (rf.DASH if by else ""),
+                        **{k: rf.num(s.get(k)) for k in CELL_KEYS}, "complete": run.complete,
                         "weight": run.weight, "run_dir": run.rel, "checkpoint": s.get("checkpoint", ""),
                         "n_params": s.get("n_params", ""), "config": run.config, "run": run})
     columns = ["model", "method", "task", "value", *CELL_KEYS, "complete", "weight", "run_dir", "checkpoint",
@@ -105,11 +105,11 @@ class GenericTable:
 
 
 def _col_key(task, value):
-    x = mt._num(value)
+    x = rf.num(value)
     return (task, x if x is not None else float("inf"), value)
 
 
-def build(collected: mt.Collected, by: str | None = None, name: str | None = None,
+def build(collected: Collected, by: str | None = None, name: str | None = None,
           title: str | None = None) -> GenericTable:
     """The table of every run in ``collected``: one column per task (or ``by`` value), one row per (model, method)."""
     runs = runs_frame(collected, by)
@@ -169,12 +169,12 @@ def _cell_text(table: GenericTable, model, method, col) -> str:
     hit = table.cells[(table.cells["model"] == model) & (table.cells["method"] == method)
                       & (table.cells["task"] == col[0]) & (table.cells["value"] == col[1])]
     if hit.empty:
-        return mt.DASH
+        return rf.DASH
     run = hit.iloc[0]["run"]
-    text = mt.fmt_pair(run.summary.get("speedup"), run.summary.get("tau"), run.summary.get("speedup_ci95"))
-    if mt._num(run.summary.get("tau_all")) is not None and text.endswith(")"):
-        text = text[:-1] + f"/{mt._num(run.summary['tau_all']):.2f})"
-    if text == mt.DASH:
+    text = rf.fmt_pair(run.summary.get("speedup"), run.summary.get("tau"), run.summary.get("speedup_ci95"))
+    if rf.num(run.summary.get("tau_all")) is not None and text.endswith(")"):
+        text = text[:-1] + f"/{rf.num(run.summary['tau_all']):.2f})"
+    if text == rf.DASH:
         return text
     return text + ("*" if not run.complete else "") + ("†" if run.coverage is not None else "")
 
@@ -189,9 +189,9 @@ def body(table: GenericTable) -> list[list[str]]:
         line = [r["model"] if r["model"] != last_model else "", r["method"]]
         last_model = r["model"]
         line += [_cell_text(table, r["model"], r["method"], c) for c in table.cols]
-        line += [rf.fmt_n(r), rf.fmt_exact(r), mt._fmt_num(mt._num(r["peak_mem_mb"]), ".1f"),
-                 mt._fmt_num(mt._num(r["ref_peak_mem_mb"]), ".1f"), mt._fmt_num(mt._num(r["mem_overhead_mb"]), ".1f"),
-                 mt._fmt_num(mt._num(r["tokens_per_s"]), ".1f"), mt._fmt_num(mt._num(r["verify_ms"]), ".2f"),
+        line += [rf.fmt_n(r), rf.fmt_exact(r), rf.fmt(rf.num(r["peak_mem_mb"]), ".1f"),
+                 rf.fmt(rf.num(r["ref_peak_mem_mb"]), ".1f"), rf.fmt(rf.num(r["mem_overhead_mb"]), ".1f"),
+                 rf.fmt(rf.num(r["tokens_per_s"]), ".1f"), rf.fmt(rf.num(r["verify_ms"]), ".2f"),
                  rf.fmt_hist(r["accept_hist"])]
         lines.append(line)
     return lines
@@ -204,26 +204,20 @@ def to_markdown(table: GenericTable) -> str:
              "Overhead MB: method - vanilla; tok/s: the row's new tokens / total time; verify ms: time per "
              "verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",
              *report.definitions([r.summary for r in table.cells["run"]], ("tau", "tau_all")), *table.notes]
-    md = mt.markdown(table.title, header(table), body(table), notes)
     entries = [([r.model, r.method, table.col_names[(r.task, r.value)]], r.run)
                for r in table.cells.itertuples(index=False)]
-    split = report.category_table(entries, mt.DASH)
-    if split is not None:
-        cats, lines = split
-        md += "\n" + mt.markdown(f"{table.title}: per category", ["Model", "Method", "Column", *cats], lines,
-                                 ["cells: speedup× [95 % CI] (tau) n=(sample, turn)s of the category; "
-                                  "recomputed from samples.csv."])
-    return md
+    split = report.category_markdown(entries, ["Model", "Method", "Column"], f"{table.title}: per category", rf.DASH)
+    return rf.markdown(header(table), body(table), notes, table.title) + ("\n" + split if split else "")
 
 
 def to_latex(table: GenericTable) -> str:
     head = header(table)
     out = [f"% {table.title} (scripts/make_tables.py)", r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}",
-           r"\toprule", " & ".join(mt._tex(h) for h in head) + r" \\", r"\midrule"]
+           r"\toprule", " & ".join(rf.tex(h) for h in head) + r" \\", r"\midrule"]
     for i, line in enumerate(body(table)):
         if i and line[0]:
             out.append(r"\midrule")
-        out.append(" & ".join(mt._tex(x) for x in line) + r" \\")
+        out.append(" & ".join(rf.tex(x) for x in line) + r" \\")
     return "\n".join(out + [r"\bottomrule", r"\end{tabular}"]) + "\n"
 
 
@@ -238,7 +232,7 @@ def long_frame(table: GenericTable) -> pd.DataFrame:
         "peak_mem_mb": c["peak_mem_mb"].round(1), "n_samples": c["n_samples"].astype("Int64"),
         "n_turns": c["n_turns"].astype("Int64"), "status": c["complete"].map({True: "ok", False: "partial"}),
         "run_dir": c["run_dir"], "checkpoint": c["checkpoint"], "n_params": c["n_params"],
-        **{k: [mt.extra_columns(run)[k] for run in c["run"]] for k in mt.extra_columns(None)},
+        **{k: [rf.csv_extras(run)[k] for run in c["run"]] for k in rf.csv_extras(None)},
         "accept_hist": [json.dumps(run.summary.get("accept_hist")) if run.summary.get("accept_hist") else ""
                         for run in c["run"]],
     })

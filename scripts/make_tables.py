@@ -82,40 +82,25 @@ AXIS_LABELS = {"k": "k (tokens per guess stream)", "n": "n (guess streams)", "bu
                "temperature": "temperature", "gen_len": "output length (tokens)", "gamma1": "gamma1",
                "gamma2": "gamma2", "category": "Spec-Bench subtask"}
 TABLE_AXES = {"figure1": ["guesses"]}  # tables without a CSV (no published numbers)
-TITLES = {
-    "table1": "Table 1: Llama-2-7b-chat on MT-Bench: peak memory, speedup and tau",
-    "table2": "Table 2: speedup and tau on MT-Bench, GSM8K and HumanEval-C",
-    "table3": "Table 3: speedup and tau on LongBench (Llama-3.1-8B-Instruct)",
-    "table4": "Table 4: speedup and tau with sampling (T > 0)",
-    "table5": "Table 5: speedup and tau on AIME24",
-    "table6": "Table 6: speedup and tau on Multi-IF",
-    "table7": "Table 7: speedup and tau on SCBench (Llama-3.1-8B-Instruct)",
-    "table8": "Table 8: FAFO-SnapKV on Llama-3-8B-Instruct",
-    "table9": "Table 9: TriForce's NarrativeQA with Yarn-Llama-2-7b-128k, by input length",
-    "table10": "Table 10: PG-19 with Yarn-Llama-2-7b-128k, by prefix length",
-    "table11": "Table 11: FAFO-Stream vs k (Llama-2-7b-chat, MT-Bench)",
-    "table12": "Table 12: FAFO vs n, the number of guess streams (Llama-2-7b-chat)",
-    "table13": "Table 13: FAFO-Stream vs the Init+Local budget (Llama-2-7b-chat, Multi-IF)",
-    "figure1": "Figure 1: FAFO vs Lookahead, speedup and tau vs number of guesses",
+CONF_EXPERIMENT = REPO / "conf" / "experiment"
+TITLES = {  # tables without a preset; a preset's title is its `paper.title` (titles())
     "triforce_table2": "TriForce Table 2: A100 on-chip, Llama2-7B-128K, PG-19 122K, by temperature",
     "triforce_table7": "TriForce Table 7: speedup by output length",
     "triforce_table8": "TriForce Table 8: gamma1 / gamma2 ablation",
-    "quantspec_table3": "QuantSpec Table 3: acceptance, peak memory and speedup",
-    "longspec_table1": "LongSpec Table 1: tau, tokens/s and speedup at T = 0",
-    "specbench": "Spec-Bench leaderboard (Vicuna-7B-v1.3, A100): speedup and tau per subtask",
 }
 
 
-def norm_value(v) -> str:
-    """One spelling per axis value, so 3072, 3072.0 and "3072" match (and 0.6 stays 0.6)."""
-    if v is None or v == "":
-        return ""
-    try:
-        return format(float(v), "g")
-    except (TypeError, ValueError):
-        return str(v)
+def titles() -> dict[str, str]:
+    """Every table's title: the preset's ``paper.title`` (conf/experiment/<table>.yaml), else :data:`TITLES`."""
+    out = dict(TITLES)
+    for path in sorted(CONF_EXPERIMENT.glob("*.yaml")):
+        title = _get(report.load_yaml(path), "paper.title")
+        if title:
+            out[path.stem] = str(title)
+    return out
 
 
+norm_value = rf.norm_value
 _num = rf.num
 
 
@@ -233,7 +218,7 @@ def build_table(name: str, collected: Collected, paper: list[dict], only_paper_r
         elif axis:
             label = f"{axis}={value}"
             col_names[col] = f"{col_names[col]} {label}" if len(tasks) > 1 else label
-    title = TITLES.get(name, name)
+    title = titles().get(name, name)
     has_peak = any(_num(p.get("peak_mem_mb")) is not None for p in paper)
     table = Table(name, title, axes, rows, cols, cells, row_names, col_names, collected.failed, has_peak)
     return align_columns(table)
@@ -255,14 +240,7 @@ def align_columns(table: Table) -> Table:
 
 
 # ------------------------------------------------------------------ formatting
-def fmt_pair(speedup, tau, ci=None) -> str:
-    """``speedup× [lo–hi] (tau)``; the interval when ``ci`` (a ``speedup_ci95``) is given."""
-    s, t = _num(speedup), _num(tau)
-    if s is None and t is None:
-        return DASH
-    if s is not None and rf.fmt_ci(ci):
-        return f"{s:.2f}× {rf.fmt_ci(ci)}" + ("" if t is None else f" ({t:.2f})")
-    return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{DASH} ({t:.2f})"
+fmt_pair = rf.fmt_pair
 
 
 def fmt_ours(run: Run | None) -> str:
@@ -317,7 +295,7 @@ def row_extra(table: Table, row) -> dict:
 
 
 def _fmt_num(x, spec) -> str:
-    return DASH if x is None else format(x, spec)
+    return rf.fmt(x, spec)
 
 
 def row_tokens(table: Table, row) -> str | None:
@@ -385,39 +363,17 @@ def footnotes(table: Table) -> list[str]:
     return notes
 
 
-def markdown(title: str, head: list[str], lines, notes) -> str:
-    """A Markdown table: two left-aligned label columns, the rest right-aligned, then one bullet per note."""
-    out = [f"### {title}", "", "| " + " | ".join(head) + " |",
-           "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
-    out += ["| " + " | ".join(line) + " |" for line in lines]
-    return "\n".join(out + [""] + [f"- {n}" for n in notes]) + "\n"
-
-
 def to_markdown(table: Table) -> str:
-    return markdown(table.title, header(table), body(table), footnotes(table)) + category_markdown(table)
-
-
-def category_markdown(table: Table) -> str:
-    """The second table: each run whose samples carry categories, per category ("" when none do)."""
+    md = rf.markdown(header(table), body(table), footnotes(table), table.title)
     if "category" in table.axes:  # Spec-Bench's subtasks are the main table's columns already
-        return ""
+        return md
     entries = [([*table.row_names[row], table.col_names[col]], table.cell(row, col).ours)
                for row in table.rows for col in table.cols if table.cell(row, col).ours is not None]
-    split = report.category_table(entries, DASH)
-    if split is None:
-        return ""
-    cats, lines = split
-    return "\n" + markdown(f"{table.title}: per category", ["Model", "Method", "Column", *cats], lines,
-                            ["cells: speedup× [95 % CI] (tau) n=(sample, turn)s of the category; "
-                             "recomputed from samples.csv."])
+    split = report.category_markdown(entries, ["Model", "Method", "Column"], f"{table.title}: per category", DASH)
+    return md + ("\n" + split if split else "")
 
 
-def _tex(s: str) -> str:
-    s = s.replace("\\", r"\textbackslash{}")
-    for a, b in (("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$")):
-        s = s.replace(a, b)
-    s = s.replace("×", r"$\times$").replace("Δ", r"$\Delta$").replace(DASH, "--").replace("*", r"$^*$")
-    return s.replace("–", "--").replace("†", r"$^\dagger$")
+_tex = rf.tex
 
 
 def to_latex(table: Table) -> str:
@@ -473,21 +429,8 @@ def long_rows(table: Table) -> list[dict]:
     return out
 
 
-def extra_columns(run: Run | None) -> dict:
-    """The long CSV's coverage, interval, tau_all, memory and exactness columns ("" where unknown)."""
-    s = run.summary if run is not None else {}
-    ci = s.get("speedup_ci95") if isinstance(s.get("speedup_ci95"), (list, tuple)) else ("", "")
-    out = {"speedup_kind": s.get("speedup_kind") or "", "speedup_ci95_lo": _r(ci[0]), "speedup_ci95_hi": _r(ci[1]),
-           "common_samples": len(run.coverage.common) if run is not None and run.coverage is not None else ""}
-    for key, digits in (("tau_all", 4), ("n_failed", 0), ("ref_peak_mem_mb", 1), ("mem_overhead_mb", 1),
-                        ("verify_ms", 3), ("n_mismatch_tie", 0), ("n_mismatch_divergence", 0)):
-        out[key] = _r(s.get(key), digits)
-    return out
-
-
-def _r(x, digits: int = 4):
-    x = _num(x)
-    return "" if x is None else round(x, digits)
+extra_columns = rf.csv_extras
+_r = rf.rounded
 
 
 def write_outputs(table: Table, out_dir: str | Path) -> dict[str, Path]:
@@ -526,7 +469,7 @@ def make_table(roots, table: str | None = None, paper_dir=PAPER_DIR, only_paper_
     if any(p.get("axis") == "category" for p in paper):
         sys.path.insert(0, str(REPO))
         collected = split_by_category(collected, roots)
-    if not paper and table not in TABLE_AXES and table not in TITLES:
+    if not paper and table not in TABLE_AXES and table not in titles():
         known = ", ".join(paper_tables(paper_dir))
         raise SystemExit(f"error: no published numbers for --table {table} in {paper_dir}; one of: {known}")
     return build_table(table, collected, paper, only_paper_rows)

@@ -14,40 +14,35 @@ records"); runs recorded before those keys show a dash.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fafo.bench import report  # noqa: E402
+from fafo.bench import report_format as rf  # noqa: E402
+
+KEYS = ("method", "model", "task", "tokens_per_forward", "tau", "break_even_tau", "speedup", "speedup_ci95",
+        "speedup_kind", "tau_all", "n_samples", "n_turns", "n_failed")
+
 
 def collect(roots: list[str]) -> list[dict]:
-    rows = []
-    for root in roots:
-        for path in sorted(Path(root).glob("**/summary.json")):
-            s = json.loads(path.read_text())
-            if s.get("tokens_per_forward"):
-                rows.append({k: s.get(k) for k in ("method", "model", "task", "tokens_per_forward", "tau",
-                                                   "break_even_tau", "speedup", "speedup_ci95", "speedup_kind",
-                                                   "tau_all", "n_samples", "n_turns", "n_failed")})
-    return sorted(rows, key=lambda r: (r["method"], r["tokens_per_forward"]))
+    """The runs under ``roots`` that record ``tokens_per_forward`` (:func:`fafo.bench.report.collect`)."""
+    rows = [{k: run.summary.get(k) for k in KEYS} for run in report.collect(roots).runs]
+    return sorted((r for r in rows if r["tokens_per_forward"]), key=lambda r: (r["method"], r["tokens_per_forward"]))
 
 
 def table(rows: list[dict]) -> str:
-    def f(x, spec):
-        return "—" if x is None else format(x, spec)
-
-    from fafo.bench.report_format import fmt_ci, fmt_n
-
-    lines = ["| method | tokens/forward | tau | break-even tau | speedup | 95% CI | speedup kind | tau_all | "
-             "n (failed) |", "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['method']} | {r['tokens_per_forward']} | {f(r['tau'], '.2f')} | {f(r['break_even_tau'], '.2f')} "
-              f"| {f(r['speedup'], '.2f')} | {fmt_ci(r['speedup_ci95']) or '—'} | {r['speedup_kind'] or '—'} "
-              f"| {f(r['tau_all'], '.2f')} | {fmt_n(r)} |" for r in rows]
+    head = ["method", "tokens/forward", "tau", "break-even tau", "speedup", "95% CI", "speedup kind", "tau_all",
+            "n (failed)"]
+    lines = [[str(r["method"]), str(r["tokens_per_forward"]), rf.fmt(r["tau"], ".2f"),
+              rf.fmt(r["break_even_tau"], ".2f"), rf.fmt(r["speedup"], ".2f"),
+              rf.fmt_ci(r["speedup_ci95"]) or rf.DASH, r["speedup_kind"] or rf.DASH,
+              rf.fmt(r["tau_all"], ".2f"), rf.fmt_n(r)] for r in rows]
     notes = ["tau = tokens committed per verification step, prefill excluded (runs before tau_all: new tokens / "
              "(forwards + 1)); tau_all = new tokens / every forward of the target's weights; speedup kind: e2e "
              "(prefill included), decode (prefill excluded) or specbench (mean of per-question tokens/s ratios)"]
-    return "\n".join(lines + [""] + notes)
+    return rf.markdown(head, lines, notes, labels=1)
 
 
 def plot(rows: list[dict], out: Path) -> None:

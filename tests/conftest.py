@@ -77,3 +77,23 @@ def prompt_ids(engine_: Engine, text: str) -> list[int]:
 @pytest.fixture
 def set_seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def law(ckpt_root):
+    """law(model) -> (engine, prompt ids, exact joint law of its first tokens): tests/sampling_law.py."""
+    from tests.sampling_law import exact_laws
+
+    return exact_laws(ckpt_root)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """A compiler with no graphs and zeroed counters, reset again afterwards."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()

@@ -9,6 +9,7 @@ PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
     "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15",
 ]
+LONG_PROMPTS = [p * 4 for p in PROMPTS]  # 86-141 tokens: longer than the small retrieval budgets of the tests
 
 
 def assert_lossless(method: Decoder, engine: Engine, max_new: int = 40, prompts=PROMPTS) -> list[float]:

@@ -1,5 +1,6 @@
-"""Synthetic run directories for the report tests, written as the runner writes them (samples.csv with the columns
-of the metrics contract, outputs.jsonl, summary.json, config.yaml), from seeded random timings."""
+"""Synthetic run directories for the report and paper-table tests, written as the runner writes them
+(samples.csv with the columns of the metrics contract, outputs.jsonl, summary.json, config.yaml), from seeded
+random timings."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from omegaconf import OmegaConf
 
 from fafo.bench.metrics import summarize
+from fafo.bench.records import SAMPLE_COLUMNS
 
 # samples.csv as written before the forward ledger (fafo/bench/records.py SAMPLE_COLUMNS at that time)
 OLD_COLUMNS = [
@@ -112,3 +115,59 @@ def read(run_dir: Path) -> list[dict]:
     """samples.csv rows as csv.DictReader reads them (strings)."""
     with open(Path(run_dir) / "samples.csv", newline="") as f:
         return list(csv.DictReader(f))
+
+
+# ------------------------------------------------------------------ paper-table trees (tests/test_reproduce.py)
+def write_paper_run(root: Path, rel: str, summary: dict | None, config: dict, samples: list[dict] | None = None,
+               error: str | None = None):
+    d = root / rel
+    d.mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(config), d / "config.yaml")
+    if summary is not None:
+        (d / "summary.json").write_text(json.dumps(summary))
+    if samples is not None:
+        with open(d / "samples.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(samples)
+    if error is not None:
+        (d / "error.txt").write_text(error + "\n")
+
+
+def paper_summary(model, method, task, speedup, tau, peak, exact, n_samples, n_turns):
+    return {"model": model, "method": method, "task": task, "speedup": speedup, "tau": tau, "peak_mem_mb": peak,
+            "exact_match_rate": exact, "n_samples": n_samples, "n_turns": n_turns, "speedup_mean": speedup}
+
+
+def synthetic_table2(root: Path) -> Path:
+    """A table2 tree: finished runs, a smaller duplicate, a row the paper lacks, a killed run, a failed one."""
+    cfg = {"paper": {"table": "table2"}}
+    write_paper_run(root, "llama2_7b_chat/mt_bench/fafo_stream/default",
+                   paper_summary("llama2-7b-chat", "fafo-stream", "mt_bench", 1.8, 2.25, 14000.5, 1.0, 80, 160), cfg)
+    write_paper_run(root, "llama2_7b_chat/mt_bench/fafo_stream/bench.max_samples=2",  # a smaller duplicate: not shown
+                   paper_summary("llama2-7b-chat", "fafo-stream", "mt_bench", 9.9, 9.9, 1.0, 1.0, 2, 4), cfg)
+    write_paper_run(root, "llama2_7b_chat/gsm8k/fafo_stream/default",
+                   paper_summary("llama2-7b-chat", "fafo-stream", "gsm8k", 1.7, 2.71, 13900.0, 1.0, 1319, 1319), cfg)
+    write_paper_run(root, "llama2_7b_chat/mt_bench/lookahead/default",
+                   paper_summary("llama2-7b-chat", "lookahead", "mt_bench", 1.5, 1.7, 14100.0, 0.9875, 80, 160), cfg)
+    write_paper_run(root, "qwen25_7b_instruct/mt_bench/lookahead/default",  # a row the paper does not have
+                   paper_summary("qwen2.5-7b-instruct", "lookahead", "mt_bench", 1.3, 2.0, 15000.0, 1.0, 80, 160), cfg)
+    base = {"model": "llama3-8b-instruct", "method": "swift", "task": "humaneval", "category": "code", "repeat": 0,
+            "turn": 0, "prompt_tokens": 100, "status": "ok", "exact_match": "True", "first_mismatch": -1}
+    samples = [{**base, "sample_id": "HumanEval/0", "new_tokens": 100, "forwards": 40, "tau": 100 / 41,
+                "total_s": 2.0, "ref_total_s": 3.0, "peak_mem_mb": 15500.0, "prefill_s": 0.1, "decode_s": 1.9},
+                   {**base, "sample_id": "HumanEval/1", "new_tokens": 50, "forwards": 24, "tau": 50 / 25,
+                "total_s": 1.0, "ref_total_s": 1.2, "peak_mem_mb": 15600.0, "prefill_s": 0.1, "decode_s": 0.9}]
+    write_paper_run(root, "llama3_8b_instruct/humaneval/swift/default", None, cfg, samples=samples)  # killed mid-run
+    write_paper_run(root, "llama31_8b_instruct/gsm8k/swift/default", None, cfg,
+               error="error: model.path 'meta-llama/Llama-3.1-8B-Instruct' is not available offline")
+    return root
+
+
+def synthetic_table11(root: Path) -> Path:
+    """A table11 tree: FAFO-Stream at k = 4, 5, 6."""
+    for k, speedup, tau in [(4, 0.95, 1.92), (5, 1.2, 2.0), (6, 1.85, 2.12)]:
+        write_paper_run(root, f"llama2_7b_chat/mt_bench/fafo_stream/method.k={k}",
+                   paper_summary("llama2-7b-chat", "fafo-stream", "mt_bench", speedup, tau, 14000.0, 1.0, 80, 160),
+                   {"paper": {"table": "table11"}, "method": {"k": k, "n": 40}})
+    return root

@@ -21,7 +21,7 @@ from fafo.engine.kernels import gathered_mask
 from fafo.fafo import FAFODecoder, fafo_step_mask
 from tests.conftest import LOSSLESS_MODELS
 from tests.lossless import PROMPTS, assert_lossless
-from tests.test_runner import run_cli
+from tests.helpers import run_cli
 
 ATOL = 1e-5
 
@@ -160,6 +160,7 @@ def test_lossless_on_the_dense_reference_path(method, name, engine):
     assert VanillaDecoder().generate(dense, ids, 24).tokens == VanillaDecoder().generate(engine(name), ids, 24).tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["sdpa", "dense"])
 def test_cli_runs_fafo_on_each_path(attention, tmp_path):
     proc = run_cli("method=fafo_stream", "method.n=5", "method.k=3", "method.compress.local=16",
@@ -170,6 +171,7 @@ def test_cli_runs_fafo_on_each_path(attention, tmp_path):
     assert summary["exact_match_rate"] == 1.0 and summary["n_samples"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method_name", ["vanilla", "fafo-stream", "fafo-quest", "fafo-2forward", "lookahead",
                                          "triforce", "triforce-draft", "swift"])
 def test_compiled_sdpa_reads_only_the_live_prefix_and_compiles_once(method_name, engine, checkpoint):
@@ -179,7 +181,7 @@ def test_compiled_sdpa_reads_only_the_live_prefix_and_compiles_once(method_name,
     from torch._dynamo.utils import counters
 
     from fafo.engine.compiled import CompileOptions
-    from tests.test_compiled import check_compiled, compiled_engine
+    from tests.compiled_cases import check_compiled, compiled_engine
 
     torch._dynamo.reset()
     counters.clear()

@@ -6,24 +6,18 @@ and is listed; fixing it and re-running leaves no ``error.txt``.
 """
 
 import json
-import runpy
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from fafo.bench.records import RecordWriter
-from fafo.engine.engine import Engine
 from fafo.engine.tiny import tiny_checkpoint
-from tests.test_runner import REPO, run_cli
+from tests.helpers import REPO, cli_in_process, run_cli
 
-NOISE = ("Writing model shards", "warning: the machine is busy")
 CUDA = torch.cuda.is_available()
 
 # (override string, what the one error line must contain); {tmp} is the per-test directory of bad files
@@ -110,24 +104,6 @@ def bad_files(tmp_path_factory):
     return tmp
 
 
-def cli_in_process(args, monkeypatch, capsys, out_dir):
-    """``python -m fafo.bench ARGS`` in this process: (exit status, stderr lines without progress noise)."""
-    monkeypatch.setattr(Engine, "load", lambda *a, **k: pytest.fail("a model was loaded before the error"))
-    monkeypatch.setattr(sys, "argv", ["fafo.bench", f"bench.output_dir={out_dir}", "wandb.mode=disabled",
-                                      "bench.progress=false", *args])
-    capsys.readouterr()
-    try:
-        runpy.run_module("fafo.bench", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        GlobalHydra.instance().clear()
-        HydraConfig.instance().cfg = None  # later in-process tests must not see this run's overrides
-    err = capsys.readouterr().err
-    return code, [line for line in err.splitlines() if line.strip() and not line.startswith(NOISE)]
-
-
 @pytest.mark.parametrize("overrides,setting", CASES)
 def test_bad_input_gives_one_line_before_any_model_loads(overrides, setting, bad_files, tmp_path, monkeypatch,
                                                          capsys):
@@ -169,6 +145,7 @@ def test_unreachable_hub_fails_fast(monkeypatch):
     assert time.perf_counter() - t0 < 15  # no half-minute of retries
 
 
+@pytest.mark.slow
 def test_sweep_with_a_failing_job_exits_1_and_a_fixed_rerun_leaves_no_error_txt(tmp_path):
     good, late = tmp_path / "good.jsonl", tmp_path / "late.jsonl"
     good.write_text(json.dumps({"id": "a", "text": "def add(a, b):\n"}) + "\n")
@@ -192,6 +169,7 @@ def test_sweep_with_a_failing_job_exits_1_and_a_fixed_rerun_leaves_no_error_txt(
     assert "vanilla" in ok_line and "prompts" in ok_line and "tau 1.000" in ok_line and "speedup" in ok_line
 
 
+@pytest.mark.slow
 def test_single_run_error_txt_is_removed_after_success(tmp_path):
     run = Path(tmp_path)
     args = ["bench.max_new_tokens=2", "bench.max_samples=1", "bench.warmup=0", f"bench.output_dir={run}",

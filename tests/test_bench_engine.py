@@ -1,8 +1,11 @@
-"""Smoke test of scripts/bench_engine.py: it runs on CPU in CI-size settings and writes its CSV (no timing checks)."""
+"""Smoke tests of ``scripts/bench_engine.py``'s roofline (default), curve and decode modes on CPU in CI-size settings:
+they write their CSVs (no timing checks)."""
 
 import csv
 import importlib.util
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
 
@@ -12,7 +15,7 @@ def test_bench_engine_writes_a_row_per_context_and_step(tmp_path, checkpoint):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path / "engine.csv"
-    module.main(["--model", str(checkpoint("llama_gqa")), "--contexts", "64", "128", "--steps", "1", "9",
+    module.main(["roofline", "--model", str(checkpoint("llama_gqa")), "--contexts", "64", "128", "--steps", "1", "9",
                  "--repeats", "2", "--warmup", "1", "--out", str(out), "--plot"])
     rows = list(csv.DictReader(open(out)))
     assert list(rows[0]) == module.COLUMNS
@@ -77,3 +80,24 @@ def test_bench_engine_curve_prints_break_even_tau(tmp_path, checkpoint, capsys):
     assert fafo.split()[3] == "481" and float(fafo.split()[-1]) > 1.0  # a 481-token forward costs more than one
     two = next(line for line in printed.splitlines() if line.startswith("fafo-2forward"))
     assert two.split()[3] == "241+241"
+
+
+@pytest.mark.parametrize("mode", ["vs-hf", "fafo-step"])
+def test_bench_engine_decode_modes_write_their_rows(tmp_path, mode):
+    spec = importlib.util.spec_from_file_location("bench_engine", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    small = '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, ' \
+            '"intermediate_size": 128, "vocab_size": 512}'
+    out = tmp_path / "decode.csv"
+    module.main([mode, "--threads", "1", "--rounds", "1", "--prompts", "32", "--new-tokens", "6", "--context", "40",
+                 "--spec", small, "--model-dir", str(tmp_path / "model"), "--out", str(out)])
+    rows = list(csv.DictReader(open(out)))
+    assert list(rows[0]) == module.DECODE_COLUMNS and {r["bench"] for r in rows} == {mode}
+    assert all(float(r["median_ms"]) > 0 and r["threads"] == "1" for r in rows)
+    if mode == "vs-hf":  # ours vs transformers, the same greedy tokens
+        assert [r["variant"] for r in rows] == ["ours", "hf-dynamic", "hf-static"]
+        assert all(r["note"] == "tokens equal to HF: True" for r in rows)
+    else:  # fused vs two forwards, on both attention paths, with attention's share of the step
+        assert [r["variant"] for r in rows] == ["dense fused", "dense 2forward", "sdpa fused", "sdpa 2forward"]
+        assert all(0 < float(r["attention_share"]) < 1 for r in rows)

@@ -1,4 +1,4 @@
-"""Smoke test of scripts/bench_fumble_attention.py: CSV layout and the block-sparsity structure (no timings)."""
+"""Smoke test of ``scripts/bench_engine.py fumble``: CSV layout and the block-sparsity structure (no timings)."""
 
 import os
 
@@ -12,12 +12,12 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_fumble_attention.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_fumble_attention", SCRIPT)
+    spec = importlib.util.spec_from_file_location("bench_engine_fumble", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
     try:
@@ -31,7 +31,8 @@ def test_main_writes_csv_and_plot(bench, tmp_path):
     out = tmp_path / "sub" / "fumble.csv"
     contexts = [256, 512]
     threads = torch.get_num_threads()
-    rows = bench.main(["--contexts", *map(str, contexts), "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
+    rows = bench.main(["fumble", "--contexts", *map(str, contexts),
+                       "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
                        "--streams", "2", "--k", "2", "--budget", "200", "--repeats", "1", "--warmup", "1",
                        "--scatter", "streaming", "random", "--no-compile", "--device", "cpu", "--threads", "1",
                        "--out", str(out), "--plot"])
@@ -39,7 +40,7 @@ def test_main_writes_csv_and_plot(bench, tmp_path):
     assert out.is_file() and out.with_suffix(".png").is_file()
     with open(out, newline="") as f:
         reader = csv.DictReader(f)
-        assert reader.fieldnames == bench.CSV_COLUMNS
+        assert reader.fieldnames == bench.FUMBLE_COLUMNS
         table = list(reader)
     assert len(table) == len(rows) == len(contexts) * 3  # fixed + 2 scattered layouts per context
     assert {r["layout"] for r in table} == {"fixed", "scattered"}

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from fafo.bench.setup import build, method_node
 from fafo.bounds import at_least, bound_of, check_bound, check_bounds
 from fafo.errors import ConfigError
-from tests.test_configs import compose_with
+from tests.helpers import cli_in_process, compose_with
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -108,8 +108,6 @@ def test_every_count_has_a_declared_bound_and_refuses_degenerate_values(prefix, 
 
 
 def test_the_issues_case_a_zero_draft_length_is_refused_through_the_cli(tmp_path, monkeypatch, capsys):
-    from tests.test_bad_input import cli_in_process
-
     for overrides, setting in (("method=quantspec method.gamma=0", "method.gamma=0"),
                                ("method=prompt_lookup method.num_tokens=0", "method.num_tokens=0"),
                                ("task.max_new_tokens=0", "task.max_new_tokens=0")):

@@ -18,7 +18,7 @@ from fafo.errors import ConfigError
 from fafo.fafo import FAFODecoder, FAFOState
 from tests.conftest import LOSSLESS_MODELS
 from tests.lossless import PROMPTS, assert_lossless
-from tests.test_fafo import assert_cache_is_permuted_prefill, region_holds_selection, track_region_after_commits
+from tests.helpers import assert_cache_is_permuted_prefill, region_holds_selection, track_region_after_commits
 
 QUEST = Quest(token_budget=16, page_size=4, dense_layers=1)
 SNAP = SnapKV(capacity=8, window=2, kernel=3, local=4)

@@ -1,25 +1,15 @@
 """Every config in conf/ composes, and every `_target_` in it instantiates (the lightning-hydra-template check)."""
 
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 
 from fafo.bench.setup import build, method_node
 from fafo.decoding import Decoder
 from fafo.sampling import Sampling
+from tests.helpers import CONF, compose_with
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ["model", "method", "task", "sampling", "bench", "experiment"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
-
-
-def compose_with(*overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
-        HydraConfig().set_config(cfg)  # ${hydra:...} interpolations resolve as in a real run
-        return cfg
 
 
 def test_every_group_has_options():

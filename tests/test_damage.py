@@ -7,7 +7,7 @@ import pytest
 
 from fafo.bench.records import RecordWriter, row_crc
 from fafo.bench.runner import Runner
-from tests.test_runner import make_cfg, read_rows, run_cli
+from tests.helpers import make_cfg, read_rows, run_cli
 
 ARGS = ["bench.max_new_tokens=6", "bench.warmup=0", "bench.repeats=2", "task.ids=[chat-01,multi-01,code-01]"]
 
@@ -84,6 +84,7 @@ def test_rows_written_by_an_older_version_are_kept_and_get_a_crc(tmp_path):
     assert read_rows(run_dir)[0]["crc"] == row_crc(read_rows(run_dir)[0])
 
 
+@pytest.mark.slow
 def test_cli_rerun_repairs_a_torn_outputs_file(tmp_path):
     args = ["bench.max_new_tokens=4", "bench.warmup=0", "task.ids=[chat-01,multi-01]", f"bench.output_dir={tmp_path}",
             "bench.progress=false", "wandb.mode=disabled"]

@@ -19,8 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from fafo.errors import ConfigError
-from tests.test_bad_input import cli_in_process
-from tests.test_runner import REPO
+from tests.helpers import REPO, cli_in_process
 
 GARBAGE = random.Random(0).randbytes(4096)  # NUL bytes and invalid UTF-8
 LATIN1 = '{"id": "q1", "text": "caf\u00e9 cr\u00e8me"}\n'.encode("latin-1")  # text, but not UTF-8
@@ -420,6 +419,7 @@ def test_each_kind_of_damaged_file_through_the_cli(files, tmp_path, monkeypatch,
     assert len(lines) == 1 and lines[0].startswith(f"error: {setting}") and what in lines[0], lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [0, 1, 4], ids=["truncated-weights", "no-tokenizer", "binary-prompts"])
 def test_the_issues_cases_in_a_real_subprocess(files, tmp_path, case):
     overrides, setting, what = CLI_CASES[case]

@@ -1,7 +1,7 @@
 """The draftless methods (Prompt Lookup, Token Recycling, SuffixDecoding, SAM-Decoding): token-identical
 to vanilla greedy, each draft source doing the work (tau > 2 only through it), Prompt Lookup's tau equal to
 transformers' own ``generate(prompt_lookup_num_tokens=10)``, and their data structures checked against brute force.
-Sampling (exact in distribution) is in tests/test_draftless_sampling.py."""
+Sampling (exact in distribution) is in tests/test_sampling.py, FlexAttention in tests/test_method_matrix.py."""
 
 import random
 
@@ -17,15 +17,9 @@ from baselines.vanilla import VanillaDecoder
 from fafo.errors import ConfigError
 from tests.conftest import LOSSLESS_MODELS
 from tests.lossless import PROMPTS, assert_lossless
+from tests.methods import DRAFTLESS, variants
 
-METHODS = {
-    "prompt_lookup": lambda: PromptLookupDecoder(),
-    "prompt_lookup_small": lambda: PromptLookupDecoder(num_tokens=3, max_ngram=2),
-    "token_recycling": lambda: TokenRecyclingDecoder(),
-    "suffix_decoding": lambda: SuffixDecoder(),
-    "suffix_decoding_path": lambda: SuffixDecoder(tree=False, max_depth=8, max_spec_factor=2.0),
-    "sam_decoding": lambda: SAMDecoder(n_predicts=8),
-}
+METHODS = variants(DRAFTLESS)  # tests/methods.py: each draftless method's small instances
 
 
 def _make(name, eng):
@@ -211,9 +205,3 @@ def test_suffix_tree_counts_and_removal():
 def test_bad_hyperparameters_fail_early(bad):
     with pytest.raises(ConfigError, match=r"method\."):
         bad()
-
-
-@pytest.mark.parametrize("method", ["prompt_lookup", "token_recycling"])
-def test_flex_backend_is_token_identical(method, engine):
-    eng = engine("qwen2_gqa_rep", "flex")
-    assert_lossless(_make(method, eng), eng, max_new=16, prompts=PROMPTS[2:])

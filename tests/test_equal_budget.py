@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from fafo.bench.setup import build, method_node
-from tests.test_configs import compose_with
-from tests.test_runner import run_cli
+from tests.helpers import compose_with, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_DIR = Path(__file__).resolve().parents[1] / "conf/experiment/rows/equal_budget"
@@ -24,6 +23,7 @@ def test_each_row_spends_its_budget(row):
     assert cfg.method.name.split("-{")[0].replace("-", "_") in row
 
 
+@pytest.mark.slow
 def test_sweep_through_the_cli_reports_tokens_per_forward_and_break_even_tau(tmp_path):
     curve = tmp_path / "curve.csv"  # latency = 10 ms + 0.1 ms per token, at two contexts
     curve.write_text("context,step_tokens,median_ms,device\n" + "".join(
@@ -48,14 +48,17 @@ def test_sweep_through_the_cli_reports_tokens_per_forward_and_break_even_tau(tmp
     assert (tmp_path / "runs" / "equal_budget.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_missing_cost_curve_is_one_clear_error(tmp_path):
     proc = run_cli("bench.cost_curve=nowhere.csv", f"bench.output_dir={tmp_path}", "wandb.mode=disabled", cwd=tmp_path)
     assert proc.returncode == 2 and "bench.cost_curve='nowhere.csv' does not exist" in proc.stderr
 
 
 def test_paper_tables_get_a_tokens_per_forward_column_when_runs_record_it(tmp_path):
-    from tests.test_reproduce import mt, synthetic_table2
+    from tests.helpers import import_script
+    from tests.report_runs import synthetic_table2
 
+    mt = import_script("make_tables")
     root = synthetic_table2(tmp_path / "runs")
     assert "Tokens/fwd" not in mt.header(mt.make_table([root], "table2"))  # older runs: the layout is unchanged
     summary = root / "llama2_7b_chat/mt_bench/fafo_stream/default/summary.json"

@@ -10,6 +10,7 @@ from fafo.fafo import FAFODecoder, FAFOState, fafo_step_mask
 from fafo.pool import CandidatePool
 from fafo.sampling import Sampling
 from tests.conftest import LOSSLESS_MODELS
+from tests.helpers import assert_cache_is_permuted_prefill, track_region_after_commits
 from tests.lossless import PROMPTS, assert_lossless
 
 SMALL = StreamingLLM(sink=2, local=6)  # budget 8: far smaller than every prompt
@@ -40,11 +41,6 @@ def test_fafo_2forward_is_token_identical_and_matches_fused(name, engine):
 def test_fafo_options_stay_token_identical(option, engine):
     taus = assert_lossless(FAFODecoder(compress=SMALL, n=8, k=3, **option), engine("qwen2_gqa_rep"))
     assert max(taus) > 1.0
-
-
-def test_flex_backend_is_token_identical(engine):
-    assert_lossless(FAFODecoder(compress=SMALL, n=3, k=2), engine("qwen2_gqa_rep", "flex"), max_new=16,
-                    prompts=PROMPTS[2:])
 
 
 def test_tau_above_1_5_on_repetitive_text(engine):
@@ -119,19 +115,6 @@ def test_fumble_reads_only_the_fixed_region(backend, engine):
     assert not torch.allclose(after[:v], before[:v])  # verification rows read the full cache
 
 
-def track_region_after_commits(monkeypatch) -> list[bool]:
-    """Patch FAFOState.commit to record, after every step, whether the region holds exactly C's selection."""
-    checks = []
-    original = FAFOState.commit
-
-    def commit_and_check(self, step):
-        original(self, step)
-        checks.append(region_holds_selection(self.layout))
-
-    monkeypatch.setattr(FAFOState, "commit", commit_and_check)
-    return checks
-
-
 def test_fixed_region_holds_the_selection_and_committed_kv_is_exact(engine, monkeypatch):
     eng = engine("qwen2_gqa_rep")
     checks = track_region_after_commits(monkeypatch)
@@ -142,28 +125,6 @@ def test_fixed_region_holds_the_selection_and_committed_kv_is_exact(engine, monk
         state.commit(state.step(40))
     assert checks and all(checks)
     assert_cache_is_permuted_prefill(eng, state.layout, state.history)
-
-
-def region_holds_selection(layout) -> bool:
-    """After a step: per layer and KV head, the fixed region's positions are exactly C's selection."""
-    sel = layout.compression.select(layout)
-    L, H, _ = layout.pos.shape
-    sel = sel.expand(L, H, -1) if sel.dim() == 1 else sel
-    region = layout.pos[:, :, : layout.region_len]
-    return region.shape == sel.shape and bool((region.sort(-1).values == sel.sort(-1).values).all())
-
-
-def assert_cache_is_permuted_prefill(eng, layout, history):
-    """Every cached entry equals the KV a plain prefill of the committed text computes at its position."""
-    ref_cache = eng.model.new_cache(512)
-    n = layout.n
-    eng.prefill(ref_cache, history[:n])
-    for layer in range(len(ref_cache.keys)):
-        for h in range(ref_cache.keys[layer].shape[1]):
-            pos = layout.pos[layer, h, :n]
-            assert sorted(pos.tolist()) == list(range(n))
-            for ours, ref in ((layout.cache.keys, ref_cache.keys), (layout.cache.values, ref_cache.values)):
-                torch.testing.assert_close(ours[layer][:, h, :n], ref[layer][:, h, pos], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("fused,per_step", [(True, 1), (False, 2)])
@@ -188,13 +149,11 @@ def test_block_masks_are_built_once_per_generation(engine, monkeypatch):
         calls = []
         original = fa.create_block_mask
         monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: calls.append(1) or original(*a, **kw))
-        eng._flex = None  # the engine's mask cache (fafo.engine.flex_masks), emptied: count one generation's
         gen = FAFODecoder(compress=SMALL, n=2, k=2).generate(eng, ids, max_new)
         monkeypatch.setattr(fa, "create_block_mask", original)
         assert gen.n_forwards >= max_new // 2
         counts.append(len(calls))
-    # the region and step masks, however many steps (prefill's causal mask comes from its block structure)
-    assert counts == [2, 2]
+    assert counts == [3, 3]  # prefill's causal mask, then the region and step masks, however many steps
 
 
 def test_bad_hyperparameters_and_sampling_are_refused():

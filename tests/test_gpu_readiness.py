@@ -26,16 +26,17 @@ from fafo.engine.compiled import CompiledStep, CompileOptions, reset_compiled_st
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from tests.lossless import PROMPTS
-from tests.test_compiled import METHODS as COMPILED_METHODS
-from tests.test_longspec import RANDOM
-from tests.test_runner import make_cfg, read_rows, run_cli
+from tests.compiled_cases import METHODS as COMPILED_METHODS
+from tests.helpers import make_cfg, read_rows, run_cli
 
-METHODS = {**COMPILED_METHODS, "quantspec": QuantSpecDecoder, "longspec": lambda: LongSpecDecoder(draft=RANDOM),
+RANDOM_DRAFT = {"path": None, "random_seed": 0}
+METHODS = {**COMPILED_METHODS, "quantspec": QuantSpecDecoder, "longspec": lambda: LongSpecDecoder(draft=RANDOM_DRAFT),
            "prompt_lookup": PromptLookupDecoder, "token_recycling": TokenRecyclingDecoder,
            "suffix_decoding": SuffixDecoder, "sam_decoding": lambda: SAMDecoder(n_predicts=8)}
 
-# Host-to-device copies per decode step, at most (README "Host-device traffic"): one packed upload per forward of
-# the target (tokens, positions, slots and a tree's mask together), plus what a method moves besides.
+# Host-to-device copies per decode step, at most (docs/performance.md, "The GPU path, checked on the CPU"): one
+# packed upload per forward of the target (tokens, positions, slots and a tree's mask together), plus what a method
+# moves besides.
 # FAFO uploads once per generation: its steps are built on the device.
 COPIES_PER_STEP = {"vanilla": 1, "fafo-stream": 0, "fafo-quest": 0, "fafo-snapkv": 0, "fafo-2forward": 0,
                    "lookahead": 1, "triforce": 5, "triforce-draft": 20, "swift": 3, "quantspec": 7, "longspec": 7,
@@ -205,6 +206,7 @@ def test_main_comparison_in_bfloat16_is_exact_or_ties(tmp_path):
         assert len(exact) + s["n_mismatch_tie"] == s["n_turns"], name
 
 
+@pytest.mark.slow
 def test_peak_memory_of_vanilla_is_the_same_after_another_method(tmp_path):
     """Isolation: vanilla's peak after a method with a larger cache equals its peak run alone."""
     common = ["model=tiny_llama", "bench.max_new_tokens=8", "task.ids=[chat-01]", "bench.progress=false"]

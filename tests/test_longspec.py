@@ -125,6 +125,7 @@ def test_random_draft_is_token_identical(model, mode, engine):
     assert min(taus) == 1.0  # a prompt where nothing is accepted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["tree", "chain"])
 @pytest.mark.parametrize("model", ["llama_mha", "llama_gqa", "qwen2_gqa_rep"])
 def test_trained_draft_is_token_identical_and_accepts(model, mode, engine, trained):
@@ -133,6 +134,7 @@ def test_trained_draft_is_token_identical_and_accepts(model, mode, engine, train
     assert min(taus) > 2.0, taus  # long accepted paths: KV compaction and catch-up are exercised
 
 
+@pytest.mark.slow
 def test_static_shapes_give_the_same_tokens(engine, trained):
     eng = engine("llama_gqa")
     method = LongSpecDecoder(draft={"path": str(trained("llama_gqa"))}, window=16, tree_shape=[2, 3, 3])
@@ -147,6 +149,7 @@ def test_static_shapes_give_the_same_tokens(engine, trained):
 
 
 # ------------------------------------------------------------------------------------------------ the draft itself
+@pytest.mark.slow
 def test_draft_rows_equal_the_dense_reference_and_window_stays_bounded(engine, trained):
     """The decoder's ring-window draft rows (root; a depth-1 tree node) equal the whole-sequence reference
     (:func:`dense_forward`) whose window and target lag are explicit; the ring never holds more than the window."""
@@ -189,6 +192,7 @@ def test_window_cache_keeps_only_the_last_window():
 
 
 # ------------------------------------------------------------------------------------------------ sampling
+@pytest.mark.slow
 def test_sampled_longspec_matches_the_vanilla_law(ckpt_root, trained):
     """Chi-square of the first 3 sampled tokens against vanilla's exact law (as tests/test_sampling.py)."""
     from baselines.vanilla import VanillaDecoder
@@ -264,7 +268,7 @@ LB_NEW = {  # conf name: (subset, max_new_tokens, chat template?, the LongBench 
 
 @pytest.mark.parametrize("name", sorted(LB_NEW))
 def test_longspec_longbench_tasks_load_the_release_format(name, tmp_path, engine):
-    from tests.test_task_loaders import task_from_conf, write_jsonl
+    from tests.helpers import task_from_conf, write_jsonl
 
     subset, max_new, chat, golden = LB_NEW[name]
     tok = engine("llama_gqa").tokenizer
@@ -315,11 +319,12 @@ def test_draft_trained_on_the_real_models_own_generations_is_accepted(tmp_path):
     assert method.layer.self_attn.n_heads == 9 and method._loaded[2].k.shape[2] == 512
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama_gqa", "qwen2_gqa_rep"])
 def test_longspec_chain_config_is_token_identical_with_a_trained_draft(model, engine, trained, tmp_path):
     """`method=longspec_chain` composed as a user types it (draft path given): a chain of gamma drafts, exact."""
     from fafo.bench.setup import build, method_node
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     cfg = make_cfg(tmp_path, "method=longspec_chain", f"method.draft.path={trained(model)}", "method.window=16")
     method = build(method_node(cfg.method), "method")

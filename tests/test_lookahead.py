@@ -27,11 +27,6 @@ def test_other_knobs_are_token_identical(kw, engine):
     assert_lossless(method, engine("qwen2_gqa_rep"))
 
 
-def test_flex_backend_is_token_identical(engine):
-    eng = engine("qwen2_gqa_rep", "flex")
-    assert_lossless(LookaheadDecoder(level=4, window=3, guess_set=2), eng, max_new=16, prompts=PROMPTS[2:])
-
-
 @pytest.mark.parametrize("name", ["llama_mha_rep", "qwen2_gqa_rep"])
 def test_tau_above_1_5_on_repetitive_text_with_the_n_minus_1_cap(name, engine):
     eng = engine(name)

@@ -30,7 +30,7 @@ from fafo.decoding import Step, decode
 from fafo.fafo import FAFODecoder
 from fafo.sampling import GREEDY
 from tests.lossless import PROMPTS
-from tests.test_runner import make_cfg, read_rows
+from tests.helpers import make_cfg, read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,6 +104,7 @@ def tiny_with_frequent_eos(checkpoint, tmp_path, name: str = "llama_mha_rep") ->
     return dst
 
 
+@pytest.mark.slow
 def test_sampled_run_compares_throughputs_of_different_lengths(checkpoint, tmp_path):
     model = tiny_with_frequent_eos(checkpoint, tmp_path)
     out = tmp_path / "runs"

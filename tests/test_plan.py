@@ -19,7 +19,7 @@ from fafo.bench.plan_memory import Dims, cache_slots, job_memory
 from fafo.bench.runner import Runner
 from fafo.engine.context import context_limit, trained_context
 from tests.plan_hub import MODELS, config_json, text, write_data, write_hub
-from tests.test_reproduce import CONF, PRESETS, sweep_jobs
+from tests.helpers import CONF, PRESETS, sweep_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINED = {  # hub id -> the length its model card states
@@ -81,6 +81,7 @@ def test_engine_takes_the_rope_scaled_context(tmp_path):
 
 
 # ------------------------------------------------------------------ every preset, in process
+@pytest.mark.slow
 def test_every_paper_preset_plans_on_its_real_models(hub):
     _, paths = hub
     plans = {}
@@ -145,6 +146,7 @@ def test_cli_plan_fails_with_one_line_per_problem(hub, tmp_path):
     assert "error: 1 of 1 jobs would fail" in res.stderr
 
 
+@pytest.mark.slow
 def test_cli_run_drops_unfit_samples_before_timing_and_counts_them(tmp_path):
     """A normal run plans its own job: with bench.drop_unfit=true the samples that cannot fit are never timed and
     the summary counts them; without it the run refuses to start, naming the sample and the fix."""
@@ -168,6 +170,7 @@ def test_cli_run_drops_unfit_samples_before_timing_and_counts_them(tmp_path):
     assert not list((tmp_path / "b").rglob("samples.csv"))
 
 
+@pytest.mark.slow
 def test_cli_plan_of_a_comparison_plans_every_method(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
     res = subprocess.run([sys.executable, "-m", "fafo.bench", "compare.methods=[vanilla,fafo_stream]", "bench.plan=true",

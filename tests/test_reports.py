@@ -157,6 +157,7 @@ def test_main_job_table_shows_vanilla_as_the_a_a_noise_floor(tmp_path):
     assert pd.read_csv(tmp_path / "compare.csv")["n_failed"].tolist() == [0, 1]
 
 
+@pytest.mark.slow
 def test_make_tables_cli_on_a_sweep_with_a_failed_sample(tmp_path):
     write_run(tmp_path, "m/builtin/fafo/default", "m", "fafo", seed=11)
     write_run(tmp_path, "m/builtin/lookahead/default", "m", "lookahead", seed=12, fail={"s0"})

@@ -3,19 +3,14 @@ run end to end through multirun, make_tables matches its golden output, plot.py 
 writing the same experiment at once leave complete, uncorrupted records."""
 
 import csv
-import itertools
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 import fafo.bench  # noqa: F401  (registers the fafo_run_name resolver used by hydra.run.dir)
@@ -23,35 +18,16 @@ from fafo.bench.records import SAMPLE_COLUMNS
 from fafo.bench.setup import build, method_node
 from fafo.decoding import Decoder
 
-REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
+from tests.helpers import CONF, PRESETS, REPO, compose_with, import_script, run_cli, sweep_jobs
+from tests.report_runs import synthetic_table2, synthetic_table11
+
 PAPER = REPO / "results" / "paper"
 GOLDEN = Path(__file__).resolve().parent / "golden"
-sys.path.insert(0, str(REPO / "scripts"))
-import make_tables as mt
-import plot as plot_script
-
-# paper presets (they set `paper:`); smoke, demo and equal_budget* are not paper tables
-PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if "paper" in OmegaConf.load(p))
+mt = import_script("make_tables")
+plot_script = import_script("plot")
 PAPER_ITEMS = [f"table{i}" for i in range(1, 14)] + ["figure1"]
 TINY = ["model=tiny_llama", "task=builtin", "bench.max_samples=2", "bench.max_new_tokens=8", "wandb.mode=disabled",
         "bench.progress=false"]
-
-
-def compose_with(*overrides, conf=CONF):
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
-    HydraConfig().set_config(cfg)  # ${hydra:...} interpolations resolve as in a real run
-    return cfg
-
-
-def sweep_jobs(cfg) -> list[list[str]]:
-    """The override lists of a preset's multirun: the cartesian product of hydra.sweeper.params."""
-    params = cfg.hydra.sweeper.params or {}
-    overrides = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-    axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-            else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in overrides]
-    return [list(job) for job in itertools.product(*axes)]
 
 
 def run_label(cfg) -> tuple[str, str, str, dict]:
@@ -66,18 +42,14 @@ def run_label(cfg) -> tuple[str, str, str, dict]:
     return cfg.model.name, label, cfg.task.name, resolved
 
 
-def run_cli(*args, cwd, wait=True):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "fafo.bench", *args]
-    if not wait:
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=600, check=False)
-
-
 # ------------------------------------------------------------------ presets compose and cover the paper
 def test_every_paper_table_and_figure_has_a_preset_and_published_numbers():
     assert set(PAPER_ITEMS) <= set(PRESETS), f"missing presets: {set(PAPER_ITEMS) - set(PRESETS)}"
+    titles = mt.titles()  # one source: each preset's paper.title; a table without a preset, make_tables.TITLES
+    for preset in PRESETS:
+        assert titles[preset] == OmegaConf.load(CONF / "experiment" / f"{preset}.yaml").paper.title
+    assert not set(mt.TITLES) & set(PRESETS) and set(mt.paper_tables()) <= set(titles)
+    assert "LongBench" in titles["table3"] and "Llama-3.1-8B-Instruct" in titles["table3"]
     for item in PAPER_ITEMS:
         rows = mt.load_paper(item)
         assert rows or item == "figure1", f"results/paper/{item}.csv is missing"
@@ -133,12 +105,27 @@ def test_launchers_compose_without_the_submitit_plugin(launcher, target):
         assert cfg.hydra.launcher.submitit_folder == "results/runs/table2/.submitit/%j"
 
 
-def test_each_reproduce_launcher_runs_its_own_preset():
-    scripts = sorted((REPO / "scripts" / "reproduce").glob("*.sh"))
-    assert sorted(p.stem for p in scripts) == sorted(PAPER_ITEMS)
-    for script in scripts:
-        text = script.read_text()
-        assert f"python -m fafo.bench -m experiment={script.stem} " in text and os.access(script, os.X_OK)
+def test_reproduce_script_runs_each_preset_then_its_table_and_plot(tmp_path):
+    """scripts/reproduce.sh TABLE with a stand-in ``python`` on PATH: the commands it would run, in order."""
+    script = REPO / "scripts" / "reproduce.sh"
+    assert os.access(script, os.X_OK)
+    (tmp_path / "python").write_text('#!/bin/sh\necho "python $*" >> "$LOG"\n')
+    (tmp_path / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOG": str(tmp_path / "log")}
+    for item in PAPER_ITEMS:
+        (tmp_path / "log").write_text("")
+        proc = subprocess.run([str(script), item, "hydra/launcher=slurm"], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        lines = (tmp_path / "log").read_text().splitlines()
+        assert lines[0] == f"python -m fafo.bench -m experiment={item} hydra/launcher=slurm"
+        table = f"python scripts/make_tables.py results/runs/{item} --table {item}"
+        plot = f"python scripts/plot.py results/runs/{item} --table {item}"
+        ablation = item in {"table9", "table10", "table11", "table12", "table13"}
+        expected = [plot] if item == "figure1" else [table, plot] if ablation else [table]
+        assert lines[1:] == expected, (item, lines)
+    for args in ([], ["table99"]):  # no table, an unknown one: one error line, exit status 2, nothing run
+        proc = subprocess.run([str(script), *args], env=env, capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.startswith("error: ") and len(proc.stderr.splitlines()) == 1
 
 
 def test_a_preset_whose_method_is_missing_fails_with_a_clear_message(tmp_path):
@@ -256,59 +243,6 @@ def test_two_sweeps_of_one_experiment_at_once_leave_complete_records(tmp_path):
 
 
 # ------------------------------------------------------------------ make_tables golden output, plot.py
-def _write_run(root: Path, rel: str, summary: dict | None, config: dict, samples: list[dict] | None = None,
-               error: str | None = None):
-    d = root / rel
-    d.mkdir(parents=True)
-    OmegaConf.save(OmegaConf.create(config), d / "config.yaml")
-    if summary is not None:
-        (d / "summary.json").write_text(json.dumps(summary))
-    if samples is not None:
-        with open(d / "samples.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
-            w.writeheader()
-            w.writerows(samples)
-    if error is not None:
-        (d / "error.txt").write_text(error + "\n")
-
-
-def _summary(model, method, task, speedup, tau, peak, exact, n_samples, n_turns):
-    return {"model": model, "method": method, "task": task, "speedup": speedup, "tau": tau, "peak_mem_mb": peak,
-            "exact_match_rate": exact, "n_samples": n_samples, "n_turns": n_turns, "speedup_mean": speedup}
-
-
-def synthetic_table2(root: Path) -> Path:
-    cfg = {"paper": {"table": "table2"}}
-    _write_run(root, "llama2_7b_chat/mt_bench/fafo_stream/default",
-               _summary("llama2-7b-chat", "fafo-stream", "mt_bench", 1.8, 2.25, 14000.5, 1.0, 80, 160), cfg)
-    _write_run(root, "llama2_7b_chat/mt_bench/fafo_stream/bench.max_samples=2",  # a smaller duplicate: not shown
-               _summary("llama2-7b-chat", "fafo-stream", "mt_bench", 9.9, 9.9, 1.0, 1.0, 2, 4), cfg)
-    _write_run(root, "llama2_7b_chat/gsm8k/fafo_stream/default",
-               _summary("llama2-7b-chat", "fafo-stream", "gsm8k", 1.7, 2.71, 13900.0, 1.0, 1319, 1319), cfg)
-    _write_run(root, "llama2_7b_chat/mt_bench/lookahead/default",
-               _summary("llama2-7b-chat", "lookahead", "mt_bench", 1.5, 1.7, 14100.0, 0.9875, 80, 160), cfg)
-    _write_run(root, "qwen25_7b_instruct/mt_bench/lookahead/default",  # a row the paper does not have
-               _summary("qwen2.5-7b-instruct", "lookahead", "mt_bench", 1.3, 2.0, 15000.0, 1.0, 80, 160), cfg)
-    base = {"model": "llama3-8b-instruct", "method": "swift", "task": "humaneval", "category": "code", "repeat": 0,
-            "turn": 0, "prompt_tokens": 100, "status": "ok", "exact_match": "True", "first_mismatch": -1}
-    samples = [{**base, "sample_id": "HumanEval/0", "new_tokens": 100, "forwards": 40, "tau": 100 / 41,
-                "total_s": 2.0, "ref_total_s": 3.0, "peak_mem_mb": 15500.0, "prefill_s": 0.1, "decode_s": 1.9},
-               {**base, "sample_id": "HumanEval/1", "new_tokens": 50, "forwards": 24, "tau": 50 / 25,
-                "total_s": 1.0, "ref_total_s": 1.2, "peak_mem_mb": 15600.0, "prefill_s": 0.1, "decode_s": 0.9}]
-    _write_run(root, "llama3_8b_instruct/humaneval/swift/default", None, cfg, samples=samples)  # killed mid-run
-    _write_run(root, "llama31_8b_instruct/gsm8k/swift/default", None, cfg,
-               error="error: model.path 'meta-llama/Llama-3.1-8B-Instruct' is not available offline")
-    return root
-
-
-def synthetic_table11(root: Path) -> Path:
-    for k, speedup, tau in [(4, 0.95, 1.92), (5, 1.2, 2.0), (6, 1.85, 2.12)]:
-        _write_run(root, f"llama2_7b_chat/mt_bench/fafo_stream/method.k={k}",
-                   _summary("llama2-7b-chat", "fafo-stream", "mt_bench", speedup, tau, 14000.0, 1.0, 80, 160),
-                   {"paper": {"table": "table11"}, "method": {"k": k, "n": 40}})
-    return root
-
-
 @pytest.mark.parametrize("table,builder", [("table2", synthetic_table2), ("table11", synthetic_table11)])
 def test_make_tables_on_a_synthetic_tree_matches_the_golden_files(tmp_path, table, builder, capsys):
     """Golden files: tests/golden/<table>.{md,csv,tex}; FAFO_UPDATE_GOLDEN=1 rewrites them (review the diff)."""

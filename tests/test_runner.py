@@ -1,15 +1,12 @@
 """The runner end to end on the tiny model: records, metrics, resume, reference reuse, failures, sweeps."""
 
-import csv
 import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from baselines.vanilla import VanillaDecoder
@@ -17,24 +14,11 @@ from fafo.bench.records import SAMPLE_COLUMNS
 from fafo.bench.runner import Runner
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
+from tests.helpers import REPO, make_cfg, read_rows, run_cli
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
-REPO = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = {"model", "method", "task", "n_samples", "new_tokens", "tau", "tau_request", "tokens_per_s",
                 "speedup", "speedup_mean", "peak_mem_mb", "exact_match_rate", "dtype", "device", "torch",
                 "transformers", "git_sha"}
-
-
-def make_cfg(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("config", overrides=[f"bench.output_dir={tmp_path}", "wandb.mode=disabled",
-                                           "bench.progress=false", *overrides])
-    return cfg
-
-
-def read_rows(run_dir):
-    with open(Path(run_dir) / "samples.csv", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @dataclass
@@ -167,12 +151,7 @@ def test_bad_settings_fail_before_loading_a_model(tmp_path, monkeypatch, overrid
     assert "\n" not in str(err.value)
 
 
-def run_cli(*args, cwd):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "fafo.bench", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600)
-
-
+@pytest.mark.slow
 def test_cli_prints_one_error_line_and_exits_2(tmp_path):
     proc = run_cli("bench.dtype=float64", f"bench.output_dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 2

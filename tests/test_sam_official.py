@@ -22,7 +22,7 @@ from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 from fafo.sampling_check import compare, run_many
 from tests.lossless import PROMPTS, assert_lossless
-from tests.test_sampling import BIASED, K, SAMPLES, SAMPLING, _passes, law  # noqa: F401 (law: a fixture)
+from tests.sampling_law import BIASED, K, SAMPLES, SAMPLING, passes
 
 REPO = Path(__file__).resolve().parents[1]
 GIFTS = ["a partridge in a pear tree", "two turtle doves", "three French hens", "four calling birds",
@@ -274,7 +274,7 @@ def _sampled(law, tmp_path):
     method.setup(eng)
     seqs, tau = run_many(method, eng, ids, SAMPLING, K, SAMPLES)
     assert tau > 1.1
-    return _passes(compare(seqs, joint, K))
+    return passes(compare(seqs, joint, K))
 
 
 def test_corpus_trees_are_exact_in_distribution(law, tmp_path):
@@ -352,7 +352,7 @@ def test_corpus_builder_reads_the_official_prompt_response_records(tmp_path):
     assert main(["--answers", str(answers), "--out", str(tmp_path / "c.jsonl")]) == 0
     record = json.loads((tmp_path / "c.jsonl").read_text())
     from fafo.bench.setup import resolve_model
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     tok = resolve_model(make_cfg(tmp_path).model).tokenizer
     assert record["ids"] == tok("USER: hi\nASSISTANT: hello there").input_ids

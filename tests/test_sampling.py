@@ -1,4 +1,5 @@
-"""Sampling (temperature > 0): every method is lossless in distribution.
+"""Sampling (temperature > 0): every method with a sampling case in the method matrix (tests/methods.py) is lossless
+in distribution.
 
 The statistical tests draw many seeded generations of the first 3 tokens and compare them with the exact law of
 vanilla sampling (enumerated from the model) by chi-square at significance 0.001; the seeds are fixed, so the
@@ -10,126 +11,55 @@ top token near 0.6); a deliberately biased verifier (accept any candidate in the
 import pytest
 import torch
 
-from baselines.lookahead import LookaheadDecoder
-from baselines.swift import SwiftDecoder
-from baselines.triforce import TriForceDecoder
 from baselines.vanilla import VanillaDecoder
-from fafo.engine.engine import Engine
-from fafo.engine.tiny import tiny_checkpoint
 from fafo.errors import ConfigError
-from fafo.fafo import FAFODecoder
 from fafo.sampling import Sampling, residual
-from fafo.sampling_check import compare, exact_joint, run_many
-from tests.conftest import MODEL_SPECS
+from fafo.sampling_check import compare, run_many
+from tests.methods import sampling_cases
+from tests.sampling_law import BIASED, K, SAMPLES, SAMPLING, passes
 
-ALPHA = 0.001
-K = 3  # tokens whose joint law is tested
-SAMPLING = Sampling(temperature=0.1, top_k=4, seed=11)
-MODELS = {  # repetitive tiny models (their greedy output loops); SWIFT needs > 2 layers to skip any
-    "rep2": MODEL_SPECS["llama_mha_rep"],
-    "rep4": dict(MODEL_SPECS["llama_mha_rep"], num_hidden_layers=4),
-}
-TRIFORCE = {"budget": 64, "chunk_size": 4, "draft_budget": 24, "draft_start": 4, "gamma1": 2, "gamma2": 3}
-METHODS = {  # name: (model, decoder factory); TriForce: the target as its own streaming-window draft
-    "fafo": ("rep2", lambda: FAFODecoder(n=4, k=3, pool_from_prompt=True)),
-    "lookahead": ("rep2", lambda: LookaheadDecoder(level=3, window=3, guess_set=4, pool_from_prompt=True,
-                                                   bonus_token=True)),
-    "triforce": ("rep2", lambda: TriForceDecoder(**TRIFORCE, draft={"tiny": MODEL_SPECS["llama_mha_rep"]})),
-    "triforce_nodraft": ("rep2", lambda: TriForceDecoder(**TRIFORCE, draft=None)),
-    "swift": ("rep4", lambda: SwiftDecoder(optimization=False, stop_threshold=0.0, max_step_draft=3,
-                                           attn_skip=[1], mlp_skip=[2])),
-}
-SAMPLES = 1000
-_HONEST = Sampling.accept_deterministic
-_HONEST_SPEC = Sampling.speculative_accept
-_HONEST_SIB = Sampling.accept_siblings
-PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
-
-
-@pytest.fixture(scope="module")
-def law(ckpt_root):
-    """law(model) -> (engine, prompt ids, exact joint law of the first K sampled tokens), cached."""
-    cache = {}
-
-    def get(model: str):
-        if model not in cache:
-            eng = Engine.from_pretrained(str(tiny_checkpoint(MODELS[model], cache_dir=ckpt_root)))
-            ids = eng.tokenizer(PROMPT).input_ids
-            ids = ids + VanillaDecoder().generate(eng, ids, 40).tokens  # the model's own loop: n-grams accepted
-            cache[model] = eng, ids, exact_joint(eng, ids, SAMPLING, K)
-        return cache[model]
-
-    return get
-
-
-def biased_accept(p, candidates, generator):
-    """A wrong verifier: any candidate among the target's top 2 is accepted outright."""
-    top2 = set(p.topk(2).indices.tolist())
-    for t in dict.fromkeys(int(c) for c in candidates):
-        if t in top2 and p[t] > 0:
-            return t, True
-    return _HONEST(p, candidates, generator)
-
-
-def biased_speculative(p, q, token, generator):
-    """A wrong speculative verifier: a proposal among the target's top 2 is accepted outright."""
-    if int(token) in set(p.topk(2).indices.tolist()) and p[token] > 0:
-        return int(token), True
-    return _HONEST_SPEC(p, q, token, generator)
-
-
-def biased_siblings(p, q, siblings, generator):
-    top2 = set(p.topk(2).indices.tolist())
-    for i, t in enumerate(int(x) for x in siblings):
-        if t in top2 and p[t] > 0:
-            return t, i
-    return _HONEST_SIB(p, q, siblings, generator)
-
-
-BIASED = {"accept_deterministic": biased_accept, "speculative_accept": biased_speculative,
-          "accept_siblings": biased_siblings}
-
-
-def _passes(rows) -> bool:
-    return min(r["pvalue"] for r in rows) > ALPHA
+METHODS = sampling_cases()  # tests/methods.py: {method: (model, decoder factory)}; TriForce drafts with the target
 
 
 def test_vanilla_matches_exact_law(law):
     eng, ids, joint = law("rep2")
     seqs, tau = run_many(VanillaDecoder(), eng, ids, SAMPLING, K, SAMPLES)
-    assert tau == 1.0 and _passes(compare(seqs, joint, K))
+    assert tau == 1.0 and passes(compare(seqs, joint, K))
+
+
+def _make(name, eng):
+    method = METHODS[name][1]()
+    method.setup(eng)
+    return method
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_method_matches_vanilla_law(name, law):
-    model, make = METHODS[name]
-    eng, ids, joint = law(model)
-    seqs, tau = run_many(make(), eng, ids, SAMPLING, K, SAMPLES)
+    eng, ids, joint = law(METHODS[name][0])
+    seqs, tau = run_many(_make(name, eng), eng, ids, SAMPLING, K, SAMPLES)
     assert tau > 1.1, f"{name}: too few accepted guesses (tau {tau:.3f}) for the test to mean anything"
     rows = compare(seqs, joint, K)
-    assert _passes(rows), rows
+    assert passes(rows), rows
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_biased_verifier_fails(name, law, monkeypatch):
     """Negative control: the same test, the same seeds, with a verifier biased towards the top 2 tokens."""
-    model, make = METHODS[name]
-    eng, ids, joint = law(model)
+    eng, ids, joint = law(METHODS[name][0])
     for attr, fn in BIASED.items():
         monkeypatch.setattr(Sampling, attr, staticmethod(fn))
-    seqs, tau = run_many(make(), eng, ids, SAMPLING, K, SAMPLES)
+    seqs, tau = run_many(_make(name, eng), eng, ids, SAMPLING, K, SAMPLES)
     assert tau > 1.1
-    assert not _passes(compare(seqs, joint, K))
+    assert not passes(compare(seqs, joint, K))
 
 
 @pytest.mark.parametrize("name", ["vanilla", *sorted(METHODS)])
 @pytest.mark.parametrize("sampling", [Sampling(temperature=1e-4, seed=5), Sampling(temperature=1.0, top_k=1, seed=5)])
 def test_limits_equal_greedy(name, sampling, law):
-    model, make = METHODS.get(name, ("rep2", VanillaDecoder))
-    eng, ids, _ = law(model)
+    eng, ids, _ = law(METHODS.get(name, ("rep2",))[0])
     ref = VanillaDecoder().generate(eng, ids, 30).tokens
-    method = make()
+    method = _make(name, eng) if name in METHODS else VanillaDecoder()
     assert method.generate(eng, ids, 30, (), sampling, sampling.generator(0)).tokens == ref
 
 
@@ -216,7 +146,7 @@ def test_runner_resolves_model_default(checkpoint, tmp_path):
     from transformers import GenerationConfig
 
     from fafo.bench.runner import Runner
-    from tests.test_runner import make_cfg
+    from tests.helpers import make_cfg
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(checkpoint("llama_gqa"), ckpt)

@@ -22,6 +22,8 @@ import pytest
 from fafo.bench import preempt
 from fafo.bench.records import RecordWriter, row_crc
 
+pytestmark = pytest.mark.slow  # sweeps on a local SLURM cluster: the full tier (make test), not make test-fast
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
 METHODS = ["vanilla", "lookahead", "fafo_stream"]
@@ -287,7 +289,7 @@ def test_a_sample_past_its_grace_is_abandoned_but_a_record_write_completes_first
 
 
 def test_slurm_time_limits_follow_the_presets_estimates():
-    from tests.test_reproduce import compose_with
+    from tests.helpers import compose_with
 
     assert compose_with("experiment=table9", "hydra/launcher=slurm").hydra.launcher.timeout_min == 60
     assert compose_with("experiment=table2", "hydra/launcher=slurm").hydra.launcher.timeout_min == 1140

@@ -10,28 +10,9 @@ import pytest
 from fafo.engine.tiny_tokenizer import build_tiny_tokenizer
 from fafo.errors import ConfigError
 from tasks.spec_bench import SUBTASKS, SpecBenchTask, vicuna_prompt
-from tests.test_runner import make_cfg, run_cli
+from tests.helpers import make_cfg, run_cli, write_question_jsonl
 
 MT = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
-
-
-def write_question_jsonl(path: Path, per_category: int = 1) -> Path:
-    """A Spec-Bench-shaped question.jsonl: MT-Bench rows (2 turns, 8 fine categories) then the 5 one-turn subtasks,
-    question ids 81.. in file order, `reference` where the release has one."""
-    rows, qid = [], 81
-    for i in range(per_category):
-        for cat in MT[: max(1, per_category)]:
-            rows.append({"question_id": qid, "category": cat, "turns": [f"Write about {cat} {i}.", "Now shorter."]})
-            qid += 1
-    for cat in SUBTASKS[1:]:
-        for i in range(per_category):
-            row = {"question_id": qid, "category": cat, "turns": [f"{cat} question {i}: repeat 1, 2, 3, 1, 2, 3"]}
-            if cat != "qa":
-                row["reference"] = [f"answer {i}"]
-            rows.append(row)
-            qid += 1
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def test_loads_release_format_with_subtask_categories(tmp_path):
@@ -77,6 +58,7 @@ def test_specbench_experiment_composes(tmp_path):
     assert (recycling["overall"]["speedup"], recycling["overall"]["tau"]) == ("2.22", "2.73")
 
 
+@pytest.mark.slow
 def test_cli_runs_every_draftless_method_on_spec_bench_with_per_subtask_table(tmp_path):
     """The real CLI: a 4-method sweep over a Spec-Bench file on the tiny model; exact, rows per subtask, and
     make_tables splits the runs per subtask beside the leaderboard."""

@@ -75,6 +75,7 @@ def expected_specbench(rows, task=None) -> float:
     return float(np.mean(ours) / np.mean(base))
 
 
+@pytest.mark.slow
 def test_export_is_read_by_spec_bench_speed_into_speedup_specbench(tmp_path):
     run_dir, rows = write_run(tmp_path, "run", "vicuna-7b", "lookahead", "spec_bench", seed=21, fail={"s1"},
                               turns=2, repeats=3)
@@ -110,6 +111,7 @@ def test_export_is_read_by_spec_bench_speed_into_speedup_specbench(tmp_path):
     assert summary["speedup_specbench"] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_export_refuses_a_directory_without_samples(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "export_specbench.py"), str(tmp_path)],
                           capture_output=True, text=True, env=ENV, timeout=120)

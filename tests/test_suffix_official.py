@@ -363,8 +363,8 @@ def test_vectorised_children_agree_with_the_plain_grouping(min_count):
 def test_cli_runs_the_vllm_settings_and_refuses_a_negative_cache(tmp_path):
     """The real CLI: a bounded cache of single-path drafts (the vLLM hook's behaviour) stays exact; -1 (the official
     spelling of unlimited) is refused with the one-line error naming null."""
-    from tests.test_runner import run_cli
-    from tests.test_spec_bench import write_question_jsonl
+    from tests.helpers import run_cli
+    from tests.helpers import write_question_jsonl
 
     data, out = write_question_jsonl(tmp_path / "question.jsonl"), tmp_path / "runs"
     proc = run_cli("method=suffix_decoding", "method.tree=false", "method.max_cached_outputs=2", "task=spec_bench",

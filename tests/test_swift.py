@@ -63,12 +63,6 @@ def test_llama3_rope_and_a_2_layer_model_are_token_identical(deep, engine):
     assert two.optimizer.skip == (frozenset(), frozenset()) and two.optimizer.opt_iter == 0
 
 
-def test_flex_backend_is_token_identical(ckpt_root):
-    path = tiny_checkpoint(DEEP["qwen2_gqa_rep"], cache_dir=ckpt_root)
-    eng = Engine.from_pretrained(str(path), backend="flex")
-    assert_lossless(SwiftDecoder(**{**DEEP_TREES, "max_step_draft": 4}), eng, max_new=16, prompts=PROMPTS[2:])
-
-
 def test_search_changes_the_set_and_keeps_the_best_scoring_one(deep):
     eng = deep("llama_gqa")
     method = SwiftDecoder(**{**SEARCH, "max_tolerance_iter": 300, "max_opt_iter": 30, "max_score": 1.0})

@@ -15,14 +15,11 @@ import copy
 import gzip
 import json
 import zipfile
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 
 from fafo.bench.runner import Runner
-from fafo.bench.setup import build
 from fafo.engine.tiny_tokenizer import CHAT_MARKERS, build_tiny_tokenizer
 from fafo.errors import ConfigError
 from tasks.aime import AIMETask
@@ -35,8 +32,8 @@ from tasks.multi_if import MultiIFTask
 from tasks.narrativeqa import NarrativeQATriForceTask
 from tasks.pg19 import PG19Task
 from tasks.scbench import SCBenchTask
+from tests.helpers import make_cfg, read_rows, task_from_conf, write_jsonl
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
 BOOST = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -61,21 +58,9 @@ def is_raw(tok, ids):
     return ids[0] == tok.bos_token_id and not set(tok.convert_tokens_to_ids(list(CHAT_MARKERS))) & set(ids)
 
 
-def write_jsonl(path, rows):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 def words(n, seed=0):
     vocab = ["river", "bridge", "garden", "letter", "window", "summer", "market", "lantern", "harbour", "meadow"]
     return " ".join(vocab[(i * 7 + seed) % len(vocab)] + ("." if i % 9 == 8 else "") for i in range(n))
-
-
-def task_from_conf(name, *overrides):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = compose("config", overrides=[f"task={name}", *overrides])
-    return build(cfg.task, "task")
 
 
 # ---------------------------------------------------------------- MT-Bench
@@ -588,21 +573,11 @@ def test_limit_and_ids_keep_file_order(tmp_path):
 
 # ---------------------------------------------------------------- the runner
 
-def make_cfg(tmp_path, *overrides):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose("config", overrides=[f"bench.output_dir={tmp_path}", "wandb.mode=disabled",
-                                           "bench.progress=false", "bench.warmup=0", *overrides])
-
-
-def read_rows(run_dir):
-    return pd.read_csv(Path(run_dir) / "samples.csv", dtype=str, keep_default_na=False).to_dict("records")
-
-
 def test_runner_completes_two_turn_mt_bench(tmp_path):
     path = write_jsonl(tmp_path / "question.jsonl", MT_ROWS)
     run_dir = tmp_path / "run"
-    summary = Runner(make_cfg(tmp_path, "task=mt_bench", f"task.data_path={path}", "bench.max_new_tokens=4"),
-                     run_dir).run()
+    summary = Runner(make_cfg(tmp_path, "bench.warmup=0", "task=mt_bench", f"task.data_path={path}",
+                              "bench.max_new_tokens=4"), run_dir).run()
     rows = read_rows(run_dir)
     assert [(r["sample_id"], r["turn"]) for r in rows] == [("81", "0"), ("81", "1"), ("111", "0"), ("111", "1")]
     assert {r["status"] for r in rows} == {"ok"} and summary["exact_match_rate"] == 1.0
@@ -618,8 +593,8 @@ def test_runner_completes_pg19(tmp_path):
     path = tmp_path / "test-00000-of-00001.parquet"
     pg19_frame().iloc[[0, 2]].to_parquet(path)
     run_dir = tmp_path / "run"
-    summary = Runner(make_cfg(tmp_path, "task=pg19", f"task.data_path={path}", "task.prefix_tokens=48",
-                              "bench.max_new_tokens=4"), run_dir).run()
+    summary = Runner(make_cfg(tmp_path, "bench.warmup=0", "task=pg19", f"task.data_path={path}",
+                              "task.prefix_tokens=48", "bench.max_new_tokens=4"), run_dir).run()
     rows = read_rows(run_dir)
     assert [r["sample_id"] for r in rows] == ["0", "1"] and {r["prompt_tokens"] for r in rows} == {"48"}
     assert {r["status"] for r in rows} == {"ok"} and summary["exact_match_rate"] == 1.0

@@ -282,6 +282,7 @@ def _vocab_digest(tokenizer) -> str:
     return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()
 
 
+@pytest.mark.slow
 def test_tiny_tokenizer_is_deterministic(tok):
     assert _vocab_digest(build_tiny_tokenizer()) == _vocab_digest(tok)
     code = (

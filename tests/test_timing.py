@@ -7,7 +7,7 @@ from baselines.vanilla import VanillaDecoder
 from fafo.bench.metrics import bootstrap_ci
 from fafo.bench.reference import timing_reusable
 from fafo.bench.runner import Runner
-from tests.test_runner import make_cfg, read_rows
+from tests.helpers import make_cfg, read_rows
 
 SLEEP_S = 1.0
 

@@ -12,13 +12,11 @@ from fafo.engine.attention import causal_plan
 from fafo.engine.tiny import tiny_checkpoint
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
-from tests.lossless import PROMPTS, assert_lossless
-from tests.test_runner import make_cfg
+from tests.lossless import LONG_PROMPTS as LONG, PROMPTS, assert_lossless
+from tests.helpers import DRAFT_SPEC, make_cfg
+from tests.methods import TRIFORCE_SMALL
 
-LONG = [p * 4 for p in PROMPTS]  # 86-141 tokens: much longer than the small budgets below
-DRAFT_SPEC = {"family": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "num_key_value_heads": 2, "intermediate_size": 64, "seed": 11}
-SMALL = {"budget": 16, "chunk_size": 4, "draft_budget": 24, "draft_start": 4}  # draft window: 24 - 4 - gamma2 tokens
+SMALL = TRIFORCE_SMALL  # draft window: 24 - 4 - gamma2 tokens
 
 
 @pytest.fixture(scope="session")
@@ -42,13 +40,6 @@ def test_token_identical_to_vanilla_greedy(case, engine, draft_path):
     name, prompts, kw, with_draft = CASES[case]
     method = TriForceDecoder(**kw, draft={"path": draft_path} if with_draft else None)
     assert_lossless(method, engine(name), prompts=prompts)
-
-
-def test_flex_backend_is_token_identical(engine, draft_path):
-    eng = engine("llama_gqa", "flex")
-    ids = eng.tokenizer(LONG[0]).input_ids
-    gen = TriForceDecoder(**SMALL, gamma2=3, draft={"path": draft_path}).generate(eng, ids, 12)
-    assert gen.tokens == VanillaDecoder().generate(eng, ids, 12).tokens and gen.draft_model_forwards > 0
 
 
 def fresh_queries(eng, tokens):

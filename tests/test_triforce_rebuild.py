@@ -14,10 +14,11 @@ from baselines.triforce import TriForceDecoder, TriForceState
 from baselines.triforce_cache import RetrievalCache
 from baselines.vanilla import VanillaDecoder
 from fafo.sampling_check import compare, run_many
-from tests.lossless import assert_lossless
-from tests.test_compiled import compiled_engine, fresh_dynamo  # noqa: F401 (fresh_dynamo: a fixture)
-from tests.test_sampling import ALPHA, SAMPLES, SAMPLING, TRIFORCE, K, law  # noqa: F401 (law: a fixture)
-from tests.test_triforce import DRAFT_SPEC, LONG, SMALL
+from tests.compiled_cases import compiled_engine
+from tests.helpers import DRAFT_SPEC
+from tests.lossless import LONG_PROMPTS as LONG, assert_lossless
+from tests.methods import TRIFORCE_SAMPLING as TRIFORCE, TRIFORCE_SMALL as SMALL
+from tests.sampling_law import ALPHA, SAMPLES, SAMPLING, K
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,49 +2,28 @@
 checkpoint, and every setting that names a file or checkpoint (``model.path``, ``method.draft.path``,
 ``task.data_path``, ``bench.reference_dir``) is proven read from the given place (distinctive sizes and ids)."""
 
-import csv
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from safetensors import safe_open
 
 from fafo.bench.runner import Runner
 from fafo.bench.naming import given_keys, model_dir, model_name, model_source
 from fafo.engine.tiny import build_tiny_checkpoint
 from fafo.errors import ConfigError
+from tests.helpers import REPO, make_cfg, read_rows, run_cli
 
-REPO = Path(__file__).resolve().parents[1]
 QUICK = ["bench.max_samples=1", "bench.max_new_tokens=4", "bench.warmup=0", "bench.progress=false",
          "wandb.mode=disabled"]
-
-
-def make_cfg(*overrides):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
-def run_cli(*args, cwd):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "fafo.bench", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600)
 
 
 def n_weights(ckpt: Path) -> int:
     """Parameters stored in a checkpoint's safetensors file."""
     with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-
-
-def read_rows(run_dir: Path) -> list[dict]:
-    with open(run_dir / "samples.csv", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +33,7 @@ def my_llama(tmp_path_factory):
                                  num_hidden_layers=1, seed=11)
 
 
+@pytest.mark.slow
 def test_model_path_alone_loads_that_directory_and_names_the_run_after_it(my_llama, tmp_path):
     proc = run_cli(f"model.path={my_llama}", f"bench.output_dir={tmp_path}", *QUICK, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -73,6 +53,7 @@ def test_model_path_alone_loads_that_directory_and_names_the_run_after_it(my_lla
     assert "random tiny model" not in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,what", [("tiny_llama", "a built-in random tiny model"),
                                          ("smollm2_135m", "its GGUF file pkg:")])
 def test_builtin_model_and_path_both_given_is_one_error_line(my_llama, tmp_path, preset, what):
@@ -130,11 +111,12 @@ def test_model_names_and_directories(cfg, overrides, name, directory):
     assert model_dir("llama2_7b_chat", cfg, overrides) == directory
 
 
+@pytest.mark.slow
 def test_draft_path_is_the_draft_that_is_read(my_llama, tmp_path):
     """TriForce's method.draft.path: the given checkpoint (vocabulary 777) is read and refused for the 1024-token
     tiny target; a draft sharing the vocabulary is loaded and drafts."""
     with pytest.raises(ConfigError, match="has vocabulary size 777, the target 1024"):
-        Runner(make_cfg("method=triforce", f"method.draft.path={my_llama}", f"bench.output_dir={tmp_path}", *QUICK),
+        Runner(make_cfg(tmp_path, "method=triforce", f"method.draft.path={my_llama}", *QUICK),
                tmp_path / "run")
     draft = build_tiny_checkpoint(tmp_path / "my-draft", hidden_size=16, num_hidden_layers=1, seed=5)
     proc = run_cli("method=triforce", f"method.draft.path={draft}", "method.budget=16", "method.chunk_size=4",
@@ -149,6 +131,7 @@ def test_draft_path_is_the_draft_that_is_read(my_llama, tmp_path):
     assert extras["buffer_bytes"] >= n_weights(draft) * 4
 
 
+@pytest.mark.slow
 def test_task_data_path_is_the_file_that_is_read(tmp_path):
     data = tmp_path / "question.jsonl"  # FastChat's MT-Bench format, with ids no real release has
     data.write_text(json.dumps({"question_id": 9001, "category": "writing", "turns": ["Hello?", "Again?"]}) + "\n"
@@ -163,7 +146,7 @@ def test_task_data_path_is_the_file_that_is_read(tmp_path):
 
 def test_reference_dir_is_where_references_are_kept(tmp_path):
     refs = tmp_path / "my-refs"
-    runner = Runner(make_cfg(f"bench.reference_dir={refs}", f"bench.output_dir={tmp_path / 'out'}", *QUICK),
+    runner = Runner(make_cfg(tmp_path / "out", f"bench.reference_dir={refs}", *QUICK),
                     tmp_path / "run")
     runner.run()
     assert runner.store.root == refs  # read from (bench.reuse_reference) and written to the given directory

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from fafo.bench.report import definitions
-from fafo.bench.report_format import fmt_ci, fmt_exact, fmt_hist, fmt_n
+from fafo.bench.report_format import fmt_ci, fmt_exact, fmt_hist, fmt_n, markdown as markdown_table
 from fafo.errors import ConfigError
 
 COLUMNS = ["method", "role", "n_samples", "n_turns", "n_failed", "speedup", "speedup_kind", "speedup_ci95",
@@ -133,17 +133,10 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
 
 def categories_markdown(run_dir: Path, summaries: dict[str, dict]) -> str:
     """The per-category table of the methods whose samples carry categories ("" when none do)."""
-    from fafo.bench.report import align, category_table
+    from fafo.bench.report import align, category_markdown
 
     runs, _ = align(_runs(run_dir, summaries))  # per category on the common samples too
-    split = category_table([([name], run) for name, run in zip(summaries, runs)], "-")
-    if split is None:
-        return ""
-    cats, lines = split
-    head = ["method", *cats]
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                     + ["| " + " | ".join(line) + " |" for line in lines]
-                     + ["", "per category: speedup× [95% CI] (tau) n=(sample, turn)s of the category."])
+    return category_markdown([([name], run) for name, run in zip(summaries, runs)], ["method"], dash="-").rstrip()
 
 
 def write_outputs(table, run_dir: Path, text: str, by_category: str = "") -> None:
@@ -163,7 +156,7 @@ HEAD = ["method", "n (failed)", "speedup [95% CI]", "tau [95% CI]", "tau_all", "
 
 def markdown(table) -> str:
     """The table as Markdown: the A/A line first, labelled so, then one line per method."""
-    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines = []
     rows = table.to_dict("records")
     rows.sort(key=lambda r: r["role"] != "A/A noise floor")
     for row in rows:
@@ -177,8 +170,8 @@ def markdown(table) -> str:
                  cell(row["peak_mem_mb"], "{:.0f}"), cell(row["ref_peak_mem_mb"], "{:.0f}"),
                  cell(row["mem_overhead_mb"], "{:.0f}"), cell(row["verify_ms"], "{:.2f}"),
                  fmt_hist(row["accept_hist"], dash="-")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown_table(HEAD, lines, labels=1).rstrip()
 
 
 def cell(value, fmt) -> str:

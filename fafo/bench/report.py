@@ -1,7 +1,8 @@
 """Reading run directories for reports, and comparing runs on the samples they all cover.
 
 Every table and plot (the main job's table in :mod:`fafo.bench.compare`, ``scripts/make_tables.py``,
-``scripts/generic_table.py``, ``scripts/plot.py``) reads runs through this module:
+``scripts/generic_table.py``, ``scripts/plot.py``, ``scripts/plot_equal_budget.py``) reads runs through this module
+and writes Markdown and LaTeX through :mod:`fafo.bench.report_format`:
 
 * :func:`collect` finds the runs under some roots: ``summary.json`` (finished), ``samples.csv`` rows without a summary
   (killed or running: summarised from the rows, marked partial) and ``error.txt`` alone (failed before any row);
@@ -305,3 +306,16 @@ def category_table(entries, dash: str = "—") -> tuple[list[str], list[list[str
         return None
     cats = list(dict.fromkeys(c for _, per in split for c in per))
     return cats, [list(labels) + [fmt_cell(per[c], dash) if c in per else dash for c in cats] for labels, per in split]
+
+
+def category_markdown(entries, head: list[str], title: str | None = None, dash: str = "—") -> str:
+    """The per-category Markdown table of ``entries`` = [(row labels, run)] under the label columns ``head``
+    ("" when no run has categories)."""
+    from fafo.bench.report_format import markdown
+
+    split = category_table(entries, dash)
+    if split is None:
+        return ""
+    cats, lines = split
+    return markdown([*head, *cats], lines, ["cells: speedup× [95 % CI] (tau) n=(sample, turn)s of the category; "
+                                            "recomputed from samples.csv."], title, labels=len(head))

@@ -85,3 +85,62 @@ def fmt_cell(s: dict, dash: str = DASH) -> str:
     if num(s.get("speedup")) is None and num(s.get("tau")) is None:
         return dash
     return f"{fmt_speedup(s, dash=dash)} ({fmt(s.get('tau'), '.2f', dash)}) n={fmt(s.get('n_turns'), '.0f', dash)}"
+
+
+def norm_value(v) -> str:
+    """One spelling per axis value, so 3072, 3072.0 and "3072" match (and 0.6 stays 0.6)."""
+    if v is None or v == "":
+        return ""
+    try:
+        return format(float(v), "g")
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
+    """``speedup× [lo–hi] (tau)``; the interval when ``ci`` (a ``speedup_ci95``) is given."""
+    s, t = num(speedup), num(tau)
+    if s is None and t is None:
+        return dash
+    if s is not None and fmt_ci(ci):
+        return f"{s:.2f}× {fmt_ci(ci)}" + ("" if t is None else f" ({t:.2f})")
+    return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{dash} ({t:.2f})"
+
+
+def rounded(x, digits: int = 4):
+    """A CSV number rounded to ``digits`` ("" where there is none)."""
+    x = num(x)
+    return "" if x is None else round(x, digits)
+
+
+def csv_extras(run) -> dict:
+    """A long CSV's coverage, interval, tau_all, memory and exactness columns of a run ("" where unknown)."""
+    s = run.summary if run is not None else {}
+    ci = s.get("speedup_ci95") if isinstance(s.get("speedup_ci95"), (list, tuple)) else ("", "")
+    out = {"speedup_kind": s.get("speedup_kind") or "", "speedup_ci95_lo": rounded(ci[0]),
+           "speedup_ci95_hi": rounded(ci[1]),
+           "common_samples": len(run.coverage.common) if run is not None and run.coverage is not None else ""}
+    for key, digits in (("tau_all", 4), ("n_failed", 0), ("ref_peak_mem_mb", 1), ("mem_overhead_mb", 1),
+                        ("verify_ms", 3), ("n_mismatch_tie", 0), ("n_mismatch_divergence", 0)):
+        out[key] = rounded(s.get(key), digits)
+    return out
+
+
+# ------------------------------------------------------------------ the one Markdown and LaTeX writer
+def markdown(head: list[str], lines, notes=(), title: str | None = None, labels: int = 2) -> str:
+    """A Markdown table (``### title`` above it when given): ``labels`` left-aligned label columns, the rest
+    right-aligned, then one bullet per note."""
+    out = ([f"### {title}", ""] if title else []) + ["| " + " | ".join(head) + " |",
+                                                      "|" + "|".join("---" if i < labels else "---:"
+                                                                     for i in range(len(head))) + "|"]
+    out += ["| " + " | ".join(line) + " |" for line in lines]
+    return "\n".join(out + ([""] + [f"- {n}" for n in notes] if notes or title else [])) + "\n"
+
+
+def tex(s: str, dash: str = DASH) -> str:
+    """A cell's text for LaTeX: specials escaped, ×, Δ, dashes and the partial / common-sample marks typeset."""
+    s = s.replace("\\", r"\textbackslash{}")
+    for a, b in (("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$")):
+        s = s.replace(a, b)
+    s = s.replace("×", r"$\times$").replace("Δ", r"$\Delta$").replace(dash, "--").replace("*", r"$^*$")
+    return s.replace("–", "--").replace("†", r"$^\dagger$")

@@ -39,7 +39,6 @@ from fafo.bench.timing import PeakMemory, SyncClock, busy_warning, load_average,
 from fafo.bench.wandb_log import WandbLogger
 from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
 from fafo.engine.engine import Engine
-from fafo.errors import ConfigError
 
 RANDOM_MODEL_NOTE = "NOTE: a random tiny model - its speed numbers are a smoke test only, not a benchmark."
 
@@ -427,8 +426,8 @@ def print_summary(summary: dict, random_model: bool) -> None:
     metrics."""
     keys = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples", "n_turns", "n_failed",
             "new_tokens", "tau", "tau_ci95", "tau_with_prefill", "tau_all", "accept_rate", "draft_model_forwards",
-            "tokens_per_forward", "break_even_tau", "projected_speedup", "tokens_per_s", "verify_ms", "speedup_kind", "speedup",
-            "speedup_ci95", "speedup_e2e", "speedup_e2e_ci95", "speedup_decode", "speedup_decode_ci95",
+            "tokens_per_forward", "break_even_tau", "projected_speedup", "tokens_per_s", "verify_ms", "speedup_kind",
+            "speedup", "speedup_ci95", "speedup_e2e", "speedup_e2e_ci95", "speedup_decode", "speedup_decode_ci95",
             "speedup_specbench", "speedup_min", "speedup_max", "n_flagged", "n_compiled", "peak_mem_mb",
             "ref_peak_mem_mb", "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence",
             "device_name", "threads", "load_start", "warmup_s", "compile_s", "timing_note", "run_dir"]

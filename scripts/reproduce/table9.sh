@@ -1,8 +1,0 @@
-#!/bin/sh
-# FAFO table9: run the sweep (resumable), then the table and the plot. Extra arguments go to the sweep, e.g.
-#   scripts/reproduce/table9.sh hydra/launcher=slurm hydra.launcher.partition=gpu
-set -e
-cd "$(dirname "$0")/../.."
-python -m fafo.bench -m experiment=table9 "$@"
-python scripts/make_tables.py results/runs/table9 --table table9
-python scripts/plot.py results/runs/table9 --table table9

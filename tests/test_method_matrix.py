@@ -1,0 +1,51 @@
+"""The method matrix (tests/methods.py) covers every method config, and drives the cases every method shares: the
+FlexAttention backend is token-identical to vanilla greedy, and ``python -m fafo.bench method=<name>`` on the tiny
+model records exact-match rows."""
+
+import json
+
+import pytest
+
+from baselines.vanilla import VanillaDecoder
+from fafo.engine.engine import Engine
+from fafo.engine.tiny import tiny_checkpoint
+from tests.helpers import cli_in_process
+from tests.lossless import assert_lossless
+from tests.methods import METHOD_CONF, METHODS
+
+TINY = ["model=tiny_llama", "task=builtin", "bench.max_samples=2", "bench.max_new_tokens=8", "bench.warmup=0"]
+
+
+def test_every_method_config_has_an_entry():
+    assert sorted(METHODS) == sorted(p.stem for p in METHOD_CONF.glob("*.yaml"))
+    for name, case in METHODS.items():
+        assert not case.variants or next(iter(case.variants)) == name, f"{name}: its first variant is its own"
+        assert case.flex is None or case.variants, f"{name}: the FlexAttention case needs a small instance"
+
+
+@pytest.mark.parametrize("name", sorted(n for n, case in METHODS.items() if case.flex))
+def test_flex_backend_is_token_identical(name, engine, ckpt_root):
+    case = METHODS[name]
+    model = case.flex.model
+    eng = engine(model, "flex") if isinstance(model, str) else \
+        Engine.from_pretrained(str(tiny_checkpoint(model, cache_dir=ckpt_root)), backend="flex")
+    method = case.small()
+    method.setup(eng)
+    assert_lossless(method, eng, max_new=case.flex.max_new, prompts=list(case.flex.prompts))
+    if case.flex.draft_model:  # the draft model ran, not only the target
+        ids = eng.tokenizer(case.flex.prompts[0]).input_ids
+        gen = method.generate(eng, ids, case.flex.max_new)
+        assert gen.tokens == VanillaDecoder().generate(eng, ids, case.flex.max_new).tokens
+        assert gen.draft_model_forwards > 0
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_method_runs_through_the_cli(name, tmp_path, monkeypatch, capsys):
+    """In this process (the subprocess adds nothing here): exit 0, one row per (sample, turn), exact unless lossy."""
+    code, lines = cli_in_process([f"method={name}", *METHODS[name].overrides, *TINY], monkeypatch, capsys,
+                                 tmp_path, loads=True)
+    assert code in (0, None), lines
+    [summary] = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json") if "_reference" not in p.parts]
+    assert summary["n_samples"] == 2 and summary["n_failed"] == 0
+    if METHODS[name].lossless:
+        assert summary["exact_match_rate"] == 1.0
