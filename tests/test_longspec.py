@@ -216,6 +216,7 @@ def _run(args, cwd, env_extra=None):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
+@pytest.mark.slow  # the CLI in a subprocess: the full tier
 def test_train_script_and_bench_cli(tmp_path):
     """The training script writes a released-format draft; `python -m fafo.bench method=longspec` runs it
     token-identically; a draft for another target is refused with one line, exit 2, before loading."""

@@ -120,6 +120,7 @@ def test_rope_the_official_loader_refuses_is_one_line(rope_scaling, named, engin
     assert "set rope_scaling in the draft's config.json to the target's" in msg
 
 
+@pytest.mark.slow  # the CLI in a subprocess: the full tier
 def test_cli_loads_a_prefixed_release_and_refuses_a_bad_rope_before_loading(tmp_path):
     """`python -m fafo.bench method=longspec method.draft.path=<release>`: a ``model.``-prefixed release runs
     token-identically; one whose rope_scaling the official loader refuses is one line, exit 2 (the runner checks the

@@ -49,3 +49,54 @@ def test_method_runs_through_the_cli(name, tmp_path, monkeypatch, capsys):
     assert summary["n_samples"] == 2 and summary["n_failed"] == 0
     if METHODS[name].lossless:
         assert summary["exact_match_rate"] == 1.0
+
+
+REPEAT_LAST = '''"""Repeat-last: drafts the current token ``copies`` times (a trivial draftless method, for the README's guide)."""
+
+from dataclasses import dataclass
+
+from baselines.tree_drafting import DraftState, TreeDrafter, chain
+from fafo.bounds import at_least
+
+
+class _State(DraftState):
+    def __init__(self, copies: int):
+        self.copies = copies
+
+    def draft(self, context, max_depth):
+        return chain(context[-1], [context[-1]] * self.copies, max_depth)
+
+
+@dataclass
+class RepeatLastDecoder(TreeDrafter):
+    copies: int = at_least(1, 3)
+
+    def start(self, engine, prompt_ids, eos_ids):
+        return _State(self.copies)
+
+    def max_tree(self) -> int:
+        return 1 + self.copies
+'''
+
+
+def test_adding_a_method_takes_one_file_one_yaml_and_one_matrix_entry(tmp_path, monkeypatch, capsys, engine):
+    """The README's "Adding a method", done: a method file, its YAML, one ``Case``; then the CLI runs it, its bound
+    refuses a bad value in one line, and the matrix's lossless case passes."""
+    from tests.methods import Case
+
+    (tmp_path / "repeat_last.py").write_text(REPEAT_LAST)
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    (tmp_path / "conf" / "method" / "repeat_last.yaml").write_text(
+        "_target_: repeat_last.RepeatLastDecoder\nname: repeat-last\ncopies: 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    case = Case(variants={"repeat_last": lambda: __import__("repeat_last").RepeatLastDecoder(copies=2)})
+    assert_lossless(case.small(), engine("llama_mha_rep"), max_new=16)
+    extra = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "method=repeat_last"]
+    with pytest.MonkeyPatch.context() as before_loading:  # its check that no model loads ends with the block
+        code, lines = cli_in_process([*extra, "method.copies=0", *TINY], before_loading, capsys, tmp_path / "bad")
+    assert code == 2 and lines == ["error: method.copies=0 must be an integer >= 1"], lines
+    code, lines = cli_in_process([*extra, *TINY], monkeypatch, capsys, tmp_path / "runs", loads=True)
+    assert code in (0, None), lines
+    [summary] = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("summary.json")
+                 if "_reference" not in p.parts]
+    assert summary["method"] == "repeat-last" and summary["exact_match_rate"] == 1.0 and summary["n_failed"] == 0

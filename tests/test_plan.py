@@ -127,6 +127,7 @@ def test_cli_plan_passes_a_sweep_and_writes_plan_json(hub, tmp_path):
         assert plan["gpu_gb"] == 80 and 13 < plan["weights_gb"] < 14.5
 
 
+@pytest.mark.slow  # the CLI in a subprocess: the full tier
 def test_cli_plan_fails_with_one_line_per_problem(hub, tmp_path):
     cache, paths = hub
     res = cli("model=vicuna_7b_v13", "task=spec_bench", f"task.data_path={paths['spec_bench']}",

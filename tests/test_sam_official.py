@@ -311,6 +311,7 @@ def _run(*args):
     return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # the CLI in a subprocess: the full tier
 def test_published_preset_with_a_built_corpus_through_the_cli(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     build = _run("scripts/build_sam_corpus.py", "task.ids=[chat-01,code-01,struct-01]", "bench.max_new_tokens=48",

@@ -360,6 +360,7 @@ def test_vectorised_children_agree_with_the_plain_grouping(min_count):
     assert len(tree._matches([7, 1])[0][0]) >= 2048 > len(tree._matches([7, 0])[0][0]) > 16
 
 
+@pytest.mark.slow  # the CLI in a subprocess: the full tier
 def test_cli_runs_the_vllm_settings_and_refuses_a_negative_cache(tmp_path):
     """The real CLI: a bounded cache of single-path drafts (the vLLM hook's behaviour) stays exact; -1 (the official
     spelling of unlimited) is refused with the one-line error naming null."""

@@ -107,6 +107,7 @@ def test_retrieval_covers_prompt_flag(n_tokens, covers, engine):
     assert (state.retrieval is None or state.retrieval.budget == state.aligned) is covers
 
 
+@pytest.mark.slow  # the CLI in a subprocess: the full tier
 def test_cli_counts_prompts_the_budget_covered_and_rebuilds(tmp_path):
     """`python -m fafo.bench method=triforce`: exact, rebuilds at the interval, summary.json counts the prompts the
     budget held whole (the builtin chat prompts are 53-71 tokens: a 64-slot budget splits them)."""
