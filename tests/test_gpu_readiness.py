@@ -190,7 +190,11 @@ def test_main_comparison_compiled_is_token_identical_without_compiling_while_tim
         assert run["summary"]["n_failed"] == 0, (name, run["summary"]["failed"])
         assert run["summary"]["exact_match_rate"] == 1.0, name
         assert run["summary"]["n_compiled"] == 0, (name, [r["compiles"] for r in run["rows"]])
-        assert run["summary"]["compiled_graphs"] >= 1, name
+        if run["summary"]["timing_note"]:  # SWIFT, QuantSpec: raced against an eager vanilla, and it says so
+            assert run["summary"]["compile"] is None and run["summary"]["compiled_graphs"] == 0, name
+        else:
+            assert run["summary"]["compiled_graphs"] >= 1, name
+    assert {n for n, r in runs.items() if r["summary"]["timing_note"]} == {"swift", "quantspec_fp16"}
 
 
 @pytest.mark.slow
