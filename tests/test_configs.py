@@ -6,7 +6,7 @@ import pytest
 from fafo.bench.setup import build, method_node
 from fafo.decoding import Decoder
 from fafo.sampling import Sampling
-from tests.helpers import CONF, compose_with
+from tests.helpers import CONF, PRESETS, compose_with, sweep_jobs
 
 GROUPS = ["model", "method", "task", "sampling", "bench", "experiment"]
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
@@ -48,3 +48,34 @@ def test_run_dir_depends_only_on_config():
     b = compose_with("bench.max_new_tokens=8", "method=vanilla")
     assert a.hydra.run.dir == b.hydra.run.dir
     assert a.hydra.run.dir != compose_with("bench.max_new_tokens=9").hydra.run.dir
+
+
+OTHER_PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if p.stem not in PRESETS)
+
+
+@pytest.mark.parametrize("preset", OTHER_PRESETS)
+def test_non_paper_preset_keeps_the_one_exclude_list_and_its_jobs_apart(preset):
+    """conf/config.yaml holds the only exclude_keys list; a sweep's jobs (equal_budget's rows of one method at three
+    budgets) never share a run directory. The paper presets are checked in test_reproduce.py."""
+    default = compose_with().hydra.job.config.override_dirname.exclude_keys
+    base = compose_with(f"experiment={preset}")
+    assert base.hydra.job.config.override_dirname.exclude_keys == default
+    jobs = sweep_jobs(base)
+    dirs = {compose_with(f"experiment={preset}", *job).hydra.sweep.subdir for job in jobs}
+    assert len(dirs) == len(jobs), f"{preset}: two jobs of the sweep would write the same run directory"
+
+
+@pytest.mark.parametrize("group,option", [o for o in OPTIONS if o[0] in ("model", "task")],
+                         ids=[f"{g}/{o}" for g, o in OPTIONS if g in ("model", "task")])
+def test_shared_keys_are_typed_without_plus(group, option):
+    """The keys every model / task has come from conf/config.yaml (and conf/task/base/), not from each option file:
+    each is still overridable on the command line as ``model.max_len=64``, without Hydra's ``+``."""
+    shared = {"model": ["model.path=org/ckpt", "model.gguf_file=f.gguf", "model.revision=main", "model.tiny=null",
+                        "model.attention=flex", "model.max_len=64"],
+              "task": ["task.limit=1", "task.ids=[a]", "task.data_path=d.jsonl", "task.max_input_tokens=null",
+                       "task.system=hi"]}[group]
+    cfg = compose_with(f"{group}={option}", *shared)
+    assert cfg[group].get("max_len", cfg[group].get("limit")) in (64, 1)
+    if group == "task" and "hub_id" in cfg.task:  # a task over a public data set (tasks/sources.py DataTask)
+        data = compose_with(f"task={option}", "task.revision=v1", "task.split=train", "task.hub_config=c").task
+        assert (data.revision, data.split, data.hub_config) == ("v1", "train", "c")
