@@ -1,32 +1,23 @@
 """What a run is called and where it is written, from Hydra's choices and the overrides typed.
 
-:func:`run_names` is the one function that names a run. Its inputs are Hydra's record of how the run was asked
-for (:class:`Job`: ``hydra.overrides.task``, ``hydra.runtime.choices``, ``hydra.job.override_dirname``) and the
-model config, so ``python -m fafo.bench ARGS`` (``hydra.run.dir`` / ``hydra.sweep.subdir`` call it through the
-``fafo_run_dir`` resolver) and ``Runner(compose_run(*ARGS))`` in Python name and place the run alike.
+:func:`run_names` names every run from Hydra's record of how it was asked for (:class:`Job`: the overrides as
+typed, each config group's option, ``override_dirname``) and the model config: ``python -m fafo.bench ARGS``
+(``hydra.run.dir`` / ``hydra.sweep.subdir``, through the ``fafo_run_dir`` resolver) and ``Runner(compose_run(*ARGS))``
+in Python get the same names and directory. Rules (docs/running.md, "Your own checkpoint"):
 
-Rules (docs/running.md, "Your own checkpoint"):
+* A typed ``model.path`` / ``model.gguf_file`` is loaded whatever the model group; the group's built-in model (a
+  ``tiny`` spec, a preset's GGUF file) only when no path is given. A built-in model typed too (``model=<option>``,
+  ``model.tiny...``) is one ConfigError line naming both; one that comes only from the default group or an
+  ``experiment=`` preset is not typed. ``model.path=DIR model.gguf_file=F`` is file F inside DIR.
+* Names: a typed ``model.name`` as is; else a checkpoint given by path is named after itself (hub id, directory's
+  name, GGUF file's name); a preset used as it is keeps its name (the paper tables are keyed by those).
+* Directories ``<model>/<task>/<method>/<overrides>``: the groups' options (a preset's directory stays, so result
+  trees keep resuming), the model's name (``/`` -> ``--``) where a path or name was typed; ``<overrides>`` is
+  Hydra's ``override_dirname`` (``default`` when empty) and keeps ``model.path``, so two checkpoints whose
+  directories share a name never resume into each other.
 
-* **A given path is the thing used, always.** ``model.path`` (hub id or directory) or ``model.gguf_file`` typed
-  is loaded whatever the model group is; what only comes with the group (the ``tiny`` spec of the built-in random
-  models, a preset's GGUF file such as ``model=smollm2_135m``'s) is used only when no path is given.
-  ``model.path=DIR model.gguf_file=F.gguf`` together is one source: file F inside DIR.
-* **Both given is an error.** Where the overrides name a built-in model (``model=tiny_llama``, any
-  ``model.tiny...`` key, or ``model=smollm2_135m``) *and* a path, the run stops with one line naming both and the
-  fix. A built-in model that comes only from the default group (or from an ``experiment=`` preset) is not
-  "given": ``model.path=X`` alone loads X.
-* **Names.** A typed ``model.name=...`` is used as is. Otherwise a checkpoint given by path is named after itself:
-  the hub id (``org/name``), the directory's name, or the GGUF file's name without ``.gguf``. A preset used as it
-  is keeps its name (``tiny-llama``, ``llama2-7b-chat``: the paper tables are keyed by those).
-* **Run directories** ``<model>/<task>/<method>/<overrides>`` under ``bench.output_dir``: ``<model>`` is the
-  model group's option (``tiny_llama``) for a preset used as it is, so existing result trees keep resuming, and
-  the run's model name (``/`` -> ``--``) where a path or ``model.name`` was given; ``<task>`` and ``<method>`` are
-  the groups' options; ``<overrides>`` is Hydra's ``override_dirname`` (the overrides minus ``exclude_keys``),
-  ``default`` when empty. ``model.path=...`` stays in it, so two checkpoints whose directories share a name never
-  resume into each other's run.
-
-A config composed without Hydra's node (plain ``compose(...)``) has nothing typed: a path set beside a tiny spec
-is used and names the run; a path with a GGUF file is the file inside the path.
+A config composed without Hydra's node (plain ``compose``) has nothing typed: a path beside a tiny spec is loaded
+and names the run.
 """
 
 from __future__ import annotations
@@ -44,6 +35,7 @@ from fafo.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_UNSAFE = re.compile(r"[^\w.,=+-]+")  # runs of characters a directory name does not keep
 
 
 @dataclass(frozen=True)
@@ -96,7 +88,8 @@ def run_names(model_cfg, job: Job = Job()) -> RunNames:
     except ConfigError:
         name = None
     typed = given_keys(job.overrides) & {"model.path", "model.gguf_file", "model.name"}
-    directory = dir_name(name) if name and (typed or name != model_cfg.get("name")) else str(choice or name or "model")
+    as_named = name and (typed or name != model_cfg.get("name"))  # else a preset used as it is: its option
+    directory = dir_name(name) if as_named else str(choice or name or "model")
     return RunNames(name, directory, str(job.choices.get("task")), str(job.choices.get("method")),
                     overrides_dir(job.override_dirname))
 
@@ -141,12 +134,12 @@ def checkpoint_name(path: str) -> str:
 
 def dir_name(name: str) -> str:
     """A model name as one directory level (``org/name`` -> ``org--name``)."""
-    return re.sub(r"[^\w.,=+-]+", "_", str(name).replace("/", "--")) or "model"
+    return _UNSAFE.sub("_", str(name).replace("/", "--")) or "model"
 
 
 def overrides_dir(override_dirname: str) -> str:
     """Hydra's ``override_dirname`` as one directory level ("default" when empty; long ones end in a hash)."""
-    name = re.sub(r"[^\w.,=+-]+", "_", override_dirname) or "default"
+    name = _UNSAFE.sub("_", override_dirname) or "default"
     return name if len(name) <= 120 else name[:100] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
 
 
