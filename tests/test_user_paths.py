@@ -137,7 +137,7 @@ def test_the_python_api_names_and_places_a_run_as_the_cli_does(my_llama, tmp_pat
     (cli_dir, cli_names), = seen
     runner = Runner(compose_run(*args))
     assert runner.run_dir.resolve() == cli_dir.resolve() and runner.names == cli_names
-    names = run_names(runner.cfg.model, runner.job)
+    names = run_names(runner.cfg.model, runner.hydra_job)
     assert cli_dir.relative_to(tmp_path).as_posix() == names.path()
     assert (names.model_dir, cli_names["model"], names.method) == expected
 

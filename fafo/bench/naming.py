@@ -96,7 +96,8 @@ def run_names(model_cfg, job: Job = Job()) -> RunNames:
 
 def compose_run(*overrides: str, config_dir: str | Path = CONF) -> DictConfig:
     """The config ``python -m fafo.bench OVERRIDES`` runs, with Hydra's node, for ``Runner(cfg)`` in Python: the
-    run gets the CLI's names and directory."""
+    run gets the CLI's names and directory. Composed from ``config_dir`` (where Hydra is already initialized, from
+    its config directory)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 

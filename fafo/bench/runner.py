@@ -50,13 +50,13 @@ class Runner:
         """``cfg``: composed by ``python -m fafo.bench``, or in Python by :func:`fafo.bench.naming.compose_run` (or
         ``compose(..., return_hydra_config=True)``), whose Hydra node gives the run the CLI's names and, without
         ``run_dir``, its directory (``hydra.run.dir``). A config composed without it has no overrides typed."""
-        self.job = Job.of(cfg)  # the overrides typed and the group options chosen
+        self.hydra_job = Job.of(cfg)  # the overrides typed and the group options chosen
         cfg, hydra_dir = split_hydra(cfg)
         if run_dir is None and hydra_dir is None:
             raise TypeError("Runner: no run directory; pass run_dir, or compose the config with "
                             "fafo.bench.naming.compose_run (it holds hydra.run.dir)")
         self.cfg, self.bench, self.run_dir = cfg, cfg.bench, Path(run_dir or hydra_dir)
-        check_config(cfg, self.job.overrides)
+        check_config(cfg, self.hydra_job.overrides)
         check_bench(self.bench)
         self.device = resolve_device(self.bench.device)
         self.dtype = resolve_dtype(self.bench.dtype, self.device)
@@ -77,9 +77,9 @@ class Runner:
         check_lock_free(self.run_dir)  # a second writer is refused now, not after loading its model
         label = cfg.method.get("name") or type(self.method).__name__
         compress = getattr(self.method, "compress", None)  # e.g. "fafo-{compress}" -> "fafo-quest"
-        overrides, choice = self.job.overrides, self.job.choices.get("model")
+        overrides, choice = self.hydra_job.overrides, self.hydra_job.choices.get("model")
         self.ckpt = resolve_model(cfg.model, overrides, choice)  # model.path wins over a tiny spec
-        self.names = {"model": run_names(cfg.model, self.job).model, "task": cfg.task.name,  # fafo.bench.naming
+        self.names = {"model": run_names(cfg.model, self.hydra_job).model, "task": cfg.task.name,  # fafo.bench.naming
                       "method": label.format(compress=compress.label) if compress is not None else label}
         if self.sampling.from_generation_config:  # sampling=model_default: only now is the checkpoint known
             self.sampling = self.sampling.resolve(self.ckpt.path)
