@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import fafo.bench  # noqa: F401  (registers the fafo_run_name resolver used by hydra.run.dir)
+import fafo.bench  # noqa: F401  (registers the fafo_run_dir resolver used by hydra.run.dir)
 from fafo.bench.records import SAMPLE_COLUMNS
 from fafo.bench.setup import build, method_node
 from fafo.decoding import Decoder

@@ -11,10 +11,10 @@ import pytest
 from safetensors import safe_open
 
 from fafo.bench.runner import Runner
-from fafo.bench.naming import given_keys, model_dir, model_name, model_source
+from fafo.bench.naming import Job, compose_run, given_keys, model_name, model_source, run_names
 from fafo.engine.tiny import build_tiny_checkpoint
 from fafo.errors import ConfigError
-from tests.helpers import REPO, make_cfg, read_rows, run_cli
+from tests.helpers import REPO, cli_in_process, make_cfg, read_rows, run_cli
 
 QUICK = ["bench.max_samples=1", "bench.max_new_tokens=4", "bench.warmup=0", "bench.progress=false",
          "wandb.mode=disabled"]
@@ -108,7 +108,53 @@ def test_which_keys_count_as_given():
 ])
 def test_model_names_and_directories(cfg, overrides, name, directory):
     assert model_name(cfg, overrides) == name
-    assert model_dir("llama2_7b_chat", cfg, overrides) == directory
+    names = run_names(cfg, Job(tuple(overrides), {"model": "llama2_7b_chat"}))
+    assert names.model == name and names.model_dir == directory
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["method=lookahead", "bench.max_new_tokens=4"], ("tiny_llama", "tiny-llama", "lookahead")),
+    (["model=llama2_7b_chat", "model.path={ckpt}"], ("my-llama", "my-llama", "vanilla")),  # the path names the run
+    (["model.path={ckpt}", "model.name=ours", "sampling=llama_default"], ("ours", "ours", "vanilla")),
+    (["model=tiny_llama", "model.path={ckpt}"], None),  # both given: the same one error line
+])
+def test_the_python_api_names_and_places_a_run_as_the_cli_does(my_llama, tmp_path, monkeypatch, capsys, overrides,
+                                                               expected):
+    """``Runner(compose_run(*ARGS))`` gets the run directory and names ``python -m fafo.bench ARGS`` gets."""
+    overrides = [o.format(ckpt=my_llama) for o in overrides]
+    seen = []
+    monkeypatch.setattr(Runner, "run", lambda self, *a, **k: seen.append((self.run_dir, self.names)) or {})
+    code, err = cli_in_process(overrides, monkeypatch, capsys, tmp_path, loads=True)
+    monkeypatch.undo()
+    args = [f"bench.output_dir={tmp_path}", "wandb.mode=disabled", "bench.progress=false", *overrides]
+    if expected is None:
+        assert code == 2 and len(err) == 1 and not seen
+        with pytest.raises(ConfigError) as refused:
+            Runner(compose_run(*args))
+        assert err == [f"error: {refused.value}"] and "are both given" in err[0]
+        return
+    assert code == 0, err
+    (cli_dir, cli_names), = seen
+    runner = Runner(compose_run(*args))
+    assert runner.run_dir.resolve() == cli_dir.resolve() and runner.names == cli_names
+    names = run_names(runner.cfg.model, runner.hydra_job)
+    assert cli_dir.relative_to(tmp_path).as_posix() == names.path()
+    assert (names.model_dir, cli_names["model"], names.method) == expected
+
+
+@pytest.mark.slow
+def test_a_python_run_with_the_clis_overrides_resumes_the_cli_run(my_llama, tmp_path):
+    """The real CLI, then the Python API with the same overrides: same directory, nothing recomputed."""
+    args = ["model=llama2_7b_chat", f"model.path={my_llama}", f"bench.output_dir={tmp_path}", *QUICK]
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (csv_path,) = tmp_path.glob("*/builtin/vanilla/*/samples.csv")
+    rows = csv_path.read_text()
+    cli = json.loads((csv_path.parent / "summary.json").read_text())
+    summary = Runner(compose_run(*args)).run(report=False)
+    assert Path(summary["run_dir"]).resolve() == csv_path.parent.resolve() == Path(cli["run_dir"]).resolve()
+    assert csv_path.relative_to(tmp_path).parts[0] == "my-llama" and summary["model"] == cli["model"] == "my-llama"
+    assert csv_path.read_text() == rows  # resumed: every row was already there
 
 
 @pytest.mark.slow

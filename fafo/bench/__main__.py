@@ -31,10 +31,11 @@ def main(cfg: DictConfig) -> dict | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     sweep = HydraConfig.get().mode.name == "MULTIRUN"
     if cfg.bench.get("plan"):  # no weights: every job checked against its model's config and tokenizer
-        from fafo.bench.naming import cli_overrides
+        from fafo.bench.naming import Job
         from fafo.bench.plan import run_plan
 
-        overrides, choice = cli_overrides()
+        job = Job.of()
+        overrides, choice = job.overrides, job.choices.get("model")
         if cfg.get("compare") and cfg.compare.get("methods"):  # each compared method is its own job
             from fafo.bench.compare import method_configs
 

@@ -1,61 +1,126 @@
-"""Which checkpoint a run uses and what it is called: a given path wins, names come from the checkpoint.
+"""What a run is called and where it is written, from Hydra's choices and the overrides typed.
 
-Rules (the README's "Your own checkpoint" section says the same):
+:func:`run_names` names every run from Hydra's record of how it was asked for (:class:`Job`: the overrides as
+typed, each config group's option, ``override_dirname``) and the model config: ``python -m fafo.bench ARGS``
+(``hydra.run.dir`` / ``hydra.sweep.subdir``, through the ``fafo_run_dir`` resolver) and ``Runner(compose_run(*ARGS))``
+in Python get the same names and directory. Rules (docs/running.md, "Your own checkpoint"):
 
-* **A given path is the thing used, always.** ``model.path`` (hub id or directory) or ``model.gguf_file`` typed
-  on the command line is loaded whatever the model group is; what only comes with the group (the ``tiny`` spec
-  of the built-in random models, a preset's GGUF file such as ``model=smollm2_135m``'s) is used only when no path
-  is given. ``model.path=DIR model.gguf_file=F.gguf`` together is one source: file F inside DIR.
-* **Both given is an error.** Where the command line names a built-in model (``model=tiny_llama``, any
-  ``model.tiny...`` key, or ``model=smollm2_135m``) *and* a path, the run stops with one line naming both and the
-  fix. A built-in model that comes only from the default group (or from an ``experiment=`` preset) is not
-  "given": ``model.path=X`` alone loads X.
-* **Names.** An explicit ``model.name=...`` is used as is. Otherwise a checkpoint given by path is named after
-  itself: the hub id (``org/name``), the directory's name, or the GGUF file's name without ``.gguf``. A preset used
-  as it is keeps its name (``tiny-llama``, ``llama2-7b-chat``: the paper tables are keyed by those).
-* **Run directories** (``results/runs/<model>/...``): the group option (``tiny_llama``, ``llama2_7b_chat``) for a
-  preset used as it is, so existing result trees keep resuming; the run's model name (``/`` -> ``--``) where a
-  path or ``model.name`` was given. ``model.path=...`` also stays in the overrides part of the directory, so two
-  checkpoints whose directories share a name never resume into each other's run.
+* A typed ``model.path`` / ``model.gguf_file`` is loaded whatever the model group; the group's built-in model (a
+  ``tiny`` spec, a preset's GGUF file) only when no path is given. A built-in model typed too (``model=<option>``,
+  ``model.tiny...``) is one ConfigError line naming both; one that comes only from the default group or an
+  ``experiment=`` preset is not typed. ``model.path=DIR model.gguf_file=F`` is file F inside DIR.
+* Names: a typed ``model.name`` as is; else a checkpoint given by path is named after itself (hub id, directory's
+  name, GGUF file's name); a preset used as it is keeps its name (the paper tables are keyed by those).
+* Directories ``<model>/<task>/<method>/<overrides>``: the groups' options (a preset's directory stays, so result
+  trees keep resuming), the model's name (``/`` -> ``--``) where a path or name was typed; ``<overrides>`` is
+  Hydra's ``override_dirname`` (``default`` when empty) and keeps ``model.path``, so two checkpoints whose
+  directories share a name never resume into each other.
 
-"Given" means typed on the command line: Hydra's ``overrides.task``. Without Hydra (``Runner`` built from a
-composed config in Python) nothing counts as given: a config holding both a path and a tiny spec uses the path
-and names the run after it; a path with a GGUF file is the file inside the path.
+A config composed without Hydra's node (plain ``compose``) has nothing typed: a path beside a tiny spec is loaded
+and names the run.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from fafo.errors import ConfigError
 
+CONF = Path(__file__).resolve().parents[2] / "conf"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_UNSAFE = re.compile(r"[^\w.,=+-]+")  # runs of characters a directory name does not keep
 
 
-def cli_overrides() -> tuple[list[str], str | None]:
-    """(the command line's overrides of this job, the chosen model group option); ([], None) outside Hydra."""
-    from hydra.core.hydra_config import HydraConfig
+@dataclass(frozen=True)
+class Job:
+    """Hydra's record of how a run was asked for (its config's ``hydra`` node)."""
 
-    if not HydraConfig.initialized():
-        return [], None
-    hc = HydraConfig.get()
-    return list(hc.overrides.task), hc.runtime.choices.get("model")
+    overrides: tuple[str, ...] = ()  # hydra.overrides.task: as typed, e.g. ("model.path=/ckpt/x",)
+    choices: dict = field(default_factory=dict)  # hydra.runtime.choices: {group: option}, e.g. {"model": "tiny_llama"}
+    override_dirname: str = ""  # hydra.job.override_dirname: the overrides minus exclude_keys, sorted
+
+    @classmethod
+    def of(cls, cfg=None) -> Job:
+        """From ``cfg.hydra`` (``compose(..., return_hydra_config=True)``), else from the running Hydra app, else
+        nothing typed."""
+        node = cfg.get("hydra") if isinstance(cfg, DictConfig) else None
+        if node is None:
+            from hydra.core.hydra_config import HydraConfig
+
+            if not HydraConfig.initialized():
+                return cls()
+            node = HydraConfig.get()
+        return cls(tuple(node.overrides.task), OmegaConf.to_container(node.runtime.choices),
+                   str(node.job.get("override_dirname") or ""))
+
+
+@dataclass(frozen=True)
+class RunNames:
+    """A run's model name (records, summaries, W&B) and the parts of its directory."""
+
+    model: str | None  # None where the model config is refused (both given)
+    model_dir: str
+    task: str
+    method: str
+    overrides: str
+
+    def path(self, *parts: str) -> str:
+        """``model/task/method/overrides`` (or the parts named), the model part being ``model_dir``."""
+        return "/".join(getattr(self, "model_dir" if p == "model" else p)
+                        for p in parts or ("model", "task", "method", "overrides"))
+
+
+def run_names(model_cfg, job: Job = Job()) -> RunNames:
+    """Name a run (module doc). A model both given and built in (a ConfigError the runner reports) names the
+    directory after the group option."""
+    if OmegaConf.is_config(model_cfg):
+        model_cfg = OmegaConf.to_container(model_cfg, resolve=True)
+    model_cfg, choice = model_cfg or {}, job.choices.get("model")
+    try:
+        name = model_name(model_cfg, job.overrides, choice)
+    except ConfigError:
+        name = None
+    typed = given_keys(job.overrides) & {"model.path", "model.gguf_file", "model.name"}
+    as_named = name and (typed or name != model_cfg.get("name"))  # else a preset used as it is: its option
+    directory = dir_name(name) if as_named else str(choice or name or "model")
+    return RunNames(name, directory, str(job.choices.get("task")), str(job.choices.get("method")),
+                    overrides_dir(job.override_dirname))
+
+
+def compose_run(*overrides: str, config_dir: str | Path = CONF) -> DictConfig:
+    """The config ``python -m fafo.bench OVERRIDES`` runs, with Hydra's node, for ``Runner(cfg)`` in Python: the
+    run gets the CLI's names and directory. Composed from ``config_dir`` (where Hydra is already initialized, from
+    its config directory)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def split_hydra(cfg: DictConfig) -> tuple[DictConfig, str | None]:
+    """(``cfg`` without Hydra's node, as the CLI's task function gets it; ``hydra.run.dir`` or None)."""
+    if not isinstance(cfg, DictConfig) or cfg.get("hydra") is None:
+        return cfg, None
+    run_dir, cfg = str(cfg.hydra.run.dir), copy.deepcopy(cfg)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, run_dir
 
 
 def given_keys(overrides) -> set[str]:
     """The keys an override list sets, as typed: ``model=x`` -> ``model`` (the group choice),
     ``++model.tiny.seed=3`` -> ``model.tiny.seed``. Deletions (``~key``) set nothing."""
-    keys = set()
-    for item in overrides or ():
-        item = str(item)
-        if item.startswith("~") or "=" not in item:
-            continue
-        keys.add(item.split("=", 1)[0].lstrip("+"))
-    return keys
+    return {str(o).split("=", 1)[0].lstrip("+") for o in overrides or () if "=" in str(o) and str(o)[0] != "~"}
 
 
 def checkpoint_name(path: str) -> str:
@@ -70,7 +135,13 @@ def checkpoint_name(path: str) -> str:
 
 def dir_name(name: str) -> str:
     """A model name as one directory level (``org/name`` -> ``org--name``)."""
-    return re.sub(r"[^\w.,=+-]+", "_", str(name).replace("/", "--")) or "model"
+    return _UNSAFE.sub("_", str(name).replace("/", "--")) or "model"
+
+
+def overrides_dir(override_dirname: str) -> str:
+    """Hydra's ``override_dirname`` as one directory level ("default" when empty; long ones end in a hash)."""
+    name = _UNSAFE.sub("_", override_dirname) or "default"
+    return name if len(name) <= 120 else name[:100] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
 
 
 def _both(builtin: str, what: str, given: str, value) -> ConfigError:
@@ -82,9 +153,9 @@ def model_source(model_cfg, overrides=(), choice: str | None = None) -> str | No
     """Which of the model config's sources is loaded: ``"gguf"`` (``model.gguf_file``, inside ``model.path`` when
     both are set), ``"path"`` (a hub id or checkpoint directory), ``"tiny"`` (a built-in random model) or None.
 
-    A source typed on the command line (``model.path``, ``model.gguf_file``) wins over one that only comes with
-    the model group (a ``tiny`` spec, a preset's ``gguf_file``); where the command line also names the group's
-    source (``model=<option>`` or ``model.tiny...``) that is ambiguous: one ConfigError line names both and the fix.
+    A source typed (``model.path``, ``model.gguf_file``) wins over one that only comes with the model group (a
+    ``tiny`` spec, a preset's ``gguf_file``); where the overrides also name the group's source (``model=<option>``
+    or ``model.tiny...``) that is ambiguous: one ConfigError line names both and the fix.
     """
     given = given_keys(overrides)
     path, gguf, tiny = model_cfg.get("path"), model_cfg.get("gguf_file"), model_cfg.get("tiny")
@@ -106,7 +177,7 @@ def model_source(model_cfg, overrides=(), choice: str | None = None) -> str | No
 
 
 def model_name(model_cfg, overrides=(), choice: str | None = None) -> str:
-    """The model's name in records, summaries, W&B and run directories (see module doc)."""
+    """The model's name in records, summaries, W&B and run directories (module doc)."""
     given = given_keys(overrides)
     name, source = model_cfg.get("name"), model_source(model_cfg, overrides, choice)
     if name and "model.name" in given:
@@ -119,26 +190,11 @@ def model_name(model_cfg, overrides=(), choice: str | None = None) -> str:
     return str(name or "tiny")
 
 
-def model_dir(choice, model_cfg, overrides) -> str:
-    """The ``<model>`` level of a run directory (``hydra.run.dir`` / ``hydra.sweep.subdir``, see module doc)."""
-    given = given_keys(overrides)
-    model_cfg = model_cfg if model_cfg is not None else {}
-    try:
-        name = model_name(model_cfg, overrides, choice)
-    except ConfigError:  # reported by the runner, with the exit status of a bad setting
-        return str(choice or "model")
-    if given & {"model.path", "model.gguf_file", "model.name"} or name != model_cfg.get("name"):
-        return dir_name(name)
-    return str(choice or name)
+def _run_dir_resolver(*parts: str, _root_: DictConfig) -> str:
+    """``${fafo_run_dir:}`` (``model/task/method/overrides``) or ``${fafo_run_dir:model,overrides}``: the run
+    directory's parts named by :func:`run_names` from the config being resolved and its Hydra node."""
+    return run_names(_root_.get("model"), Job.of(_root_)).path(*parts)
 
 
-def _model_dir_resolver(choice, model_cfg, overrides) -> str:
-    if OmegaConf.is_config(model_cfg):
-        model_cfg = OmegaConf.to_container(model_cfg, resolve=True)
-    if OmegaConf.is_config(overrides):
-        overrides = OmegaConf.to_container(overrides, resolve=True)
-    return model_dir(choice, model_cfg, overrides)
-
-
-# used by hydra.run.dir / hydra.sweep.subdir in conf/config.yaml
-OmegaConf.register_new_resolver("fafo_model_dir", _model_dir_resolver, replace=True)
+# used by hydra.run.dir / hydra.sweep.subdir in conf/config.yaml and conf/experiment/demo.yaml
+OmegaConf.register_new_resolver("fafo_run_dir", _run_dir_resolver, replace=True)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from fafo.bench.cost_curve import CostCurve, summary_fields
 from fafo.bench.metrics import accept_histogram, flag_counts, summarize
 from fafo.bench.mismatch import MismatchJudge
-from fafo.bench.naming import cli_overrides, model_name
+from fafo.bench.naming import Job, run_names, split_hydra
 from fafo.bench.preempt import sample_done
 from fafo.bench.records import RecordWriter, check_lock_free, first_mismatch, write_json_atomic
 from fafo.bench.reference import ReferenceStore, reference_key, timing_reusable
@@ -46,9 +46,17 @@ RANDOM_MODEL_NOTE = "NOTE: a random tiny model - its speed numbers are a smoke t
 class Runner:
     """Runs one configuration into ``run_dir`` (see module docstring). ``run()`` returns the summary dict."""
 
-    def __init__(self, cfg: DictConfig, run_dir: str | Path):
-        self.cfg, self.bench, self.run_dir = cfg, cfg.bench, Path(run_dir)
-        check_config(cfg, cli_overrides()[0])
+    def __init__(self, cfg: DictConfig, run_dir: str | Path | None = None):
+        """``cfg``: composed by ``python -m fafo.bench``, or in Python by :func:`fafo.bench.naming.compose_run` (or
+        ``compose(..., return_hydra_config=True)``), whose Hydra node gives the run the CLI's names and, without
+        ``run_dir``, its directory (``hydra.run.dir``). A config composed without it has no overrides typed."""
+        self.hydra_job = Job.of(cfg)  # the overrides typed and the group options chosen
+        cfg, hydra_dir = split_hydra(cfg)
+        if run_dir is None and hydra_dir is None:
+            raise TypeError("Runner: no run directory; pass run_dir, or compose the config with "
+                            "fafo.bench.naming.compose_run (it holds hydra.run.dir)")
+        self.cfg, self.bench, self.run_dir = cfg, cfg.bench, Path(run_dir or hydra_dir)
+        check_config(cfg, self.hydra_job.overrides)
         check_bench(self.bench)
         self.device = resolve_device(self.bench.device)
         self.dtype = resolve_dtype(self.bench.dtype, self.device)
@@ -69,10 +77,10 @@ class Runner:
         check_lock_free(self.run_dir)  # a second writer is refused now, not after loading its model
         label = cfg.method.get("name") or type(self.method).__name__
         compress = getattr(self.method, "compress", None)  # e.g. "fafo-{compress}" -> "fafo-quest"
-        overrides, choice = cli_overrides()  # model.path wins over a tiny spec; names come from the checkpoint
-        self.names = {"model": model_name(cfg.model, overrides, choice), "task": cfg.task.name,
+        overrides, choice = self.hydra_job.overrides, self.hydra_job.choices.get("model")
+        self.ckpt = resolve_model(cfg.model, overrides, choice)  # model.path wins over a tiny spec
+        self.names = {"model": run_names(cfg.model, self.hydra_job).model, "task": cfg.task.name,  # fafo.bench.naming
                       "method": label.format(compress=compress.label) if compress is not None else label}
-        self.ckpt = resolve_model(cfg.model, overrides, choice)
         if self.sampling.from_generation_config:  # sampling=model_default: only now is the checkpoint known
             self.sampling = self.sampling.resolve(self.ckpt.path)
             self.method.check_sampling(self.sampling)
