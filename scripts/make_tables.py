@@ -299,7 +299,7 @@ def _fmt_num(x, spec) -> str:
 
 
 def row_tokens(table: Table, row) -> str | None:
-    """Tokens per forward of a row's runs (the summary's ``tokens_per_forward``; issue 19), or None if unknown."""
+    """Tokens per forward of a row's runs (the summary's ``tokens_per_forward``), or None if unknown."""
     runs = [table.cell(row, c).ours for c in table.cols if table.cell(row, c).ours is not None]
     values = sorted({int(v) for r in runs if (v := _num(r.summary.get("tokens_per_forward"))) is not None})
     return "/".join(map(str, values)) if values else None

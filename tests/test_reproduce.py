@@ -212,7 +212,7 @@ def test_two_sweeps_of_one_experiment_at_once_leave_complete_records(tmp_path):
             "method=fafo_stream,lookahead,fafo_2forward"]
     procs = [run_cli(*args, cwd=tmp_path, wait=False) for _ in range(2)]
     results = [p.communicate(timeout=600) for p in procs]
-    # a sweep that found a job's directory taken by the other one lists it as failed and exits 1 (issue 18)
+    # a sweep that found a job's directory taken by the other one lists it as failed and exits 1
     assert all(p.returncode == 0 or (p.returncode == 1 and "being written by another job" in r[0] + r[1])
                for p, r in zip(procs, results)), [r[1][-2000:] for r in results]
     runs = sorted(out.glob("tiny_llama/builtin/*/*/samples.csv"))

@@ -1,4 +1,4 @@
-"""Issue 16: any run or sweep makes a table (scripts/make_tables.py DIR [--by KEY]) and a plot (plot.py --x KEY);
+"""Any run or sweep makes a table (scripts/make_tables.py DIR [--by KEY]) and a plot (plot.py --x KEY);
 paper presets keep their own layout."""
 
 import csv

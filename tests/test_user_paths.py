@@ -1,4 +1,4 @@
-"""Issue 16: a given path is the thing used. ``model.path`` beats the default tiny model, names come from the
+"""A given path is the thing used. ``model.path`` beats the default tiny model, names come from the
 checkpoint, and every setting that names a file or checkpoint (``model.path``, ``method.draft.path``,
 ``task.data_path``, ``bench.reference_dir``) is proven read from the given place (distinctive sizes and ids)."""
 
