@@ -1,13 +1,14 @@
-"""Declared bounds of the count- and length-like hyperparameters of methods, compressions and tasks.
+"""Declared bounds of the hyperparameters of methods, compressions and tasks: integer ranges and choices.
 
 A bound sits next to its field (kvpress-style hyperparameter dataclasses)::
 
     n: int = at_least(1, 40)                 # streams: 0 cannot run
     stagger: int = at_least(0, 1)            # 0 is meaningful: every stream at P + 1
     m: int | None = at_least(1, None)        # null allowed (the annotation admits None)
+    pooling: str = one_of(("max", "avg"), "max")
 
 and one checker, :func:`check_bounds`, refuses a value outside it with the line every setting gives
-(``method.n=0 must be an integer >= 1``). It runs on the config node before a dataclass is built
+(``method.n=0 must be an integer >= 1``, ``method.pooling='min' must be one of max, avg``). It runs on the config node before a dataclass is built
 (:func:`fafo.bench.setup.check_fields`) and again from the dataclasses' own ``__post_init__`` / ``Task.samples`` for
 objects built in Python. Cross-field rules (``min_ngram <= max_ngram``, a budget that is a multiple of the chunk
 size) stay in the classes' ``__post_init__``.
@@ -33,11 +34,21 @@ def at_least(low: int, default: int | None, *, high: int | None = None, why: str
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
 
 
+def one_of(choices: tuple, default: Any, *, why: str = "", **kwargs) -> Any:
+    """A dataclass field whose value is one of ``choices`` (``None`` among them when null is allowed).
+
+    ``why`` is added to the error line (what each choice means); extra ``kwargs`` go to ``dataclasses.field``.
+    """
+    assert default in choices, f"default {default!r} is not one of {choices}"
+    metadata = {"choices": tuple(choices), "why": why, **kwargs.pop("metadata", {})}
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
 def bound_of(cls: type, name: str) -> dict | None:
     """The bound declared for field ``name`` of dataclass ``cls`` (searched up the MRO), or None."""
     for klass in getattr(cls, "__mro__", ()):
         f = getattr(klass, "__dataclass_fields__", {}).get(name)
-        if f is not None and "ge" in f.metadata:
+        if f is not None and ("ge" in f.metadata or "choices" in f.metadata):
             return f.metadata
     return None
 
@@ -63,6 +74,12 @@ def _nullable(cls: type, name: str) -> bool:
 def check_bound(cls: type, name: str, value: Any, setting: str) -> None:
     """Refuse ``value`` for field ``name`` of ``cls`` when it breaks the declared bound (one ConfigError line)."""
     bound = bound_of(cls, name)
+    why = f" ({bound['why']})" if bound is not None and bound.get("why") else ""
+    if bound is not None and "choices" in bound:
+        if not any(value == c and type(value) is type(c) for c in bound["choices"]):  # True is not 1
+            names = ", ".join("null" if c is None else str(c) for c in bound["choices"])
+            raise ConfigError(f"{setting}={value!r} must be one of {names}{why}")
+        return
     if bound is None or (value is None and _nullable(cls, name)):
         return
     low, high = bound["ge"], bound.get("le")
@@ -71,7 +88,6 @@ def check_bound(cls: type, name: str, value: Any, setting: str) -> None:
         return
     null = "null or " if _nullable(cls, name) else ""
     upper = f" and <= {high}" if high is not None else ""
-    why = f" ({bound['why']})" if bound.get("why") else ""
     raise ConfigError(f"{setting}={value!r} must be {null}an integer >= {low}{upper}{why}")
 
 

@@ -9,7 +9,7 @@ from hydra._internal.utils import _locate
 from omegaconf import OmegaConf
 
 from fafo.bench.setup import build, method_node
-from fafo.bounds import at_least, bound_of, check_bound, check_bounds
+from fafo.bounds import at_least, bound_of, check_bound, check_bounds, one_of
 from fafo.errors import ConfigError
 from tests.helpers import cli_in_process, compose_with
 
@@ -96,7 +96,10 @@ def test_every_count_has_a_declared_bound_and_refuses_degenerate_values(prefix, 
     bound = bound_of(cls, name)
     assert bound is not None, f"{cls.__name__}.{name} counts something but declares no bound (fafo.bounds.at_least)"
     zero_ok = (cls.__name__, name) in ZERO_OK
-    assert bound["ge"] == 0 if zero_ok else bound["ge"] >= 1, (cls.__name__, name, bound)
+    if "choices" in bound:  # a count with a few meaningful values (one_of)
+        zero_ok = 0 in bound["choices"]
+    else:
+        assert bound["ge"] == 0 if zero_ok else bound["ge"] >= 1, (cls.__name__, name, bound)
     refused = [-1] if zero_ok else [0, -1]
     for value in refused:
         with pytest.raises(ConfigError) as excinfo:
@@ -151,3 +154,22 @@ def test_bounds_are_inherited_and_null_follows_the_annotation():
     check_bound(_Child, "m", None, "x.m")
     with pytest.raises(ConfigError, match=r"^x.m=9 must be null or an integer >= 2 and <= 8 \(a reason\)$"):
         check_bound(_Child, "m", 9, "x.m")
+
+
+@dataclasses.dataclass
+class _Choices:
+    pooling: str = one_of(("max", "avg"), "max", why="how votes pool")
+    bits: int | None = one_of((None, 4), 4)
+
+
+def test_choices_are_declared_once_and_refused_in_one_line():
+    check_bounds(_Choices(), "x")
+    check_bounds(_Choices(pooling="avg", bits=None), "x")
+    with pytest.raises(ConfigError, match=r"^x.pooling='min' must be one of max, avg \(how votes pool\)$"):
+        check_bounds(_Choices(pooling="min"), "x")
+    with pytest.raises(ConfigError, match=r"^x.bits=8 must be one of null, 4$"):
+        check_bounds(_Choices(bits=8), "x")
+    with pytest.raises(ConfigError, match=r"^x.bits=4.0 must be one of null, 4$"):
+        check_bound(_Choices, "bits", 4.0, "x.bits")
+    with pytest.raises(AssertionError):
+        one_of(("a",), "b")
