@@ -175,8 +175,7 @@ class LongSpecDecoder(Decoder):
             V = logp.shape[-1]
             cum = (level_scores[:, None] + logp).reshape(-1)  # [n_nodes * V] cumulative log-probabilities
             top = cum.topk(min(width, cum.numel()))
-            parents = (top.indices // V).tolist()
-            toks = (top.indices % V).tolist()
+            parents, toks = torch.stack([top.indices // V, top.indices % V]).tolist()  # one read per depth
             level_nodes = [tree.add(level_nodes[p], t) for p, t in zip(parents, toks)]
             level_scores = top.values
             if depth == len(self.shape):

@@ -184,10 +184,10 @@ class QuantKVCache:
             return self.full.keys[layer][:, :, lo:hi], self.full.values[layer][:, :, lo:hi]
         return self.k_buf[layer][:, :, lo - self.nq:hi - self.nq], self.v_buf[layer][:, :, lo - self.nq:hi - self.nq]
 
-    def _write(self, layer: int, slots: torch.Tensor, k, v) -> None:
-        """Write a step's KV at positions ``slots`` (contiguous); in a prefill the first ``nq`` go to the planes."""
+    def _write(self, layer: int, slots: torch.Tensor, first: int, k, v) -> None:
+        """Write a step's KV at positions ``slots`` = ``first, first + 1, ...`` (``first`` known on the host: no
+        device read); in a prefill the first ``nq`` go to the planes."""
         n = slots.shape[0]
-        first = int(slots[0])
         cut = min(n, max(0, self.nq - first))  # tokens below nq: only a prefill writes them
         if cut:
             if first != 0:
@@ -197,8 +197,8 @@ class QuantKVCache:
             self.full.write(layer, slots[cut:n], k[:, :, cut:n], v[:, :, cut:n])
         elif cut < n:
             idx = slots[cut:n] - self.nq
-            if int(idx[-1]) >= self.buf_len:
-                raise RuntimeError(f"quantspec: buffer overflow ({int(idx[-1]) + 1} > {self.buf_len} slots)")
+            if first + n - self.nq > self.buf_len:
+                raise RuntimeError(f"quantspec: buffer overflow ({first + n - self.nq} > {self.buf_len} slots)")
             self.k_buf[layer].index_copy_(2, idx, k[:, :, cut:n])
             self.v_buf[layer].index_copy_(2, idx, v[:, :, cut:n])
 
@@ -259,7 +259,7 @@ class QuantKVCache:
         if plan.prefix_lens is not None or plan.region_from is not None or plan.step_mask is not None:
             raise NotImplementedError("quantspec's cache serves causal chains only (no masks or regions)")
         if slots is not None:
-            self._write(layer, slots, k, v)
+            self._write(layer, slots, plan.prefix, k, v)
         B, Hq, Q, D = q.shape
         Hkv, P, G = k.shape[1], plan.prefix, self.group
         if P == 0:  # prefill: full-precision causal attention over the prompt
@@ -270,20 +270,25 @@ class QuantKVCache:
         qg = q.view(B, Hkv, Hq // Hkv, Q, D)
         pos = torch.arange(P, P + Q, device=q.device)
         nq_q = ((pos - G).div(G, rounding_mode="floor") * G).clamp_min(0)  # [Q] nq(p) per query
-        if int(nq_q[0]) < self.nq or int(nq_q[-1]) > self.nq + G:
+
+        def nq_at(p: int) -> int:  # nq_q on the host: the bounds below read no device value
+            return max(0, (p - G) // G * G)
+
+        if nq_at(P) < self.nq or nq_at(P + Q - 1) > self.nq + G:
             raise RuntimeError(f"quantspec: stored planes ({self.nq}) out of step with positions {P}..{P + Q - 1}")
         acc = None
         for lo in range(0, self.nq, self.chunk):  # stored quantized tokens, seen by every query
             kc, vc = self._dequant(layer, lo, min(self.nq, lo + self.chunk), lower)
             acc = _merge(acc, _attention_lse(qg, kc, vc, None, scale))
         ahead = nq_q > self.nq  # [Q] queries that read the next group quantized too
-        if bool(ahead.any()):
+        any_ahead = nq_at(P + Q - 1) > self.nq  # nq(p) grows with p
+        if any_ahead:
             kf, vf = self._fake(*self._fp(layer, self.nq, self.nq + G), lower)
             acc = _merge(acc, _attention_lse(qg, kf, vf, ahead[:, None].expand(Q, G), scale))
         if P > self.nq:  # full precision [nq, P); a query ahead skips the group it reads quantized
             kb, vb = self._fp(layer, self.nq, P)
             mask = torch.arange(self.nq, P, device=q.device)[None, :] >= nq_q[:, None]  # [Q, P - nq]
-            acc = _merge(acc, _attention_lse(qg, kb, vb, None if not bool(ahead.any()) else mask, scale))
+            acc = _merge(acc, _attention_lse(qg, kb, vb, mask if any_ahead else None, scale))
         causal = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
         acc = _merge(acc, _attention_lse(qg, k, v, causal, scale))
         return acc[0].view(B, Hq, Q, D).to(q.dtype)

@@ -5,6 +5,7 @@ gathered per-branch step attention for sparse masks, the fused masked kernel for
 float32 maths with dense masks, the reference) and ``flex`` (eager FlexAttention with block masks).
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -188,7 +189,7 @@ def test_compiled_sdpa_reads_only_the_live_prefix_and_compiles_once(method_name,
     try:
         eng = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="aot_eager", attention="sdpa"))
         cache = eng.cache(512)
-        plan = eng.compiled.static_plan(cache, causal_plan(130), 1, torch.tensor([130]))
+        plan = eng.compiled.static_plan(cache, dataclasses.replace(causal_plan(130), step_in_cache=True), 1)
         assert plan.prefix == cache.max_len and plan.prefix_live.shape == (130,) and plan.step_in_cache
         fafo = eng.compiled.static_plan(cache, AttentionPlan(prefix=90, **fafo_fused()), 45)
         assert fafo.region_live.shape == (9,) and fafo.step_gather is not None and not fafo.step_in_cache

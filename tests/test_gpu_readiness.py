@@ -1,5 +1,5 @@
 """What a first GPU run depends on, checked on the CPU: the single fused vanilla step on every attention path,
-host-to-device copies per decode step, isolation between the methods of one process, warm-up that leaves no
+host-to-device copies and device-to-host reads per decode step, isolation between the methods of one process, warm-up that leaves no
 compilation in timed rows, and the main comparison compiled and in bfloat16."""
 
 import dataclasses
@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
 
 import baselines.swift
 import fafo.engine.attention as attention
@@ -59,8 +61,83 @@ class FactoryCopies(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# Device-to-host reads per decode step, at most (docs/performance.md): each is a sync on CUDA. One is the step's
+# verification (the committed tokens); drafting loops on the host read each drafted token (QuantSpec, TriForce's
+# levels, SWIFT's confidence), LongSpec one per tree depth, Token Recycling its top-k.
+READS_PER_STEP = {"vanilla": 1, "fafo-stream": 1, "fafo-quest": 1, "fafo-snapkv": 1, "fafo-2forward": 1,
+                  "lookahead": 1, "triforce": 5, "triforce-draft": 18, "swift": 3, "quantspec": 7, "longspec": 6,
+                  "prompt_lookup": 1, "token_recycling": 2, "suffix_decoding": 1, "sam_decoding": 1}
+READS_PER_GENERATION = 5  # the prompt's next token, and a gathered step mask built once per mask
+
+
+class DeviceReads(TorchFunctionMode):
+    """Counts reads of device values on the host, with the CPU standing in for the device: a tensor is on the
+    device when it is a weight, was made with ``device=`` or moved with ``.to(device)``, or was computed from one.
+    A read is ``.tolist()``, ``.item()``, ``int()`` / ``float()`` / ``bool()`` / indexing with it, ``.cpu()``,
+    ``.numpy()``, or a device value written into a host tensor."""
+
+    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"}
+    FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "randint", "rand", "randn"}
+
+    def __init__(self, weights):
+        super().__init__()
+        self.on_device = WeakIdKeyDictionary({w: True for w in weights})
+        self.n = 0
+
+    def _any_on_device(self, values) -> bool:
+        return any(isinstance(x, torch.Tensor) and x in self.on_device for x in values)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs, name = kwargs or {}, getattr(func, "__name__", "")
+        out = func(*args, **kwargs)
+        flat = tree_flatten((args, kwargs))[0]
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if name in self.READS and first is not None and first in self.on_device:
+            self.n += 1
+            return out.clone() if out is first else out  # on the CPU .cpu() returns the tensor itself
+        if name in ("__setitem__", "copy_") and first is not None and first not in self.on_device \
+                and self._any_on_device(flat[1:]):
+            self.n += 1
+            return out
+        moved = name in ("to", *self.FACTORIES) and (kwargs.get("device") is not None or any(
+            isinstance(a, torch.device) for a in args[1:]))
+        if moved or self._any_on_device(flat):
+            for o in tree_flatten(out)[0] + ([first] if name.endswith("_") and first is not None else []):
+                if isinstance(o, torch.Tensor):
+                    self.on_device[o] = True
+        return out
+
+
 def test_every_method_is_listed():
-    assert set(COPIES_PER_STEP) == set(METHODS)
+    assert set(COPIES_PER_STEP) == set(METHODS) == set(READS_PER_STEP)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_device_to_host_reads_per_step(name, engine):
+    eng = engine("llama_gqa")
+    ids = eng.tokenizer(PROMPTS[0] * 2).input_ids
+    method = METHODS[name]()
+    with DeviceReads(eng.model.parameters()) as reads:
+        method.setup(eng)
+        gen = method.generate(eng, ids, 40)
+    steps = len(gen.accept_lengths)
+    assert gen.tokens == VanillaDecoder().generate(eng, ids, 40).tokens
+    assert steps and reads.n >= steps, "every step reads its committed tokens: the probe missed them"
+    assert reads.n <= READS_PER_STEP[name] * steps + READS_PER_GENERATION, f"{reads.n} reads in {steps} steps"
+
+
+def test_the_read_probe_sees_each_kind_of_read():
+    w = torch.ones(3)
+    with DeviceReads([w]) as reads:
+        x = (w * 2).argmax()
+        host = torch.zeros(2, dtype=torch.long)
+        _ = x.item(), int(x), bool(x), x.tolist(), [0, 1][x], (w + 1).cpu()
+        host[0] = x
+        on_device = torch.arange(3, device=w.device)
+        _ = on_device.tolist(), torch.tensor([1, 2]).to(w.device).sum().item()
+        before = reads.n
+        _ = host.tolist(), torch.arange(4).sum().item(), (w + 1).cpu().tolist()  # host values: free
+    assert before == 9 and reads.n == before
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -112,8 +189,8 @@ def test_vanilla_compiled_step_reads_its_token_from_the_cache(attention_kind, ch
     plans = []
     real = CompiledStep.static_plan
 
-    def spy(self, cache, plan, n_queries, slots=None):
-        out = real(self, cache, plan, n_queries, slots)
+    def spy(self, cache, plan, n_queries):
+        out = real(self, cache, plan, n_queries)
         plans.append((plan.prefix, out))
         return out
 

@@ -64,7 +64,7 @@ def test_cache_layout_keys_per_channel_values_per_token():
     k, v = torch.randn(B, H, T, D), torch.randn(B, H, T, D)
     cache.prefill_to(T)
     assert cache.nq == quantized_count(T, G) == 16
-    cache._write(0, torch.arange(T), k, v)
+    cache._write(0, torch.arange(T), 0, k, v)
     for lower, col in ((True, 3), (False, 2)):
         kq, vq = cache._dequant(0, 0, 16, lower)
         kf = formula(k[:, :, :16].reshape(B, H, 2, G, D), 3)[col].reshape(B, H, 16, D)  # per channel, G tokens

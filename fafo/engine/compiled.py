@@ -29,7 +29,6 @@ import torch
 from fafo.engine.attention import AttentionPlan, _flex, generate_step_mask, length_block_mask
 from fafo.engine.cache import KVCache
 from fafo.engine.kernels import gathered_mask
-from fafo.engine.model import appends_one_token
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -116,7 +115,7 @@ class CompiledStep:
         self._step_buffers: dict[tuple, tuple[torch.Tensor, object]] = {}
 
     def __call__(self, tokens, positions, cache: KVCache, slots, plan: AttentionPlan, logits="all", skip=None):
-        plan = self.static_plan(cache, plan, tokens.shape[1], slots)
+        plan = self.static_plan(cache, plan, tokens.shape[1])
         if self.options.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         out = self.fn(tokens, positions, cache, slots, plan, self.attention, logits, skip)
@@ -126,14 +125,14 @@ class CompiledStep:
                 plan.captured[layer] = q.clone()
         return out
 
-    def static_plan(self, cache: KVCache, plan: AttentionPlan, n_queries: int, slots=None) -> AttentionPlan:
+    def static_plan(self, cache: KVCache, plan: AttentionPlan, n_queries: int) -> AttentionPlan:
         """The plan with every per-step quantity moved into tensors (the compiled graph guards on the rest)."""
         if plan.prefix_lens is not None:
             raise ValueError("compiled steps do not support per-query prefix_lens; run with bench.compile=false")
         dev, capacity = cache.keys[0].device, cache.max_len
         region_ok = plan.region_from is None or plan.region_len >= 2
         if self.live_lengths and 2 <= plan.prefix <= capacity - 2 and region_ok:
-            return self._live_plan(cache, plan, n_queries, slots)
+            return self._live_plan(cache, plan)
         split = n_queries if plan.region_from is None else plan.region_from
         # a step whose one token's KV is already in the cache reads it there: the live length counts it
         prefix = self._length("prefix", capacity, dev).set(plan.prefix + int(plan.step_in_cache))
@@ -153,13 +152,10 @@ class CompiledStep:
             changes.update(step_gather=gathered_mask(plan.step_mask))
         return replace(plan, **changes)
 
-    def _live_plan(self, cache: KVCache, plan: AttentionPlan, n_queries: int, slots) -> AttentionPlan:
+    def _live_plan(self, cache: KVCache, plan: AttentionPlan) -> AttentionPlan:
         """sdpa: static capacities in the ints, live lengths in the sizes of dynamic tensors."""
         capacity = cache.max_len
-        tokens = torch.empty(1, n_queries)
-        changes = dict(prefix=capacity, prefix_live=self._live_tensor("prefix", plan.prefix, capacity, cache),
-                       step_in_cache=plan.step_in_cache or bool(slots is not None
-                                                                and appends_one_token(tokens, slots, plan)))
+        changes = dict(prefix=capacity, prefix_live=self._live_tensor("prefix", plan.prefix, capacity, cache))
         if plan.region_from is not None:
             if not plan.region_capacity:
                 raise ValueError("a region plan needs region_capacity (a static bound) when steps are compiled")

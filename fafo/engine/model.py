@@ -8,7 +8,7 @@ slots their KV is written to (``None``: scratch, used within the step only) and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -201,9 +201,6 @@ class Transformer(nn.Module):
         """
         if positions.dim() == 1:
             positions = positions[None].expand(tokens.shape[0], -1)
-        if not torch.compiler.is_compiling() and appends_one_token(tokens, slots, plan):
-            # vanilla's decode step: one kernel call over the cache (compiled steps decide in CompiledStep)
-            plan = replace(plan, step_in_cache=True)
         x = self.model.embed_tokens(tokens)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         skip_attn, skip_mlp = skip or (frozenset(), frozenset())
@@ -223,11 +220,3 @@ def plan_is_plain_causal(plan: AttentionPlan) -> bool:
     """A decode step over the whole prefix, causal within the step (no tree, region or per-query lengths)."""
     return (plan.prefix > 0 and plan.step_mask is None and plan.prefix_lens is None and plan.region_from is None
             and plan.prefix_length is None and not plan.step_in_cache)
-
-
-def appends_one_token(tokens: torch.Tensor, slots: torch.Tensor | None, plan: AttentionPlan) -> bool:
-    """A single causal token whose KV goes to the slot right after the prefix (checked without a device sync:
-    only for slots on the CPU; the engine decides it on the host values before the upload,
-    :func:`fafo.engine.engine.appends_one_token_host`)."""
-    return (tokens.shape[1] == 1 and slots is not None and slots.numel() == 1 and slots.device.type == "cpu"
-            and plan_is_plain_causal(plan) and int(slots[0]) == plan.prefix)
