@@ -148,12 +148,12 @@ class DraftTree:
 def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None) -> torch.Tensor:
     """One target forward over the tree (root at position/slot ``N``); returns ``[len(tree), V]`` logits.
 
-    Node i's KV is written to slot ``N + i`` (the caller's cache must have ``N + size`` slots)."""
-    size = size or len(tree)
-    tokens, positions, mask = tree.inputs(N, size)  # host values: the engine uploads them in one copy
-    slots = list(range(N, N + size))
-    logits = engine.forward(cache, tokens, positions, slots, AttentionPlan(prefix=N, step_mask=mask), logits="all")
-    return logits[0, : len(tree)]
+    Node i's KV is written to slot ``N + i``. ``size``: the largest tree the method drafts; under static shapes
+    the engine pads the step to it (the caller's cache must have ``N + size`` slots)."""
+    tokens, positions, mask = tree.inputs(N)  # host values: the engine uploads them in one copy
+    slots = list(range(N, N + len(tree)))
+    plan = AttentionPlan(prefix=N, step_mask=mask)
+    return engine.forward(cache, tokens, positions, slots, plan, logits="all", pad_to=size)[0]
 
 
 def commit_path(cache, N: int, path: list[int]) -> None:

@@ -127,3 +127,27 @@ def test_bad_model_paths_give_one_clear_error(tmp_path):
         Engine.from_pretrained("nobody-here/not-a-real-model-xyz")
     with pytest.raises(ConfigError, match="bench.dtype"):
         Engine.from_pretrained(str(tmp_path), dtype="float64")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_engine_pads_a_step_to_its_static_shape(engine, monkeypatch, masked):
+    """Under static shapes a step is padded to ``pad_to`` rows by the engine: the real rows' logits are those of
+    the unpadded step, only they come back, and the padding is computed (the ledger counts it)."""
+    eng = engine("llama_gqa")
+    ids = random_ids(20, eng.model.args.vocab_size, 0)
+    N, chain = len(ids), [5, 6, 7]
+    mask = tree_mask([-1, 0, 0]) if masked else None  # a root with two children, or a causal chain
+    plan = AttentionPlan(prefix=N, step_mask=mask)
+    slots = list(range(N, N + 3))
+    cache = eng.cache(N + 16)
+    eng.prefill(cache, ids)
+    want = eng.forward(cache, chain, slots, slots, plan, pad_to=8)  # static_shapes off: no padding
+    monkeypatch.setattr(eng, "static_shapes", True)
+    before = eng.ledger.tokens
+    got = eng.forward(cache, chain, slots, slots, plan, pad_to=8)
+    assert eng.ledger.tokens - before == 8 and got.shape == want.shape == (1, 3, want.shape[-1])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    last = eng.forward(cache, chain, slots, slots, plan, logits="last", pad_to=8)
+    torch.testing.assert_close(last[0, -1], want[0, -1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="does not fit pad_to=2"):
+        eng.forward(cache, chain, slots, slots, plan, pad_to=2)

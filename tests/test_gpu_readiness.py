@@ -330,3 +330,17 @@ def test_method_that_cannot_compile_races_an_eager_vanilla(tmp_path):
     summary = Runner(cfg, tmp_path / "run").run(report=False)
     assert summary["compile"] is None and "layer-skipped drafts" in summary["timing_note"]
     assert summary["compiled_graphs"] == 0
+
+
+def test_a_mask_uploaded_under_inference_mode_is_cached():
+    """On CUDA a tree's mask reaches attention as a tensor made inside the engine's inference mode, which tracks
+    no version count: the gathered-mask and BlockMask caches must still key it."""
+    from fafo.engine.flex_masks import FlexMasks
+    from fafo.engine.kernels import gathered_mask
+
+    with torch.inference_mode():
+        mask = torch.ones(4, 4, dtype=torch.bool).tril()
+        assert mask.is_inference()
+        assert gathered_mask(mask) is gathered_mask(mask)
+        masks = FlexMasks(torch.device("cpu"))
+        assert masks.step(mask) is masks.step(mask)

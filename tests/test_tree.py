@@ -25,14 +25,16 @@ def test_trie_dedupes_and_masks_ancestors():
 
 
 @pytest.mark.parametrize("name", ["llama_mha", "qwen2_gqa"])
-def test_tree_logits_equal_sequential_decoding(engine, name):
+def test_tree_logits_equal_sequential_decoding(engine, name, monkeypatch):
     """A node's logits equal those of decoding its root path token by token (prefix + tree attention exact)."""
     eng = engine(name)
+    monkeypatch.setattr(eng, "static_shapes", True)  # the engine pads the tree to size=9
     ids = eng.tokenizer("The quick brown fox").input_ids
     tree = DraftTree.from_paths(ids[-1], [[11, 12, 13], [11, 14], [15, 16]])
     cache = eng.cache(len(ids) + 16)
     eng.prefill(cache, ids[:-1])
-    got = verify_tree(eng, cache, tree, len(ids) - 1, size=9)  # padded
+    got = verify_tree(eng, cache, tree, len(ids) - 1, size=9)
+    assert got.shape[0] == len(tree)
     for node, path in ((3, [11, 12, 13]), (4, [11, 14]), (6, [15, 16])):
         seq = ids + path
         c2 = eng.cache(len(seq) + 16)
@@ -57,11 +59,14 @@ def _oracle_tree_generate(eng, ids, max_new, truth, rng):
     return out[:max_new]
 
 
+@pytest.mark.parametrize("static_shapes", [False, True])
 @pytest.mark.parametrize("name", ["llama_mha", "llama_gqa", "qwen2_gqa"])
-def test_tree_steps_are_lossless_and_compact_kv(engine, name):
+def test_tree_steps_are_lossless_and_compact_kv(engine, name, static_shapes, monkeypatch):
     eng = engine(name)
     rng = random.Random(0)
     for text in ("Once upon a time", "def f(x):\n    return"):
         ids = eng.tokenizer(text).input_ids
         ref = VanillaDecoder().generate(eng, ids, 30).tokens
+        monkeypatch.setattr(eng, "static_shapes", static_shapes)  # True: the engine pads each tree step
         assert _oracle_tree_generate(eng, ids, 30, ref, rng) == ref
+        monkeypatch.setattr(eng, "static_shapes", False)

@@ -17,6 +17,7 @@ from fafo.engine.flex_masks import FlexMasks
 from fafo.engine.ledger import ForwardLedger
 from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
 from fafo.engine.model import Transformer, plan_is_plain_causal
+from fafo.engine.static_shapes import pad_step
 from fafo.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -44,9 +45,9 @@ class Engine:
         backend: attention backend name (``sdpa`` or ``flex``).
         eos_ids: token ids that end a generation (tokenizer eos + generation_config eos).
         max_len: the model's usable context (:func:`fafo.engine.context.context_limit`).
-        static_shapes: decoders must give every decode-step forward a shape that depends only on their
-            hyperparameters (pad trees, guess sets and verification windows to their maximum), so compiled
-            steps never recompile; set when steps are compiled (``bench.compile``).
+        static_shapes: every decode-step forward must have a shape that depends only on the method's
+            hyperparameters (trees, guess sets and verification windows padded to their maximum: ``pad_to`` of
+            :meth:`forward`), so compiled steps never recompile; set when steps are compiled (``bench.compile``).
         ledger: every forward of this engine's weights by kind (:mod:`fafo.engine.ledger`).
     """
 
@@ -144,30 +145,42 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, cache: KVCache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None,
-                eager: bool = False, kind: str = "verify"):
+                eager: bool = False, kind: str = "verify", pad_to: int | None = None):
         """One model step (see :meth:`Transformer.forward`); tokens/positions/slots may be lists or tensors.
         ``kind`` is what the forward is for, recorded in :attr:`ledger` (``prefill``, ``verify``, ``draft``,
         ``aux``: :mod:`fafo.engine.ledger`).
+
+        ``pad_to``: the most rows this kind of step can have (host inputs only). Under :attr:`static_shapes` the
+        step is padded to it (:mod:`fafo.engine.static_shapes`) and only the real rows come back.
 
         Decode steps (``plan.prefix > 0``) without layer skipping run compiled when :meth:`enable_compile` was
         called; prefill, layer-skipping forwards and ``eager=True`` ones (e.g. a chunked prefill, whose lengths
         vary) run eagerly.
         """
+        n_real = None
+        if pad_to is not None and self.static_shapes:
+            tokens, positions, slots, plan, n_real = pad_step(tokens, positions, slots, plan, pad_to)
+            if isinstance(logits, str) and logits == "last":
+                logits = [n_real - 1]  # the last real row, uploaded with the step's inputs
         if appends_one_token_host(tokens, slots, plan):  # decided on host values: no device read
             plan = replace(plan, step_in_cache=True)
         mask = plan.step_mask if plan.step_mask is not None and plan.step_mask.device != self.device else None
-        tokens, positions, slots, mask = self.upload(tokens, positions, slots, mask)
+        rows = logits if isinstance(logits, list) else None
+        tokens, positions, slots, mask, rows = self.upload(tokens, positions, slots, mask, rows)
         if mask is not None:  # a tree's mask built on the host travels in the same copy
             plan = replace(plan, step_mask=mask)
+        logits = logits if rows is None else rows
         if tokens.dim() == 1:
             tokens = tokens[None]
         self.ledger.record(kind, tokens.shape[-1])
         if self.compiled is not None and plan.prefix > 0 and skip is None and not eager:
-            return self.compiled(tokens, positions, cache, slots, plan, logits)
-        if self.backend == "flex":  # the block masks the plan implies, built once (fafo.engine.flex_masks)
-            self._flex = self._flex or FlexMasks(self.device)
-            plan = self._flex.fill(plan, tokens.shape[-1])
-        return self.model(tokens, positions, cache, slots, plan, self.backend, logits, skip)
+            out = self.compiled(tokens, positions, cache, slots, plan, logits)
+        else:
+            if self.backend == "flex":  # the block masks the plan implies, built once (fafo.engine.flex_masks)
+                self._flex = self._flex or FlexMasks(self.device)
+                plan = self._flex.fill(plan, tokens.shape[-1])
+            out = self.model(tokens, positions, cache, slots, plan, self.backend, logits, skip)
+        return out[:, :n_real] if n_real is not None and isinstance(logits, str) else out
 
     def prefill(self, cache: KVCache, prompt_ids: list[int], logits="last") -> torch.Tensor:
         """Write the prompt's KV to slots ``[0, T)`` at positions ``[0, T)``; returns its logits rows."""

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import replace
 
 from fafo.engine.attention import AttentionPlan, step_block_mask
+from fafo.engine.kernels import written
 
 
 class FlexMasks:
@@ -39,7 +40,7 @@ class FlexMasks:
 
     def step(self, mask):
         """The BlockMask of a ``[Q, Q]`` step mask, built once per mask tensor (and rebuilt if it is written)."""
-        key = (id(mask), mask._version)
+        key = (id(mask), written(mask))
         hit = self._step.get(key)
         if hit is None or hit[0] is not mask:  # the mask is held, so its id is not reused while cached
             hit = self._step[key] = (mask, step_block_mask(mask))

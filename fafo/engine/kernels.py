@@ -134,16 +134,22 @@ class GatheredMask:
 _gathered: dict[int, tuple] = {}
 
 
+def written(mask: torch.Tensor) -> int:
+    """How often ``mask`` was written in place (a cache key). A tensor made under ``torch.inference_mode`` (a mask
+    the engine uploaded) tracks no count: it is never edited in place, so 0."""
+    return 0 if mask.is_inference() else mask._version
+
+
 def gathered_mask(mask: torch.Tensor) -> GatheredMask:
     """The :class:`GatheredMask` of ``mask``, computed once per mask tensor (and again if it is edited in place)."""
     key = id(mask)
     hit = _gathered.get(key)
-    if hit is not None and hit[0]() is mask and hit[1] == mask._version:
+    if hit is not None and hit[0]() is mask and hit[1] == written(mask):
         return hit[2]
     for k in [k for k, (ref, _, _) in _gathered.items() if ref() is None]:  # drop dead masks
         del _gathered[k]
     gm = GatheredMask(mask)
-    _gathered[key] = (weakref.ref(mask), mask._version, gm)
+    _gathered[key] = (weakref.ref(mask), written(mask), gm)
     return gm
 
 
