@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,6 +31,7 @@ import torch
 from omegaconf import DictConfig
 
 from fafo.bench.plan_memory import GB, HEADROOM, job_memory
+from fafo.bounds import bounded_fields
 from fafo.engine.context import context_limit, trained_context
 from fafo.errors import ConfigError
 
@@ -109,16 +110,17 @@ def _filtered(task, tokenizer) -> int:
 
 
 def _scratch_knobs(method, max_new: int) -> list[str]:
-    """The method's integer settings whose halving lowers its scratch slots (what an error asks to lower)."""
+    """The method's counts (fields declared with :func:`fafo.bounds.at_least`) whose halving, within their declared
+    bound, lowers its scratch slots: what an error asks to lower."""
     base, names = method.extra_slots(max_new), []
-    for f in fields(method) if is_dataclass(method) else ():
-        value = getattr(method, f.name, None)
-        if not f.init or not isinstance(value, int) or isinstance(value, bool) or value < 2:
+    for name, bound in bounded_fields(type(method)).items():
+        value = getattr(method, name)
+        if "ge" not in bound or not isinstance(value, int) or value // 2 < max(bound["ge"], 1):
             continue
         try:
-            if replace(method, **{f.name: value // 2}).extra_slots(max_new) < base:
-                names.append(f"method.{f.name}")
-        except Exception:  # noqa: BLE001 - a combination its own checks refuse: not a knob to suggest
+            if replace(method, **{name: value // 2}).extra_slots(max_new) < base:
+                names.append(f"method.{name}")
+        except Exception:  # noqa: BLE001 - a combination its cross-field checks refuse: not a knob to suggest
             continue
     return names
 
