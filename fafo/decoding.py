@@ -91,7 +91,7 @@ class Step:
     """What one decoding step proposes to commit.
 
     Attributes:
-        tokens: accepted guesses then the bonus (or correction) token, before any EOS / budget cut.
+        tokens: accepted guesses then the bonus (or correction) token, before any EOS / max_new_tokens cut.
         drafted: guess tokens this step verified (None: the method does not draft).
         kv: the method's own handle for :meth:`StepState.commit` (e.g. which scratch rows hold the KV).
     """

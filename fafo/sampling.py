@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 
 
@@ -72,19 +73,18 @@ class Sampling:
 
     temperature: float = 0.0
     top_p: float = 1.0
-    top_k: int = 0
+    top_k: int = at_least(0, 0, why="0 = off")
     seed: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     from_generation_config: bool = False
 
     def __post_init__(self):
+        check_bounds(self, "sampling")
         if self.temperature < 0:
             raise ConfigError(f"sampling.temperature={self.temperature} must be >= 0 (0 = greedy)")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"sampling.top_p={self.top_p} must be in (0, 1]")
-        if self.top_k < 0:
-            raise ConfigError(f"sampling.top_k={self.top_k} must be >= 0 (0 = off)")
         if not 0.0 <= self.min_p < 1.0:
             raise ConfigError(f"sampling.min_p={self.min_p} must be in [0, 1) (0 = off)")
         if self.repetition_penalty <= 0:

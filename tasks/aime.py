@@ -1,4 +1,4 @@
-"""AIME 2024: 30 competition problems with a reasoning prompt and a long generation budget.
+"""AIME 2024: 30 competition problems with a reasoning prompt and a long generation.
 
 Source: ``HuggingFaceH4/aime_2024`` (split ``train``; ``id``, ``problem``, ``solution``, ``answer`` (str),
 ``url``, ``year``) by default; ``Maxwell-Jia/AIME_2024`` (``ID``, ``Problem``, ``Solution``, ``Answer`` (int))
@@ -8,7 +8,7 @@ holds the answer as a string (the copies disagree on its type).
 
 Prompt (Qwen2.5-Math / OpenCompass): the user turn ``"{problem}\\nPlease reason step by step, and put your
 final answer within \\boxed{}."`` through the chat template; ``task.instruction_in_system=true`` is the Qwen
-variant (the sentence as the system message, the bare problem as the user turn). Budget: reasoning models need
+variant (the sentence as the system message, the bare problem as the user turn). max_new_tokens: reasoning models need
 16k (gpt-fast's R1-distill speculative-decoding script; the default) to 32k new tokens. Only 30 items, so the
 variance is high.
 """

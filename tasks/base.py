@@ -16,7 +16,7 @@ Tokenizer-dependent work (truncation in target-tokenizer tokens, skipping texts 
 cannot happen in :meth:`Task.load_samples`, which never sees a tokenizer. It happens in
 :meth:`Task.prompt_ids` (which receives the tokenizer; tasks override it and cache per tokenizer with
 :meth:`Task.memo`) and in :meth:`Task.usable`, which :meth:`Task.samples` applies when it is given the
-tokenizer (``task.samples(tokenizer)``). ``task.max_input_tokens`` is the common truncation budget; each task
+tokenizer (``task.samples(tokenizer)``). ``task.max_input_tokens`` is the common truncation limit; each task
 that truncates documents its own rule (middle, head) in :attr:`Task.TRUNCATION`. The helpers
 :func:`chat_prompt_ids`, :func:`raw_prompt_ids`, :func:`truncate_middle` and :func:`head_token_ids` are the
 building blocks those overrides share.
@@ -55,7 +55,7 @@ class Sample:
     turns: list[str]  # user messages; raw samples have exactly one entry, the raw text
     category: str = ""
     chat: bool = True  # False: raw text, no chat template (code completion, PG19, ...)
-    max_new_tokens: int | None = None  # per-sample budget; None = the task's default
+    max_new_tokens: int | None = None  # this sample's own new-token count per turn; None = the task's default
     # how turn t>0 is built: "own" = the model's own previous answer, "gold" = references[t-1]
     followup: str = "own"
     references: list[str] = field(default_factory=list)  # gold answers per turn, if any
@@ -101,14 +101,14 @@ class Task(abc.ABC):
 
     Args:
         name: short task name used in result files.
-        max_new_tokens: default generation budget per turn, for samples that do not set their own.
+        max_new_tokens: new tokens generated per turn at most, for samples that do not set their own.
         limit: keep only the first ``limit`` samples (after ``ids`` selection); ``None`` keeps all.
         ids: keep only these sample ids, in the task's own order; ``None`` keeps all.
         data_path: path of the task's data file (or directory), for tasks that read one.
-        max_input_tokens: prompt budget in target-tokenizer tokens for tasks that truncate long inputs
+        max_input_tokens: prompt limit in target-tokenizer tokens for tasks that truncate long inputs
             (LongBench: middle truncation to the model's ``model2maxlen``, e.g. 3500 for 4k models, 7500 for
             8k, 15500 for 16k, 31500 for 32k; HumanEval: a 1024-token head cap; SCBench: the first turn's
-            middle-truncation budget). ``None`` = no truncation. Tasks without a truncation rule
+            middle-truncation limit). ``None`` = no truncation. Tasks without a truncation rule
             (``TRUNCATION == ""``) reject it. Set it per model: the task cannot see the model's context.
         system: system message for chat samples that carry none (``None`` = the chat template's default).
     """
@@ -201,9 +201,9 @@ class Task(abc.ABC):
             selected = selected[: self.limit]
         out = []
         for s in selected:
-            budget = self.max_new_tokens if s.max_new_tokens is None else s.max_new_tokens
+            max_new = self.max_new_tokens if s.max_new_tokens is None else s.max_new_tokens
             system = self.system if s.chat and s.system is None else s.system
-            out.append(dataclasses.replace(s, max_new_tokens=budget, turns=list(s.turns),
+            out.append(dataclasses.replace(s, max_new_tokens=max_new, turns=list(s.turns),
                                            references=list(s.references), system=system))
         return out
 
@@ -296,7 +296,7 @@ def truncate_middle(ids: list[int], max_tokens: int) -> list[int]:
     """Keep the first and last ``max_tokens // 2`` tokens when ``ids`` is longer than ``max_tokens``.
 
     The rule of LongBench ``pred.py`` and SCBench ``truncate_input`` (``half = int(max_length / 2)``;
-    an odd budget keeps ``max_tokens - 1`` tokens).
+    an odd limit keeps ``max_tokens - 1`` tokens).
     """
     if len(ids) <= max_tokens:
         return list(ids)

@@ -26,8 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fafo.bounds import at_least
-from fafo.errors import ConfigError
+from fafo.bounds import at_least, one_of
 from tasks.base import Sample, check_turn
 from tasks.sources import DataTask
 
@@ -115,7 +114,7 @@ class LongBenchTask(DataTask):
 
     Args:
         subset: one of multi_news, lcc, trec, qasper, 2wikimqa, narrativeqa.
-        max_new_tokens: null = the subset's ``dataset2maxlen`` budget.
+        max_new_tokens: null = the subset's ``dataset2maxlen`` count.
         max_input_tokens: LongBench's ``model2maxlen`` for the model (null = no truncation).
         min_input_tokens: keep only prompts with more tokens than this (LongSpec's ``1200 < length``; null = all).
         max_kept_tokens: keep only prompts with at most this many tokens (LongSpec's ``length <= context - 2000``:
@@ -123,7 +122,7 @@ class LongBenchTask(DataTask):
     """
 
     name: str = "longbench"
-    subset: str = "narrativeqa"
+    subset: str = one_of(tuple(DATASET2PROMPT), "narrativeqa")
     max_new_tokens: int | None = None
     hub_id: str = "Xnhyacinth/LongBench"
     hub_config: str | None = None  # null = the subset name
@@ -144,11 +143,6 @@ class LongBenchTask(DataTask):
             self.max_new_tokens = DATASET2MAXLEN.get(self.subset)
         if self.hub_config is None:
             self.hub_config = self.subset
-
-    def validate(self) -> None:
-        if self.subset not in DATASET2PROMPT:
-            raise ConfigError(f"task.subset={self.subset!r} is not supported; use one of "
-                              f"{', '.join(DATASET2PROMPT)}")
 
     def load_samples(self) -> list[Sample]:
         template = DATASET2PROMPT[self.subset]

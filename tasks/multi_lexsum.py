@@ -19,7 +19,7 @@ Prompt (QuantSpec, raw text, no chat template)::
 ``tokenizer.encode`` adds the tokenizer's special tokens both times, so a Llama prompt has a second BOS before the
 closing instruction: kept as the official code does it. Only cases whose prompt reaches ``input_tokens`` tokens
 are used (QuantSpec keeps ``shape >= seq_len``), so every prompt is exactly ``input_tokens`` tokens: 4096 to
-131072 in Table 3. Output budget: 90 tokens (the paper's setting).
+131072 in Table 3. max_new_tokens: 90 (the paper's setting).
 """
 
 from __future__ import annotations

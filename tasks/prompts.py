@@ -73,9 +73,9 @@ def _parse_line(record: Any, where: str) -> Sample:
     category = record.get("category", "")
     if not isinstance(category, str):
         raise bad(f"`category`={category!r} is not a string", "set `category` to a string or drop it")
-    budget = record.get("max_new_tokens")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise bad(f"`max_new_tokens`={budget!r} is not a positive integer", "set it to an integer >= 1")
+    max_new = record.get("max_new_tokens")
+    if max_new is not None and (isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1):
+        raise bad(f"`max_new_tokens`={max_new!r} is not a positive integer", "set it to an integer >= 1")
     system = record.get("system")
     if system is not None and (not isinstance(system, str) or not chat):
         raise bad("`system` must be a string on a `turns` line", "drop `system` or use `turns`, not `text`")
@@ -95,7 +95,7 @@ def _parse_line(record: Any, where: str) -> Sample:
         turns=turns,
         category=category,
         chat=chat,
-        max_new_tokens=budget,
+        max_new_tokens=max_new,
         followup=followup,
         references=list(references),
         system=system,

@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fafo.bounds import at_least
+from fafo.bounds import at_least, one_of
 from fafo.errors import ConfigError
 from tasks.base import FOLLOWUPS, Sample, check_turn, has_chat_template, previous_reply, raw_prompt_ids, truncate_middle
 from tasks.sources import DataTask
@@ -105,24 +105,24 @@ class SCBenchTask(DataTask):
 
     Args:
         subset: mf, repoqa, many_shot, vt, qa_eng (also kv, prefix_suffix, qa_chn, choice_eng).
-        max_new_tokens: null = SCBench's per-subset budget.
+        max_new_tokens: null = SCBench's per-subset count (``DATA_NAME_TO_MAX_NEW_TOKENS``).
         max_turns: keep the first ``max_turns`` turns of every record (SCBench default 5).
         max_seq_length: SCBench's ``--max_seq_length`` (131072): turn 1 is cut to ``max_seq_length -
             max_new_tokens * turns`` tokens. Set it to the model's context; null = no truncation.
-        max_input_tokens: turn 1's token budget directly (overrides ``max_seq_length``).
+        max_input_tokens: turn 1's token limit directly (overrides ``max_seq_length``).
         followup: ``gold`` (SCBench's default: the gold answers are replayed) or ``own`` (the model's answers).
         use_chat_template: False = SCBench without ``--use_chat_template`` (raw text and raw follow-ups).
     """
 
     name: str = "scbench"
-    subset: str = "qa_eng"
+    subset: str = one_of(tuple(FIRST_TURN), "qa_eng")
     max_new_tokens: int | None = None
     hub_id: str = "microsoft/SCBench"
     hub_config: str | None = None  # null = scbench_{subset}
     split: str = "test"
     max_turns: int = at_least(1, 5)
     max_seq_length: int | None = at_least(1, 131072)
-    followup: str = "gold"
+    followup: str = one_of(FOLLOWUPS, "gold", why="gold: SCBench replays the gold answers; own: the model's")
     use_chat_template: bool = True
 
     TRUNCATION: ClassVar[str] = "middle, in target-tokenizer tokens, of the rendered first turn (SCBench)"
@@ -136,13 +136,7 @@ class SCBenchTask(DataTask):
             self.max_new_tokens = MAX_NEW_TOKENS.get(self.subset)
         if self.hub_config is None:
             self.hub_config = f"scbench_{self.subset}"
-        self._budget_turns = 1
-
-    def validate(self) -> None:
-        if self.subset not in FIRST_TURN:
-            raise ConfigError(f"task.subset={self.subset!r} is not supported; use one of {', '.join(FIRST_TURN)}")
-        if self.followup not in FOLLOWUPS:
-            raise ConfigError(f"task.followup={self.followup!r} is not one of {list(FOLLOWUPS)}; use gold or own")
+        self._turns_reserved = 1  # turns whose answers max_seq_length leaves room for
 
     def load_samples(self) -> list[Sample]:
         samples = []
@@ -154,7 +148,7 @@ class SCBenchTask(DataTask):
                 raise self.bad_record(i, "has `multi_turns` that is not a non-empty list of {input, answer} objects")
             turns_in = turns_in[: self.max_turns]
             if i == 0:
-                self._budget_turns = len(turns_in)  # run_scbench.py: max_turn_size from the first example
+                self._turns_reserved = len(turns_in)  # run_scbench.py: max_turn_size from the first example
             context = self.value(r, i, "context", "input")
             if hasattr(context, "tolist"):
                 context = context.tolist()
@@ -174,17 +168,17 @@ class SCBenchTask(DataTask):
         return samples
 
     # ---------------------------------------------------------------- prompts
-    def first_turn_budget(self) -> int | None:
-        """Token budget of turn 1: ``max_input_tokens``, else ``max_seq_length - max_new_tokens * turns``."""
+    def first_turn_tokens(self) -> int | None:
+        """Token limit of turn 1: ``max_input_tokens``, else ``max_seq_length - max_new_tokens * turns``."""
         if self.max_input_tokens is not None:
             return self.max_input_tokens
         if self.max_seq_length is None:
             return None
-        budget = self.max_seq_length - self.max_new_tokens * self._budget_turns
-        if budget < 1:
+        limit = self.max_seq_length - self.max_new_tokens * self._turns_reserved
+        if limit < 1:
             raise ConfigError(f"task.max_seq_length={self.max_seq_length} leaves no room for the context after "
-                              f"{self._budget_turns} x {self.max_new_tokens} new tokens; raise task.max_seq_length")
-        return budget
+                              f"{self._turns_reserved} x {self.max_new_tokens} new tokens; raise task.max_seq_length")
+        return limit
 
     def _chat(self, tokenizer: Any) -> bool:
         return bool(self.use_chat_template) and has_chat_template(tokenizer)
@@ -197,8 +191,8 @@ class SCBenchTask(DataTask):
             ids = list(tokenizer(text, add_special_tokens=False).input_ids)
         else:
             ids = raw_prompt_ids(tokenizer, sample.turns[0])
-        budget = self.first_turn_budget()
-        return ids if budget is None else truncate_middle(ids, budget)
+        limit = self.first_turn_tokens()
+        return ids if limit is None else truncate_middle(ids, limit)
 
     def follow_up_text(self, tokenizer: Any, sample: Sample, turn: int, reply: str) -> str:
         """The text appended for ``turn`` (> 0): previous reply + follow-up, chat-formatted or raw."""

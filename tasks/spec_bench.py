@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fafo.bounds import one_of
 from fafo.errors import ConfigError
 from tasks.base import Sample, check_turn, conversation
 from tasks.sources import DataTask, str_list
@@ -65,7 +66,7 @@ class SpecBenchTask(DataTask):
     name: str = "spec_bench"
     max_new_tokens: int = 1024
     categories: Any = None
-    template: str = "model"
+    template: str = one_of(TEMPLATES, "model", why="model: the tokenizer's chat template; vicuna: Spec-Bench's")
 
     RELEASE: ClassVar[str] = "hemingkx/Spec-Bench's data/spec_bench/question.jsonl"
     PATTERNS: ClassVar[tuple[str, ...]] = ("question.jsonl", "*/question.jsonl", "*/*/question.jsonl", "*.jsonl")
@@ -82,8 +83,6 @@ class SpecBenchTask(DataTask):
 
     def validate(self) -> None:
         self._categories()
-        if self.template not in TEMPLATES:
-            raise ConfigError(f"task.template={self.template!r} is not supported; use one of {', '.join(TEMPLATES)}")
         if not self.data_path:
             raise ConfigError("task spec_bench reads Spec-Bench's release file, which has no hub copy; set "
                               "task.data_path=/path/to/Spec-Bench/data/spec_bench/question.jsonl")

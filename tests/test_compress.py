@@ -1,6 +1,7 @@
 """Quest, SnapKV and StreamingLLM as FAFO compression functions (fafo_quest, fafo_snapkv) and as lossy decoding."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from baselines.lossy import LossyDecoder
 from baselines.vanilla import VanillaDecoder
+from fafo.bench.setup import check_region_fits
 from fafo.compress.base import FixedRegion
 from fafo.compress.quest import Quest
 from fafo.compress.snapkv import SnapKV
@@ -196,6 +198,24 @@ def test_region_update_of_a_step_never_waits_for_the_device(compress, prompt):
 
 def test_bad_compression_settings_are_refused():
     for make in (lambda: Quest(token_budget=8, page_size=16), lambda: Quest(gqa_reduce="sum"),
-                 lambda: SnapKV(window=64, capacity=32), lambda: SnapKV(kernel=4), lambda: SnapKV(local=0)):
+                 lambda: SnapKV(window=64, capacity=32), lambda: SnapKV(kernel=4), lambda: SnapKV(local=0),
+                 lambda: SnapKV(pooling="min"), lambda: SnapKV(gqa_reduce="sum")):
         with pytest.raises(ConfigError, match="method.compress"):
             make()
+    with pytest.raises(ConfigError, match=r"^method.compress.gqa_reduce='sum' must be one of max, mean \("):
+        Quest(gqa_reduce="sum")
+    with pytest.raises(ConfigError, match=r"^method.compress.pooling='min' must be one of max, avg \("):
+        SnapKV(pooling="min")
+    with pytest.raises(ConfigError, match=r"^method.compress.kernel=4 must be odd"):
+        SnapKV(kernel=4)
+
+
+@pytest.mark.parametrize("compress,knobs", [
+    (StreamingLLM(sink=4, local=5000), "method.compress.sink or method.compress.local"),
+    (Quest(token_budget=4096), "method.compress.token_budget"),
+    (SnapKV(capacity=4000, local=256), "method.compress.capacity or method.compress.local"),
+])
+def test_a_region_as_large_as_the_context_names_the_settings_that_size_it(compress, knobs):
+    with pytest.raises(ConfigError, match=f"compresses nothing; lower {knobs} below 4096$"):
+        check_region_fits(SimpleNamespace(compress=compress), 4096)
+    check_region_fits(SimpleNamespace(compress=compress), compress.budget + 1)  # a smaller region is fine

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -14,10 +15,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 from transformers import AutoConfig
 
-from fafo.bench.plan import plan_job
+from fafo.bench.plan import _fix, plan_job
 from fafo.bench.plan_memory import Dims, cache_slots, job_memory
 from fafo.bench.runner import Runner
 from fafo.engine.context import context_limit, trained_context
+from fafo.fafo import FAFODecoder
 from tests.plan_hub import MODELS, config_json, text, write_data, write_hub
 from tests.helpers import CONF, PRESETS, sweep_jobs
 
@@ -194,6 +196,12 @@ def test_plan_estimates_gpu_hours_from_a_cost_curve(hub, tmp_path):
     # 2 questions x 2 turns x 1024 tokens x (reference + method) x about 20 ms
     assert 2 * 2 * 1024 * 2 * 0.020 / 3600 <= plan["est_gpu_hours"] <= 2 * 2 * 1024 * 2 * 0.021 / 3600
     assert "GPU h" in res.stdout
+
+
+def test_an_overflowing_scratch_names_the_method_settings_that_size_it():
+    job = SimpleNamespace(method=FAFODecoder(n=40, k=6))  # 1 + n * k = 241 scratch slots; stagger, seed size nothing
+    assert _fix(job, 900, 1024, 241, 2048, 2048) == "lower method.n or method.k, or raise model.max_len to 2165"
+    assert _fix(job, 1900, 1024, 241, 2048, 4096).startswith("raise model.max_len to 3165, lower bench.max_new_tokens")
 
 
 # ------------------------------------------------------------------ memory

@@ -251,14 +251,14 @@ def test_longbench_templates_and_chat_rule(longbench_dir, tok, subset):
 @pytest.mark.parametrize("subset", ["qasper", "trec"])
 def test_longbench_middle_truncation_in_tokens(longbench_dir, tok, subset):
     plain = LongBenchTask(subset=subset, data_path=str(longbench_dir))
-    budget = len(ids_of(tok, plain.samples()[0].turns[0], special=True)) // 2 * 2 + 40  # the short prompt fits
-    task = LongBenchTask(subset=subset, data_path=str(longbench_dir), max_input_tokens=budget)
+    limit = len(ids_of(tok, plain.samples()[0].turns[0], special=True)) // 2 * 2 + 40  # the short prompt fits
+    task = LongBenchTask(subset=subset, data_path=str(longbench_dir), max_input_tokens=limit)
     short, long_ = task.samples()
     assert task.prompt_ids(tok, short, 0, []) == plain.prompt_ids(tok, short, 0, [])  # short prompts are untouched
     full = ids_of(tok, long_.turns[0], special=True)  # pred.py counts with special tokens
-    assert len(full) > budget
-    head = tok.decode(full[:budget // 2], skip_special_tokens=True)
-    tail = tok.decode(full[-(budget // 2):], skip_special_tokens=True)
+    assert len(full) > limit
+    head = tok.decode(full[:limit // 2], skip_special_tokens=True)
+    tail = tok.decode(full[-(limit // 2):], skip_special_tokens=True)
     assert long_.turns[0].startswith(head) and long_.turns[0].endswith(tail)
     got = task.prompt_ids(tok, long_, 0, [])
     expected_text = head + tail
@@ -266,7 +266,7 @@ def test_longbench_middle_truncation_in_tokens(longbench_dir, tok, subset):
         assert got == ids_of(tok, expected_text, special=True)
     else:
         assert got == ids_of(tok, chat(expected_text))  # truncated first, then the chat template
-        assert len(ids_of(tok, expected_text)) <= budget + 2
+        assert len(ids_of(tok, expected_text)) <= limit + 2
 
 
 # ---------------------------------------------------------------- SCBench
@@ -325,8 +325,8 @@ def test_scbench_mf_int_context_gold_followups(scbench_dir, tok):
 
 
 def test_scbench_middle_truncation_keeps_head_and_tail_tokens(scbench_dir, tok):
-    budget_turns = 3  # from the first record, as run_scbench.py does
-    task = SCBenchTask(subset="mf", data_path=str(scbench_dir), max_seq_length=200 + 5 * budget_turns)
+    turns_reserved = 3  # from the first record, as run_scbench.py does
+    task = SCBenchTask(subset="mf", data_path=str(scbench_dir), max_seq_length=200 + 5 * turns_reserved)
     s = task.samples()[1]
     full = ids_of(tok, chat(s.turns[0]))
     assert len(full) > 200
@@ -554,8 +554,12 @@ def test_directory_without_a_release_file_and_bad_settings(tmp_path):
     (tmp_path / "notes.txt").write_text("nothing here")
     with pytest.raises(ConfigError, match="task.data_path=.*without a file matching data/lcc.jsonl"):
         LongBenchTask(subset="lcc", data_path=str(tmp_path)).samples()
-    with pytest.raises(ConfigError, match="task.subset='vcsum' is not supported"):  # LongBench's Chinese subset
+    with pytest.raises(ConfigError, match="^task.subset='vcsum' must be one of narrativeqa, "):  # LongBench's Chinese
         LongBenchTask(subset="vcsum").samples()
+    with pytest.raises(ConfigError, match="^task.subset='xx' must be one of mf, repoqa, "):
+        SCBenchTask(subset="xx").samples()
+    with pytest.raises(ConfigError, match="^task.followup='mine' must be one of own, gold \\(gold: SCBench"):
+        SCBenchTask(followup="mine").samples()
     with pytest.raises(ConfigError, match="task.max_input_tokens=100 but task 'mt_bench' does not truncate"):
         MTBenchTask(max_input_tokens=100).samples()
     with pytest.raises(ConfigError, match="task.prefix_tokens"):

@@ -5,7 +5,7 @@ cache, or a local directory), every sample built with the task's own template, t
 
 * the **context**: :func:`fafo.engine.context.context_limit` (rope scaling, ``max_sequence_length``, an explicit
   ``model.max_len`` above the trained length with a warning);
-* **every turn** of a multi-turn sample, with the longest possible earlier answers (``budget + 8`` tokens each
+* **every turn** of a multi-turn sample, with the longest possible earlier answers (``max_new_tokens + 8`` tokens each
   where the sample replays the model's own answers; the gold ones where it replays those);
 * the method's (and the reference's) **scratch slots** (``Decoder.extra_slots``);
 * **memory** (:mod:`fafo.bench.plan_memory`) against ``bench.gpu_mem_gb`` (default: this machine's GPU, else 80).
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,6 +31,7 @@ import torch
 from omegaconf import DictConfig
 
 from fafo.bench.plan_memory import GB, HEADROOM, job_memory
+from fafo.bounds import bounded_fields
 from fafo.engine.context import context_limit, trained_context
 from fafo.errors import ConfigError
 
@@ -89,13 +90,13 @@ class JobPlan:
                 "context_limit": self.context_limit, "plan_peak_gb": round(self.peak_gb, 3)}
 
 
-def worst_turn(task, tokenizer, sample, budget: int) -> tuple[int, int]:
+def worst_turn(task, tokenizer, sample, max_new: int) -> tuple[int, int]:
     """(turn, prompt tokens) of the sample's longest prompt, earlier own answers at their longest."""
     worst = (0, 0)
     for turn in range(len(sample.turns)):
         n = len(task.prompt_ids(tokenizer, sample, turn, [""] * turn))
         if sample.chat and sample.followup == "own":
-            n += turn * (budget + ANSWER_MARGIN)
+            n += turn * (max_new + ANSWER_MARGIN)
         worst = max(worst, (n, turn))
     return worst[1], worst[0]
 
@@ -108,19 +109,34 @@ def _filtered(task, tokenizer) -> int:
         return 0
 
 
-def _fix(job, prompt: int, budget: int, scratch: int, context: int, trained: int) -> str:
-    from fafo.bench.setup import _knobs
+def _scratch_knobs(method, max_new: int) -> list[str]:
+    """The method's counts (fields declared with :func:`fafo.bounds.at_least`) whose halving, within their declared
+    bound, lowers its scratch slots: what an error asks to lower."""
+    base, names = method.extra_slots(max_new), []
+    for name, bound in bounded_fields(type(method)).items():
+        value = getattr(method, name)
+        if "ge" not in bound or not isinstance(value, int) or value // 2 < max(bound["ge"], 1):
+            continue
+        try:
+            if replace(method, **{name: value // 2}).extra_slots(max_new) < base:
+                names.append(f"method.{name}")
+        except Exception:  # noqa: BLE001 - a combination its cross-field checks refuse: not a knob to suggest
+            continue
+    return names
 
-    if prompt + budget <= context:  # only the method's scratch overflows
-        knobs = _knobs(job.method, lambda m: m.extra_slots(budget), "method.") or ["the method's sizes"]
-        return f"lower {' or '.join(knobs)}, or raise model.max_len to {prompt + budget + scratch}"
-    past = f" (past the trained {trained}: allowed, with a warning)" if prompt + budget + scratch > trained else ""
-    return (f"raise model.max_len to {prompt + budget + scratch}{past}, lower bench.max_new_tokens, truncate with "
+
+def _fix(job, prompt: int, max_new: int, scratch: int, context: int, trained: int) -> str:
+    needed = prompt + max_new + scratch
+    if prompt + max_new <= context:  # only the method's scratch overflows
+        knobs = _scratch_knobs(job.method, max_new) or ["the method's sizes"]
+        return f"lower {' or '.join(knobs)}, or raise model.max_len to {needed}"
+    past = f" (past the trained {trained}: allowed, with a warning)" if needed > trained else ""
+    return (f"raise model.max_len to {needed}{past}, lower bench.max_new_tokens, truncate with "
             "task.max_input_tokens, or drop such samples before timing with bench.drop_unfit=true")
 
 
 def assess(job, gpu_gb: float | None, drop_unfit: bool = False, running: bool = False) -> JobPlan:
-    """The plan of one job. ``job`` has ``cfg, method, reference, task, ckpt, samples, dtype, compile, budget``
+    """The plan of one job. ``job`` has ``cfg, method, reference, task, ckpt, samples, dtype, compile, max_new_tokens``
     (a :class:`~fafo.bench.runner.Runner` before loading, or :func:`plan_job`'s namespace); ``gpu_gb`` None skips
     the memory check (a CPU run). ``running``: a sample the task cannot build is kept (the run records it as a
     failed row and goes on) instead of failing the plan."""
@@ -132,10 +148,10 @@ def assess(job, gpu_gb: float | None, drop_unfit: bool = False, running: bool = 
     longest, fitted, cost = 0, 0, 0.0
     curve = job.cost_curve if getattr(job, "cost_curve", None) is not None else None
     for s in job.samples:
-        budget = job.budget(s)
-        scratch = max(job.method.extra_slots(budget), job.reference.extra_slots(budget))
+        max_new = job.max_new_tokens(s)
+        scratch = max(job.method.extra_slots(max_new), job.reference.extra_slots(max_new))
         try:
-            turn, prompt = worst_turn(job.task, tok, s, budget)
+            turn, prompt = worst_turn(job.task, tok, s, max_new)
         except Exception as exc:  # noqa: BLE001 - a sample the task cannot build
             line = (f"sample {s.id!r}: cannot be built ({type(exc).__name__}: "
                     f"{str(exc).splitlines()[0] if str(exc) else ''}); fix the data or leave it out with task.ids")
@@ -146,25 +162,25 @@ def assess(job, gpu_gb: float | None, drop_unfit: bool = False, running: bool = 
                 plan.n_fail += 1
                 plan.problems.append(line)
             continue
-        needed = prompt + budget + scratch
+        needed = prompt + max_new + scratch
         plan.max_needed = max(plan.max_needed, needed)
         if needed > context:
             where = f" turn {turn}" if len(s.turns) > 1 else ""
-            reason = (f"sample {s.id!r}{where}: {prompt} prompt + {budget} new + {scratch} scratch = {needed} tokens "
+            reason = (f"sample {s.id!r}{where}: {prompt} prompt + {max_new} new + {scratch} scratch = {needed} tokens "
                       f"> context {context}")
             if drop_unfit:
                 plan.n_dropped += 1
                 plan.dropped.append(reason)
             else:
                 plan.n_fail += 1
-                plan.problems.append(f"{reason}; {_fix(job, prompt, budget, scratch, context, trained)}")
+                plan.problems.append(f"{reason}; {_fix(job, prompt, max_new, scratch, context, trained)}")
             continue
         plan.kept.append(s)
         plan.n_beyond_trained += needed > trained
         longest, fitted = max(longest, prompt), max(fitted, needed)  # a later turn prefills its whole prompt
         if curve is not None:
-            ctx = prompt + budget // 2
-            cost += len(s.turns) * 2 * budget * curve.latency(1, ctx) * job.cfg.bench.repeats  # reference + method
+            ctx = prompt + max_new // 2
+            cost += len(s.turns) * 2 * max_new * curve.latency(1, ctx) * job.cfg.bench.repeats  # reference + method
     plan.n_fit = len(plan.kept)
     if plan.kept:
         mem = job_memory(config, job.method, job.reference, fitted, longest, job.dtype, job.compile is not None)
@@ -191,7 +207,7 @@ def job_label(job) -> str:
     return " / ".join(str(names.get(k, "?")) for k in ("model", "method", "task"))
 
 
-def gpu_budget(bench: DictConfig, device: torch.device) -> float | None:
+def gpu_memory_limit(bench: DictConfig, device: torch.device) -> float | None:
     """GB the job may use: the smaller of ``bench.gpu_mem_gb`` and this machine's GPU; without a GPU here, a plan
     takes ``bench.gpu_mem_gb`` or 80 (None: a CPU run, not checked)."""
     value = bench.get("gpu_mem_gb")
@@ -208,7 +224,7 @@ def gpu_budget(bench: DictConfig, device: torch.device) -> float | None:
 def check_run(runner) -> JobPlan:
     """A normal run's own plan, before loading weights: refuses (ConfigError) or drops samples that cannot run."""
     bench = runner.bench
-    plan = assess(runner, gpu_budget(bench, runner.device), bool(bench.get("drop_unfit", False)), running=True)
+    plan = assess(runner, gpu_memory_limit(bench, runner.device), bool(bench.get("drop_unfit", False)), running=True)
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr, flush=True)
     if plan.n_dropped or plan.n_filtered:
@@ -253,8 +269,8 @@ def plan_job(cfg: DictConfig, overrides=(), choice: str | None = None) -> JobPla
         job.ckpt = resolve_model(cfg.model, overrides, choice, weights=False)
         job.samples = job.task.samples(job.ckpt.tokenizer)[: cfg.bench.max_samples or None]
         job.method.check_target(job.ckpt.config, job.ckpt.tokenizer, weights=False)
-        job.budget = lambda s: cfg.bench.max_new_tokens or s.max_new_tokens
-        return assess(job, gpu_budget(cfg.bench, device), bool(cfg.bench.get("drop_unfit", False)))
+        job.max_new_tokens = lambda s: cfg.bench.max_new_tokens or s.max_new_tokens
+        return assess(job, gpu_memory_limit(cfg.bench, device), bool(cfg.bench.get("drop_unfit", False)))
     except ConfigError as exc:
         return JobPlan(job=job_label(job), problems=[f"{exc}"])
 

@@ -92,24 +92,25 @@ class Runner:
         self.context, self.samples = self.plan.context_limit, self.plan.kept
         check_region_fits(self.method, self.context)
 
-    def budget(self, sample) -> int:
+    def max_new_tokens(self, sample) -> int:
+        """New tokens each turn of ``sample`` may generate: ``bench.max_new_tokens``, else the sample's own."""
         return self.bench.max_new_tokens or sample.max_new_tokens
 
-    def _needed_slots(self, n_prompt: int, budget: int) -> int:
-        return n_prompt + budget + max(self.method.extra_slots(budget), self.reference.extra_slots(budget))
+    def _needed_slots(self, n_prompt: int, max_new: int) -> int:
+        return n_prompt + max_new + max(self.method.extra_slots(max_new), self.reference.extra_slots(max_new))
 
     def _run_slots(self) -> int:
         """Cache slots the largest sample and turn of the run needs (a later turn's prompt holds the earlier
-        answers, each at most the token budget): compiled steps are specialised to one cache size."""
+        answers, each at most max_new_tokens long): compiled steps are specialised to one cache size."""
         most = 0
         for s in self.samples:
-            budget = self.budget(s)
+            max_new = self.max_new_tokens(s)
             for turn in range(len(s.turns)):
                 try:
                     n = len(self.task.prompt_ids(self.ckpt.tokenizer, s, turn, [""] * turn))
                 except Exception:  # noqa: BLE001 - a bad sample is recorded when it runs, not here
                     continue
-                most = max(most, self._needed_slots(n + turn * (budget + 8), budget))
+                most = max(most, self._needed_slots(n + turn * (max_new + 8), max_new))
         return most
 
     # ---------------------------------------------------------------- run
@@ -230,7 +231,7 @@ class Runner:
         self.clock.start()
         for _ in range(rounds):
             for decoder in (self.method, self.reference):
-                decoder.generate(self.engine, prompt, min(self.budget(sample), 64), self.eos, self.sampling,
+                decoder.generate(self.engine, prompt, min(self.max_new_tokens(sample), 64), self.eos, self.sampling,
                                  self.sampling.generator(0, self.device))
         self.clock.stop()
         for decoder, snapshot in zip((self.method, self.reference), before):
@@ -289,36 +290,36 @@ class Runner:
                 if (str(sample.id), later, r) not in done:
                     records.write(self._failed_row(sample, later, r, f"skipped: turn {turn} failed"))
 
-    def _generate(self, decoder, prompt, budget, seed_index):
+    def _generate(self, decoder, prompt, max_new, seed_index):
         seed_everything(self.bench.seed * 1_000_003 + seed_index)  # methods with their own randomness (stream init)
         generator = self.sampling.generator(seed_index, self.device)
         self.memory.reset()
         self.clock.start()
-        gen = decoder.generate(self.engine, prompt, budget, self.eos, self.sampling, generator, self.clock)
+        gen = decoder.generate(self.engine, prompt, max_new, self.eos, self.sampling, generator, self.clock)
         self.clock.stop()
         times = {"prefill_s": self.clock.prefill_s, "decode_s": self.clock.decode_s, "total_s": self.clock.total_s}
         return gen, times
 
-    def _reference_key(self, prompt: list[int], budget: int) -> str:
+    def _reference_key(self, prompt: list[int], max_new: int) -> str:
         return reference_key(
             model=self.ckpt.identity, dtype=self.dtype, device=self.env["device_name"], backend=self.engine.backend,
-            prompt=hashlib.sha256(json.dumps(prompt).encode()).hexdigest(), max_new_tokens=budget, eos=self.eos,
+            prompt=hashlib.sha256(json.dumps(prompt).encode()).hexdigest(), max_new_tokens=max_new, eos=self.eos,
             sampling=asdict(self.sampling), decoder=repr(self.reference), context=self.context,
             **({"compile": asdict(self.compile)} if self.compile else {}),  # eager keys stay as they were
             versions=[self.env["torch"], self.env["transformers"], self.env["fafo_bench"]],
         )
 
     def _measure(self, sample, turn: int, repeat: int, prompt: list[int], ref: dict | None):
-        budget = self.budget(sample)
+        max_new = self.max_new_tokens(sample)
         seed_index = int(hashlib.sha1(f"{sample.id}/{turn}".encode()).hexdigest()[:8], 16)
-        key = self._reference_key(prompt, budget)
+        key = self._reference_key(prompt, max_new)
         graphs = compile_stats()["graphs"]
         ref = ref or self._stored_reference(key)
         if ref.get("stored_ok"):  # bench.reuse_reference=true and the stored timing passed timing_reusable
             ref_total, ref_decode, ref_source = _median(ref["total_s"]), _median(ref["decode_s"]), "stored"
             ref_peak = ref.get("peak_mem_mb")
         else:  # interleaved: the reference runs right before the method, in this process, every repeat
-            gen_ref, t_ref = self._generate(self.reference, prompt, budget, seed_index)
+            gen_ref, t_ref = self._generate(self.reference, prompt, max_new, seed_index)
             ref_peak = self.memory.peak_mb(self.engine, gen_ref.extras)
             ref["tokens"] = gen_ref.tokens  # this run's own reference tokens decide exact_match
             ref["total_s"].append(t_ref["total_s"])
@@ -327,7 +328,7 @@ class Runner:
             ref_total, ref_decode, ref_source = t_ref["total_s"], t_ref["decode_s"], "interleaved"
             if len(ref["total_s"]) >= self.bench.repeats:
                 self._store_reference(key, ref)
-        gen, t = self._generate(self.method, prompt, budget, seed_index)
+        gen, t = self._generate(self.method, prompt, max_new, seed_index)
         peak = self.memory.peak_mb(self.engine, gen.extras)
         greedy = self.sampling.greedy
         mismatch = first_mismatch(gen.tokens, ref["tokens"]) if greedy else -1

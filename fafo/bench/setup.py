@@ -321,31 +321,13 @@ def check_output_dir(output_dir) -> None:
             return
 
 
-def _knobs(obj, measure, prefix: str) -> list[str]:
-    """Integer hyperparameters of a dataclass ``obj`` whose halving lowers ``measure(obj)`` (what to lower)."""
-    import dataclasses
-
-    if not dataclasses.is_dataclass(obj):
-        return []
-    base, names = measure(obj), []
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name, None)
-        if not f.init or not _is_int(value) or value < 2:
-            continue
-        try:
-            if measure(dataclasses.replace(obj, **{f.name: value // 2})) < base:
-                names.append(f"{prefix}{f.name}")
-        except Exception:  # noqa: BLE001 - a combination its own checks refuse: not a knob to suggest
-            continue
-    return names
-
-
 def check_region_fits(method, context: int) -> None:
     """A compression function that keeps at least the whole context is a mistake (e.g. local=100000 at 4k)."""
     compress = getattr(method, "compress", None)
     budget = getattr(compress, "budget", None)
     if not _is_int(budget) or budget < context:
         return
-    knobs = _knobs(compress, lambda c: c.budget, "method.compress.") or ["method.compress's sizes"]
+    names = getattr(compress, "budget_fields", ())  # declared by the compression: the settings that size it
+    knobs = " or ".join(f"method.compress.{name}" for name in names) or "method.compress's sizes"
     raise ConfigError(f"method.compress keeps {budget} entries, not fewer than the model context {context}, so it "
-                      f"compresses nothing; lower {' or '.join(knobs)} below {context}")
+                      f"compresses nothing; lower {knobs} below {context}")

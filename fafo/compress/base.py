@@ -26,13 +26,15 @@ from fafo.engine.cache import KVCache
 class Compression(ABC):
     """Base class of KV compression functions (StreamingLLM, Quest, SnapKV...).
 
-    ``label`` is the short name method labels use (``name: fafo-{compress}`` in a method config).
+    ``label`` is the short name method labels use (``name: fafo-{compress}`` in a method config);
+    ``budget_fields`` the settings that size the fixed region (what an error asks to lower when it is too large).
 
     Hooks receive the :class:`FixedRegion` (its cache, ``n``, and a ``state`` dict for per-generation data) and
     the post-RoPE queries the engine captured (``{layer: [B, H_q, R, D]}``) for the rows named by :attr:`query_rows`.
     """
 
     label: ClassVar[str] = "custom"
+    budget_fields: ClassVar[tuple[str, ...]] = ()
 
     def dense(self) -> frozenset[int]:
         """Layers in which C(kv) is the whole cache (fumble queries read everything there)."""

@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from fafo.compress.base import Compression, group_scores, topk_positions_per_head
-from fafo.bounds import at_least, check_bounds
+from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 
 
@@ -32,19 +32,18 @@ class Quest(Compression):
     """
 
     label: ClassVar[str] = "quest"
+    budget_fields: ClassVar[tuple[str, ...]] = ("token_budget",)
 
     token_budget: int = at_least(2, 1024)  # and at least 2 pages (__post_init__)
     page_size: int = at_least(1, 16)
     dense_layers: int = at_least(0, 2)  # 0: every layer reads the selected pages
-    gqa_reduce: str = "max"
+    gqa_reduce: str = one_of(("max", "mean"), "max", why="how a KV head combines its query heads' page scores")
 
     def __post_init__(self):
         check_bounds(self, "method.compress")
         if self.token_budget < 2 * self.page_size:
             raise ConfigError(f"method.compress: token_budget={self.token_budget} must hold at least 2 pages of "
                               f"page_size={self.page_size}")
-        if self.gqa_reduce not in ("max", "mean"):
-            raise ConfigError(f"method.compress.gqa_reduce={self.gqa_reduce!r} must be max or mean")
 
     @property
     def budget(self) -> int:

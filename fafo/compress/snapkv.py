@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fafo.compress.base import Compression, group_scores, topk_positions_per_head
-from fafo.bounds import at_least, check_bounds
+from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 
 
@@ -36,22 +36,22 @@ class SnapKV(Compression):
     """
 
     label: ClassVar[str] = "snapkv"
+    budget_fields: ClassVar[tuple[str, ...]] = ("capacity", "local")
 
     capacity: int = at_least(2, 1024)  # and above window (__post_init__)
     window: int = at_least(1, 32)
     kernel: int = at_least(1, 7)  # and odd (__post_init__)
-    pooling: str = "max"
+    pooling: str = one_of(("max", "avg"), "max", why="how the window's votes are smoothed")
     local: int = at_least(1, 256)
-    gqa_reduce: str = "mean"
+    gqa_reduce: str = one_of(("mean", "max"), "mean", why="how a KV head combines its query heads' votes")
 
     def __post_init__(self):
         check_bounds(self, "method.compress")
         if not self.window < self.capacity:
-            raise ConfigError(f"method.compress: window={self.window} must be >= 1 and < capacity={self.capacity}")
-        if self.kernel % 2 == 0 or self.pooling not in ("max", "avg"):
-            raise ConfigError("method.compress: kernel must be odd and >= 1, pooling max or avg")
-        if self.gqa_reduce not in ("max", "mean"):
-            raise ConfigError(f"method.compress.gqa_reduce={self.gqa_reduce!r} must be max or mean")
+            raise ConfigError(f"method.compress: window={self.window} must be < capacity={self.capacity}")
+        if self.kernel % 2 == 0:
+            raise ConfigError(f"method.compress.kernel={self.kernel} must be odd (pooled with padding "
+                              "kernel//2, an even kernel would not give one score per key)")
 
     @property
     def budget(self) -> int:

@@ -27,6 +27,7 @@ class StreamingLLM(Compression):
     """
 
     label: ClassVar[str] = "stream"
+    budget_fields: ClassVar[tuple[str, ...]] = ("sink", "local")
 
     sink: int = at_least(0, 4)  # 0: the recent window alone
     local: int = at_least(1, 756)
