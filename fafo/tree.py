@@ -10,8 +10,8 @@ longest root path whose every token is the target's choice at its parent is acce
 target's choice after the path's last node). The accepted nodes' KV is moved to slots ``N+1, N+2, ...`` (the
 root's is already at ``N``), so after a step ``N += len(accepted)`` and the bonus token is the next root.
 
-Under ``engine.static_shapes`` (compiled steps) a tree is padded to a fixed size with nodes that repeat the root
-at position ``N`` and see only themselves: the real nodes' logits are those of the unpadded tree.
+Under ``engine.static_shapes`` (compiled steps) the engine pads a tree to the method's largest size
+(:mod:`fafo.engine.static_shapes`): the real nodes' logits are those of the unpadded tree.
 
 Greedy acceptance is exact (token-identical to vanilla). Sampled acceptance treats the tree as deterministic
 guesses (no draft distribution): at each node the children are tried with Lookahead's exact rule
@@ -88,24 +88,17 @@ class DraftTree:
         return depth
 
     # ------------------------------------------------------------------ the verification forward
-    def mask(self, size: int | None = None, device=None) -> torch.Tensor:
-        """``[size, size]`` bool: node i sees itself and its ancestors; padding nodes (``i >= len``) see only
-        themselves and no real node sees them."""
-        size = size or len(self)
-        mask = torch.eye(size, dtype=torch.bool)
+    def mask(self, device=None) -> torch.Tensor:
+        """``[len, len]`` bool: node i sees itself and its ancestors."""
+        mask = torch.eye(len(self), dtype=torch.bool)
         for i in range(1, len(self)):  # parents precede children: a row extends its parent's row
-            mask[i, : len(self)] |= mask[self.parents[i], : len(self)]
+            mask[i] |= mask[self.parents[i]]
         return mask.to(device)
 
-    def inputs(self, N: int, size: int | None = None, device=None):
-        """The forward's tokens ``[size]`` (list), positions ``[size]`` and step mask ``[size, size]``, with the
-        root at position ``N``, padded to ``size >= len(self)`` nodes."""
-        size = size or len(self)
-        pad = size - len(self)
-        if pad < 0:
-            raise ValueError(f"a tree of {len(self)} nodes does not fit {size}")
-        positions = torch.tensor(self.depths + [0] * pad, device=device) + N
-        return self.tokens + [self.tokens[0]] * pad, positions, self.mask(size, device)
+    def inputs(self, N: int) -> tuple[list[int], list[int], torch.Tensor]:
+        """The verification forward's host tokens and positions ``[len]`` and step mask ``[len, len]``, with the
+        root at position ``N``."""
+        return self.tokens, [N + d for d in self.depths], self.mask()
 
     # ------------------------------------------------------------------ acceptance
     def accept_greedy(self, preds: list[int]) -> list[int]:

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from baselines.vanilla import VanillaDecoder
+from fafo.engine.attention import AttentionPlan
+from fafo.engine.static_shapes import pad_step
 from fafo.tree import DraftTree, greedy_tree_step, verify_tree
 
 
@@ -14,9 +16,15 @@ def test_trie_dedupes_and_masks_ancestors():
     tree = DraftTree.from_paths(7, [[1, 2, 3], [1, 2, 4], [5]])
     assert tree.tokens == [7, 1, 2, 3, 4, 5] and tree.parents == [-1, 0, 1, 2, 2, 0]
     assert tree.depths == [0, 1, 2, 3, 3, 1]
-    m = tree.mask(size=8)
-    assert m[4].tolist() == [True, True, True, False, True, False, False, False]  # ancestors + itself
-    assert m[6].tolist() == [False] * 6 + [True, False] and not m[:6, 6:].any()  # padding: self only
+    m = tree.mask()
+    assert m[4].tolist() == [True, True, True, False, True, False]  # ancestors + itself
+    tokens, positions, mask = tree.inputs(10)
+    assert positions == [10, 11, 12, 13, 13, 11] and tokens == tree.tokens and torch.equal(mask, m)
+    tokens, positions, slots, plan, n_real = pad_step(tokens, positions, range(10, 16),
+                                                      AttentionPlan(prefix=10, step_mask=mask), 8)
+    pm = plan.step_mask  # the engine's static-shape padding: each padding node sees only itself
+    assert n_real == 6 and pm[6].tolist() == [False] * 6 + [True, False] and not pm[:6, 6:].any()
+    assert tokens[6:] == [5, 5] and positions[6:] == [11, 11] and slots == list(range(10, 18))
     assert tree.accept_greedy([1, 2, 4, 0, 0, 0]) == [1, 2, 4]
     assert tree.accept_greedy([5, 0, 0, 0, 0, 9]) == [5]
     assert tree.accept_greedy([3, 0, 0, 0, 0, 0]) == []

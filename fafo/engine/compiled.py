@@ -11,9 +11,10 @@ on (the gpt-fast recipe, adapted to block-sparse attention):
   count is updated in place, so the kernel skips the dead tail of the cache without a rebuild or a recompile;
 * step masks come prebuilt from the decoder (FAFO, Lookahead), or are built here once per step length (causal) or
   over a persistent ``[Q, Q]`` buffer the step's mask is copied into (SWIFT's trees);
-* decoders give every decode forward a shape that depends only on their hyperparameters
-  (:attr:`Engine.static_shapes`), so one generation compiles a fixed set of graphs and every later sample, of any
-  length, reuses them as long as the cache is not reallocated (the runner sizes it once, before warm-up).
+* every decode forward has a shape that depends only on the method's hyperparameters (:attr:`Engine.static_shapes`:
+  the engine pads a step to the size the decoder names, :mod:`fafo.engine.static_shapes`), so one generation
+  compiles a fixed set of graphs and every later sample, of any length, reuses them as long as the cache is not
+  reallocated (the runner sizes it once, before warm-up).
 
 Prefill (``plan.prefix == 0``) runs eagerly on the configured backend: it happens once per turn, is compute
 bound, and its length varies. Forwards that skip layers (SWIFT's drafts and layer-set search) also run eagerly:
