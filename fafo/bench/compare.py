@@ -115,7 +115,7 @@ def comparison_table(summaries: dict[str, dict]):
 
 
 def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) -> str:
-    """What the numbers came from: model, task, budget, dtype, machine, threads and load (start-end)."""
+    """What the numbers came from: model, task, new tokens, dtype, machine, threads and load (start-end)."""
     s = next(iter(summaries.values()))
     params = f"{s['n_params'] / 1e6:.1f}M params, " if s.get("n_params") else ""
     loads = [x.get(k) for x in summaries.values() for k in ("load_start", "load_end") if x.get(k) is not None]
