@@ -3,39 +3,12 @@ https://arxiv.org/abs/2502.10424), greedy.
 
 The target model drafts for itself: ``gamma`` tokens, one forward each, reading the **INT4 view** of the cache
 (upper 4-bit planes) with its MLP weights in 4 bits, then one verification forward of the target over
-``[current | drafts]`` commits the longest argmax-matching prefix plus the target's next token. One cache serves
-both (:mod:`baselines.quantspec_cache`: packed upper/lower planes, per-group min/scale, a full-precision buffer of
-the most recent ``G..2G`` committed tokens; keys per channel over ``G`` tokens, values per token). The first
-author's code (``rishabh-16/QuantSpec``) was read to learn the layout; this is our own implementation.
-
-``target`` says what the verifier reads:
-
-* ``int8kv`` (the paper): the INT8 view (upper + lower planes) plus the buffer. Exact against an autoregressive
-  decoder on the same INT8 cache (:class:`QuantSpecDecoder` with ``gamma: 0`` -- :class:`Int8KVReference`), not
-  against full-precision vanilla: the INT8 cache changes the target's own logits (the paper's WikiText-2
-  perplexity 6.4595 -> 6.4696). Memory: the cache is ~half of fp16 (a quarter of fp32) plus the buffer.
-* ``fp16``: the verifier reads a full-precision cache (the engine's), kept beside the draft's upper planes:
-  token-identical to vanilla greedy, no memory saving (it adds the planes and the 4-bit weights).
-
-Choices where the paper is silent or this harness differs (documented in place):
-
-* Draft weights: round-to-nearest asymmetric 4 bits, ``weight_group`` inputs per group, MLP only (the paper uses
-  GPTQ checkpoints through Marlin; attention projections stay full precision as in the code); dequantized per call
-  in plain PyTorch (``resident_weights: true`` keeps them dequantized: same values, CPU speed, full-precision
-  memory). ``weight_bits: null`` keeps the draft's MLP in full precision (KV quantization only).
-* Prefill attends in full precision; the prompt's KV then fills the planes and the buffer. The quantized span a
-  query sees depends on its position only (``nq(p)``, see the cache module), so drafts, verification and the
-  INT8-KV autoregressive reference read the same view at every position.
-* Drafting stops early at an EOS or when the remaining budget is reached; alpha is accepted / drafted tokens.
-* Greedy only (the paper's setting). Plain PyTorch on every device: no Triton kernels, steps run eagerly.
-* With ``target: int8kv`` the engine's shared full-precision cache is released when steps are not compiled, and
-  the quantized cache is freed after each generation (the INT8 reference's too), so the counted (CPU) and allocated
-  (CUDA) peak memory is this method's own: ``experiment=quantspec_table3`` runs with ``bench.compile=false``.
-
-The INT4 passes are the target's self-drafts (``Generation.forwards.draft``); ``Generation.drafted`` /
-``accepted`` give alpha (the paper's "acceptance rate", ``accept_rate`` in the summary). ``extras``:
-``kv_bytes`` (KV storage: planes + buffer, or the full cache + planes for fp16), ``weight_bytes`` (4-bit draft
-MLPs), ``buffer_bytes`` (what the runner adds to the engine's cache for peak memory), ``fp_tokens_min`` / ``fp_tokens_max`` (committed full-precision tokens after each commit).
+``[current | drafts]`` commits the longest argmax-matching prefix plus the target's next token. The verifier reads
+the INT8 view (``target: int8kv``, the paper: exact against :class:`Int8KVReference`, the autoregressive decoder on
+the same INT8 cache, not against full-precision vanilla) or a full-precision cache kept beside the draft's planes
+(``fp16``: token-identical to vanilla, no memory saving). One cache serves both (:mod:`baselines.quantspec_cache`).
+The first author's code (``rishabh-16/QuantSpec``) was read to learn the layout; this is our own implementation.
+Choices where the paper is silent, memory accounting and ``extras``: docs/methods/quantspec.md.
 """
 
 from __future__ import annotations
@@ -45,15 +18,13 @@ from typing import ClassVar
 
 import torch
 
-from baselines.quantspec_cache import Int4MLP, QuantKVCache, quantized_count, swapped_mlps
+from baselines.quantspec_cache import Int4MLP, QuantKVCache, swapped_mlps
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
-from fafo.bounds import at_least, check_bounds
+from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
-
-TARGETS = ("int8kv", "fp16")
 
 
 @dataclass
@@ -75,9 +46,10 @@ class QuantSpecDecoder(Decoder):
 
     eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
     gamma: int = at_least(1, 6)  # 0 only inside Int8KVReference (autoregressive on the INT8 cache)
-    target: str = "int8kv"
+    target: str = one_of(("int8kv", "fp16"), "int8kv", why="int8kv = the paper's INT8 verifier, fp16 = a "
+                         "full-precision verifier, lossless against vanilla")
     group_size: int = at_least(2, 128)
-    weight_bits: int | None = 4
+    weight_bits: int | None = one_of((4, None), 4, why="RTN 4-bit draft MLP weights or full precision")
     weight_group: int = at_least(2, 128)
     resident_weights: bool = False
     chunk_size: int = at_least(1, 1024)
@@ -86,14 +58,9 @@ class QuantSpecDecoder(Decoder):
 
     def __post_init__(self):
         check_bounds(self, "method")
-        if self.target not in TARGETS:
-            raise ConfigError(f"method.target={self.target!r} must be one of {', '.join(TARGETS)} (int8kv = the "
-                              "paper's INT8 verifier, fp16 = full-precision verifier, lossless against vanilla)")
         if self.group_size % 2 or self.gamma + 1 >= self.group_size:
             raise ConfigError(f"method.group_size={self.group_size} must be even and larger than method.gamma + 1 "
                               f"= {self.gamma + 1} (a step may cross at most one group boundary)")
-        if self.weight_bits not in (None, 4):
-            raise ConfigError(f"method.weight_bits={self.weight_bits!r} must be 4 (RTN 4-bit draft MLP) or null")
         if self.weight_group % 2:
             raise ConfigError(f"method.weight_group={self.weight_group} must be even (two codes per byte)")
         if not isinstance(self.resident_weights, bool):
@@ -250,14 +217,12 @@ class Int8KVReference(Decoder):
     """
 
     eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
-    kv: str = "int8"
+    kv: str = one_of(("int8", "fp"), "int8", why="int8 = INT8-KV autoregressive, fp = vanilla")
     group_size: int = at_least(4, 128, why="the method's G, even and above its gamma + 1 >= 2")
     chunk_size: int = at_least(1, 1024)
     _inner: Decoder | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.kv not in ("int8", "fp"):
-            raise ConfigError(f"bench.reference.kv={self.kv!r} must be int8 (INT8-KV autoregressive) or fp (vanilla)")
         check_bounds(self, "bench.reference")
         if self.kv == "int8":
             self._inner = QuantSpecDecoder(gamma=1, target="int8kv", group_size=self.group_size, weight_bits=None,
@@ -277,6 +242,3 @@ class Int8KVReference(Decoder):
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         return self._inner.generate(engine, prompt_ids, max_new_tokens, eos_ids, sampling, generator, clock)
-
-
-__all__ = ["QuantSpecDecoder", "Int8KVReference", "quantized_count"]

@@ -16,19 +16,10 @@ stored values, so a dequantized view is exactly the formula applied to what is s
 token over ``head_dim`` (KIVI). Codes are packed two per byte along ``head_dim`` (even element in the low
 nibble); ``q_lo`` is stored as ``q_lo + 8``.
 
-**Storage** (:class:`QuantKVCache`): packed ``uint8`` planes (upper, and lower when the target reads INT8) with
-per-group ``min``/``scale`` for the oldest tokens, plus a full-precision buffer of the most recent ones. Which
-tokens a query sees quantized is a function of its position only: a query at position ``p`` sees tokens
-``[0, nq(p))`` quantized, ``nq(p) = max(0, (p - G) // G * G)``, and ``[nq(p), p]`` in full precision (between
-``G + 1`` and ``2G`` tokens, itself included). So a speculative step and an autoregressive decoder with the same
-cache see the same view at every position (the INT8-KV reference is exact). Stored groups follow the committed
-length ``N``: after each commit the oldest ``G`` buffer tokens are quantized while ``nq(N)`` says so, leaving
-``G <= N - nq < 2G`` committed full-precision tokens; rejected draft tokens only ever sit in the buffer. Within a
-step a query may be one group ahead of the stored planes: that group is quantized on the fly from the buffer
-(the same function, hence the same values as once stored).
-
-Attention over the quantized part dequantizes ``chunk`` tokens at a time and merges the partial results by
-log-sum-exp with the buffer and the step's own tokens, so no full-length dequantized copy is ever built.
+**Which tokens a query reads quantized** depends on its position only: a query at ``p`` sees ``[0, nq(p))``
+quantized, ``nq(p) = max(0, (p - G) // G * G)``, and ``[nq(p), p]`` in full precision (the buffer), so drafts,
+verification and the INT8-KV reference see the same view at every position. Storage, commits and chunked
+attention: docs/methods/quantspec.md.
 """
 
 from __future__ import annotations
@@ -38,6 +29,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fafo.engine.kernels import merge, reference_attention_lse
 
 
 # ---------------------------------------------------------------------------------------------- quantization
@@ -79,26 +72,12 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
 
 
-# ---------------------------------------------------------------------------------------------- attention
-def _attention_lse(qg, k, v, mask, scale):
-    """qg: [B, Hkv, g, Q, D]; k, v: [B, Hkv, K, D]; mask: [Q, K] bool or None -> (out f32, lse f32 [.., Q])."""
-    scores = torch.matmul(qg, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, Hkv, g, Q, K]
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.clamp_min(torch.finfo(torch.float32).min)[..., None])
-    return torch.matmul(probs.to(v.dtype), v[:, :, None]).float(), lse
-
-
 def _merge(acc, part):
-    """Log-sum-exp merge of two partial attentions over disjoint key sets ((out, lse) pairs)."""
+    """Log-sum-exp merge of two partial attentions over disjoint key sets ((out, lse) pairs; ``acc`` may be None)."""
     if acc is None:
         return part
     (o1, l1), (o2, l2) = acc, part
-    lse = torch.logaddexp(l1, l2)
-    w1 = torch.exp(l1 - lse).nan_to_num(0.0)[..., None]
-    w2 = torch.exp(l2 - lse).nan_to_num(0.0)[..., None]
-    return o1 * w1 + o2 * w2, lse
+    return merge(o1, l1, o2, l2), torch.logaddexp(l1, l2)
 
 
 def quantized_count(position: int, group: int) -> int:
@@ -275,17 +254,17 @@ class QuantKVCache:
         acc = None
         for lo in range(0, self.nq, self.chunk):  # stored quantized tokens, seen by every query
             kc, vc = self._dequant(layer, lo, min(self.nq, lo + self.chunk), lower)
-            acc = _merge(acc, _attention_lse(qg, kc, vc, None, scale))
+            acc = _merge(acc, reference_attention_lse(qg, kc, vc, None, scale))
         ahead = nq_q > self.nq  # [Q] queries that read the next group quantized too
         if bool(ahead.any()):
             kf, vf = self._fake(*self._fp(layer, self.nq, self.nq + G), lower)
-            acc = _merge(acc, _attention_lse(qg, kf, vf, ahead[:, None].expand(Q, G), scale))
+            acc = _merge(acc, reference_attention_lse(qg, kf, vf, ahead[:, None].expand(Q, G), scale))
         if P > self.nq:  # full precision [nq, P); a query ahead skips the group it reads quantized
             kb, vb = self._fp(layer, self.nq, P)
             mask = torch.arange(self.nq, P, device=q.device)[None, :] >= nq_q[:, None]  # [Q, P - nq]
-            acc = _merge(acc, _attention_lse(qg, kb, vb, None if not bool(ahead.any()) else mask, scale))
+            acc = _merge(acc, reference_attention_lse(qg, kb, vb, None if not bool(ahead.any()) else mask, scale))
         causal = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
-        acc = _merge(acc, _attention_lse(qg, k, v, causal, scale))
+        acc = _merge(acc, reference_attention_lse(qg, k, v, causal, scale))
         return acc[0].view(B, Hq, Q, D).to(q.dtype)
 
 
