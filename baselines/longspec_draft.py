@@ -1,6 +1,6 @@
 """LongSpec's draft: one decoder layer over the target's own KV cache, in the released checkpoint format.
 
-LongSpec (Yang et al., 2025, https://arxiv.org/abs/2502.17421; code ``sail-sg/LongSpec``, ``longspec/test/
+LongSpec (Yang et al., 2025, https://arxiv.org/abs/2502.17421; code ``sail-sg/LongSpec`` @ 15e4998, ``longspec/test/
 llama_glide.py``: ``LlamaGlideDecoderLayer``, ``GlideAttention``). The draft shares the target's embeddings, LM head
 and rotary, and owns one layer::
 
@@ -10,28 +10,11 @@ and rotary, and owns one layer::
     h = h + mlp(post_cross_attention_layernorm(h))        #   post-RoPE KV cache, read in place (no copy)
     logits = lm_head(h)                                   # no final norm (as the release: lm_head on h directly)
 
-Released format (``sail/longspec-*``), loaded as the official loader does (``LlamaGlideDecoderLayer`` /
-``Qwen2GlideDecoderLayer.from_pretrained`` in ``longspec/test/llama_glide.py`` / ``qwen2_glide.py`` @ 15e4998, pinned
-to transformers 4.46.3): ``config.json`` is the target's transformers config (so the draft's sizes are the target's:
-hidden size, heads, KV heads, head dim = hidden / heads) and the weights hold the keys of the layer's
-``state_dict()``: ``self_attn.{q,k,v,o}_proj.*`` (q/k/v with bias, o without), ``cross_attn.{q,k,v,o}_proj.*`` (the
-cross-attention's k/v projections exist but are unused at inference), ``mlp.{gate,up,down}_proj.weight``,
-``input_layernorm.weight``, ``post_self_attention_layernorm.weight``, ``post_cross_attention_layernorm.weight``.
-Either bare or under a ``model.`` prefix (the class's ``base_model_prefix``, which ``from_pretrained`` strips), or
-``glide.`` (the attribute of the official ``LlamaGlide``); ``*rotary_emb*`` buffers, if present, are ignored.
-
-Rope: the draft has no rotary of its own at inference; every official draft call takes ``position_embeddings``
-from the target's ``model.rotary_emb``, so the official loader accepts a draft whose rope settings differ from the
-target's, and so do we. It refuses a ``rope_scaling`` that its transformers cannot build (the config's
-``rope_config_validation``: required keys per rope type; the layer's ``LlamaRotaryEmbedding``: a known rope type):
-:func:`check_release_rope` refuses the same, in one line, before any weights load.
-
 Window rule: a draft query at position ``p`` sees its own keys at positions ``p - window <= k <= p`` (flash-attn's
-``window_size=(512, -1)`` in the release). Unlike the release, which allocates the whole sequence and masks, the
-committed draft KV lives in a ring of ``window`` slots (:class:`WindowCache`): memory is constant in the context.
-Because the draft is a single layer, its self-attention keys depend only on (token, position): the prompt's draft
-"prefill" is just the k/v projections of its last ``window`` tokens, and only rows whose logits are used are run
-through the whole layer (exactly the rows the release reads).
+``window_size=(512, -1)`` in the release); the committed draft KV lives in a ring of ``window`` slots
+(:class:`WindowCache`). Being one layer, its self-attention keys depend only on (token, position), so the prompt's
+draft "prefill" is the k/v projections of its last ``window`` tokens. The released format (key names, prefixes,
+rope settings) is loaded as the official loader (transformers 4.46.3) does: docs/methods/longspec.md.
 """
 
 from __future__ import annotations

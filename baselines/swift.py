@@ -275,7 +275,8 @@ class _SwiftState(StepState):
         self.cur = new[-1]
         self.history += new
         # the official loop optimises after every step whose condition holds, the last one included
-        if cfg.optimization and opt.active and self.N - P > cfg.context_window + 1 and self.n_steps % cfg.opt_interval == 0:
+        due = self.N - P > cfg.context_window + 1 and self.n_steps % cfg.opt_interval == 0
+        if cfg.optimization and opt.active and due:
             cand = opt.propose()
             opt.update(cand, cfg._score(engine, cache, self.history, P, cand))
         self.n_steps += 1
