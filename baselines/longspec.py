@@ -27,10 +27,6 @@ from fafo.sampling import Sampling
 from fafo.tree import DraftTree, greedy_tree_step, sampled_tree_step
 
 
-def _default_draft() -> dict:
-    return {"path": "sail/longspec-vicuna-7b-v1.5-16k", "revision": None, "random_seed": None}
-
-
 @dataclass
 class LongSpecDecoder(Decoder):
     """LongSpec with a released-format draft (greedy and sampling).
@@ -44,7 +40,8 @@ class LongSpecDecoder(Decoder):
         window: the draft's self-attention window (official 512): a query at p sees its keys at p-window..p.
     """
 
-    draft: dict = field(default_factory=_default_draft)
+    draft: dict = field(default_factory=lambda: {"path": "sail/longspec-vicuna-7b-v1.5-16k", "revision": None,
+                                                 "random_seed": None})
     mode: str = one_of(("tree", "chain"), "tree", why="tree = the beam tree of tree_shape, chain = gamma draft tokens")
     tree_shape: list = field(default_factory=lambda: [4, 16, 16, 16, 16])
     gamma: int = at_least(1, 4)
@@ -79,8 +76,7 @@ class LongSpecDecoder(Decoder):
         return self.tree_size  # the verification writes the tree past the committed tokens
 
     def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
-        """Refuse a draft whose files are damaged or whose config does not fit the target (before any weights
-        load)."""
+        """Refuse a draft whose files are damaged or whose config does not fit the target (before weights load)."""
         if self.draft.get("path"):
             ckpt = resolve_draft(self.draft["path"], self.draft.get("revision"), weights=weights)
             check_shapes(read_draft_config(ckpt), hf_config, repr(self.draft["path"]))
@@ -130,23 +126,20 @@ class LongSpecDecoder(Decoder):
         return torch.log_softmax(engine.model.lm_head(h)[0].float(), dim=-1)
 
     def _draft_tree(self, engine: Engine, layer, ring: WindowCache, cache, catch: list[int], N: int):
-        """Build the round's beam tree. Returns (tree, catch-up k, catch-up v, draft forwards)."""
+        """Build the round's beam tree (one draft forward per level). Returns (tree, catch-up k, catch-up v)."""
         dev = engine.device
         c_pos = torch.arange(N - len(catch) + 1, N + 1, device=dev)  # the root is the last catch-up token
         x, cos, sin = self._embed(engine, catch, c_pos)
         ck, cv = layer.self_kv(x, cos, sin)  # [1, Hkv, C, D]
         tk, tv = cache.keys[-1][:, :, :N], cache.values[-1][:, :, :N]  # the target's last layer, in place
-        keys_k, keys_v = [ring.k, ck], [ring.v, cv]
-        key_pos = torch.cat([ring.pos, c_pos])
+        keys_k, keys_v, key_pos = [ring.k, ck], [ring.v, cv], torch.cat([ring.pos, c_pos])
         n_fixed = key_pos.numel()  # ring + catch-up: visible to every row by the window rule alone
-        # the root row
-        mask = window_mask(c_pos[-1:], key_pos, self.window)
-        h = layer(x[:, -1:], cos[:, :, -1:], sin[:, :, -1:], torch.cat(keys_k, 2), torch.cat(keys_v, 2), mask, tk, tv)
-        logp = self._logp(engine, h)  # [1, V]
+        rows, mask = (x[:, -1:], cos[:, :, -1:], sin[:, :, -1:]), window_mask(c_pos[-1:], key_pos, self.window)
         tree = DraftTree.root(catch[-1])
-        level_nodes, level_scores = [0], torch.zeros(1, device=dev)
-        forwards = 1
+        level_nodes, level_scores = [0], torch.zeros(1, device=dev)  # the root row first, then each level's nodes
         for depth, width in enumerate(self.shape, start=1):
+            h = layer(*rows, torch.cat(keys_k, 2), torch.cat(keys_v, 2), mask, tk, tv)
+            logp = self._logp(engine, h)  # [n, V]
             V = logp.shape[-1]
             cum = (level_scores[:, None] + logp).reshape(-1)  # [n_nodes * V] cumulative log-probabilities
             top = cum.topk(min(width, cum.numel()))
@@ -156,20 +149,16 @@ class LongSpecDecoder(Decoder):
             level_scores = top.values
             if depth == len(self.shape):
                 break  # the last level is verified, never run through the draft
-            # one draft forward over this level's nodes: window keys + catch-up + their tree ancestors
+            # the next draft forward, over this level's nodes: window keys + catch-up + their tree ancestors
             pos = torch.full((len(level_nodes),), N + depth, device=dev)
-            xn, cosn, sinn = self._embed(engine, toks, pos)
-            nk, nv = layer.self_kv(xn, cosn, sinn)
+            rows = self._embed(engine, toks, pos)
+            nk, nv = layer.self_kv(*rows)
             keys_k.append(nk)
             keys_v.append(nv)
             key_pos = torch.cat([key_pos, pos])
             mask = window_mask(pos, key_pos, self.window)
-            anc = tree.mask(device=dev)[level_nodes][:, 1:]  # [n, nodes-1]: ancestors-or-self among tree nodes
-            mask[:, n_fixed:] &= anc
-            h = layer(xn, cosn, sinn, torch.cat(keys_k, 2), torch.cat(keys_v, 2), mask, tk, tv)
-            logp = self._logp(engine, h)  # [n, V]
-            forwards += 1
-        return tree, ck, cv, forwards
+            mask[:, n_fixed:] &= tree.mask(device=dev)[level_nodes][:, 1:]  # [n, nodes-1]: ancestors-or-self
+        return tree, ck, cv
 
 
 class _LongSpecState(StepState):
@@ -199,8 +188,8 @@ class _LongSpecState(StepState):
 
     def step(self, remaining: int) -> Step:
         cfg, engine, N, catch = self.cfg, self.engine, self.N, self.catch
-        tree, ck, cv, n_fwd = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N)
-        self.draft_forwards += n_fwd
+        tree, ck, cv = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N)
+        self.draft_forwards += len(cfg.shape)
         self.ring.append(ck, cv, torch.arange(N - len(catch) + 1, N + 1, device=engine.device))
         pad = cfg.tree_size if engine.static_shapes else len(tree)
         if self.samp is None:

@@ -57,6 +57,13 @@ class GlideAttention(nn.Module):
         B, Q, _ = x.shape
         return proj(x).view(B, Q, -1, self.head_dim).transpose(1, 2)
 
+    def forward(self, x, cos, sin, k, v, mask) -> torch.Tensor:
+        """Queries of ``x`` [B, Q, dim] (rotary cos/sin) over k, v [B, Hkv, K, D] where ``mask`` [Q, K] allows (None:
+        everywhere) -> the output projection [B, Q, dim]."""
+        B, Q, _ = x.shape
+        o = masked_attention(apply_rotary(self.heads(self.q_proj, x), cos, sin), k, v, mask, self.head_dim ** -0.5)
+        return self.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
+
 
 class GlideMLP(nn.Module):
     def __init__(self, dim: int, hidden: int):
@@ -98,7 +105,6 @@ class GlideLayer(nn.Module):
         self.input_layernorm = RMSNorm(dim, norm_eps)
         self.post_self_attention_layernorm = RMSNorm(dim, norm_eps)
         self.post_cross_attention_layernorm = RMSNorm(dim, norm_eps)
-        self.scale = self.self_attn.head_dim ** -0.5
 
     def self_kv(self, emb: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Self-attention keys (post-RoPE) and values of tokens: emb [B, Q, dim] -> 2 x [B, Hkv, Q, D]."""
@@ -118,16 +124,8 @@ class GlideLayer(nn.Module):
         Returns:
             [B, Q, dim] hidden states (``lm_head`` of them are the draft logits).
         """
-        B, Q, _ = emb.shape
-        h = emb
-        a = self.input_layernorm(h)
-        q = apply_rotary(self.self_attn.heads(self.self_attn.q_proj, a), cos, sin)
-        o = masked_attention(q, self_k, self_v, self_mask, self.scale)
-        h = h + self.self_attn.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
-        a = self.post_self_attention_layernorm(h)
-        q = apply_rotary(self.cross_attn.heads(self.cross_attn.q_proj, a), cos, sin)
-        o = masked_attention(q, target_k, target_v, target_mask, self.scale)
-        h = h + self.cross_attn.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
+        h = emb + self.self_attn(self.input_layernorm(emb), cos, sin, self_k, self_v, self_mask)
+        h = h + self.cross_attn(self.post_self_attention_layernorm(h), cos, sin, target_k, target_v, target_mask)
         return h + self.mlp(self.post_cross_attention_layernorm(h))
 
 
@@ -188,20 +186,12 @@ def dense_forward(layer: GlideLayer, emb, cos, sin, target_k, target_v, window: 
 
 
 # ---------------------------------------------------------------------------------------------- released format
-def draft_config(target_config) -> dict:
-    """The release's config.json for a target: the target's own config, naming the Glide layer class."""
-    cfg = target_config.to_dict()
-    cfg["architectures"] = [ARCHITECTURES.get(cfg.get("model_type"), "LlamaGlideDecoderLayer")]
-    return cfg
-
-
-def new_draft(target_config, seed: int | None = 0, dtype=torch.float32, device="cpu",
-              init_range: float | None = None) -> GlideLayer:
+def new_draft(target_config, seed: int | None = 0, dtype=torch.float32, device="cpu") -> GlideLayer:
     """A randomly initialised draft for a target (the release's ``_init_weights``: normal(0, initializer_range)
     linears, zero biases, unit norms)."""
     check_shapes(target_config.to_dict(), target_config, "the target")
     layer = _build(target_config.to_dict())
-    std = init_range if init_range is not None else getattr(target_config, "initializer_range", 0.02)
+    std = getattr(target_config, "initializer_range", 0.02)
     gen = torch.Generator().manual_seed(0 if seed is None else seed)
     with torch.no_grad():
         for m in layer.modules():
@@ -219,12 +209,15 @@ def _build(cfg: dict) -> GlideLayer:
 
 
 def save_draft(layer: GlideLayer, target_config, out_dir: str | Path) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in the released format."""
+    """Write ``config.json`` (the target's own config, naming the Glide layer class) + ``model.safetensors`` in the
+    released format."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(draft_config(target_config), indent=2, default=str))
+    cfg = target_config.to_dict()
+    cfg["architectures"] = [ARCHITECTURES.get(cfg.get("model_type"), "LlamaGlideDecoderLayer")]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
     state = {k: v.detach().contiguous().cpu() for k, v in layer.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
@@ -310,10 +303,8 @@ def check_shapes(cfg: dict, target_config, where: str) -> None:
 
 
 def check_release_rope(cfg: dict, tcfg: dict, where: str) -> None:
-    """Refuse the draft config's ``rope_scaling`` where the official loader (transformers 4.46.3) would: not a
-    mapping, no rope type (``LlamaRotaryEmbedding`` looks up ``rope_type`` or ``type``), a type it has no init
-    function for, or a missing key that type requires (``rope_config_validation``). Values it only warns about, and
-    settings that differ from the target's, are accepted as officially: the target's rotary is used."""
+    """Refuse the draft config's ``rope_scaling`` where the official loader (transformers 4.46.3) would (not a
+    mapping, no or an unknown rope type, a key its type requires missing; docs/methods/longspec.md)."""
     scaling = cfg.get("rope_scaling")
     if scaling is None:
         return

@@ -38,9 +38,8 @@ class QuantSpecDecoder(Decoder):
         group_size: ``G``: tokens per key group; the buffer holds G..2G recent tokens. Must exceed gamma + 1.
         weight_bits: 4 (the draft's MLP weights in 4 bits, round-to-nearest) or null (full precision).
         weight_group: inputs per 4-bit weight group (paper: 128). Even.
-        resident_weights: keep the draft's 4-bit MLP weights dequantized in memory (identical values, much faster
-            in plain PyTorch on CPU, but their full-precision bytes count in ``weight_bytes``); false = dequantize
-            per forward from the packed codes (the memory the paper's int4 kernels need).
+        resident_weights: keep the draft's 4-bit MLP weights dequantized (identical values, much faster in plain
+            PyTorch on CPU, full-precision ``weight_bytes``); false = dequantize per forward (the int4 kernels' memory).
         chunk_size: quantized tokens dequantized at a time in attention (rounded down to whole groups).
     """
 
@@ -54,7 +53,6 @@ class QuantSpecDecoder(Decoder):
     resident_weights: bool = False
     chunk_size: int = at_least(1, 1024)
     _mlps: tuple | None = field(default=None, init=False, repr=False, compare=False)
-    _kv: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         check_bounds(self, "method")
@@ -90,19 +88,13 @@ class QuantSpecDecoder(Decoder):
                                    for b in engine.model.model.layers])
         return self._mlps[1]
 
-    def _cache(self, engine: Engine, capacity: int, full) -> QuantKVCache:
-        """The quantized cache, reallocated only when a generation needs more positions (like ``engine.cache``)."""
-        kv = self._kv[1] if self._kv is not None and self._kv[0] is engine else None
-        if kv is None or kv.capacity < capacity or (kv.full is None) != (full is None):
-            self._kv = None  # free the old one first
-            a = engine.model.args
-            kv = QuantKVCache(a.n_layers, 1, a.n_kv_heads, a.head_dim, capacity, self.group_size, self.gamma + 1,
-                              engine.dtype, engine.device, lower=self.target == "int8kv", full=full,
-                              chunk=self.chunk_size)
-            self._kv = (engine, kv)
-        kv.full = full
-        kv.reset()
-        return kv
+    def _new_cache(self, engine: Engine, capacity: int, full) -> QuantKVCache:
+        """A quantized cache for one generation, freed with it: the decoder timed next (the INT8 reference, or this
+        one) holds only its own cache."""
+        a = engine.model.args
+        return QuantKVCache(a.n_layers, 1, a.n_kv_heads, a.head_dim, capacity, self.group_size, self.gamma + 1,
+                            engine.dtype, engine.device, lower=self.target == "int8kv", full=full,
+                            chunk=self.chunk_size)
 
     # ---------------------------------------------------------------- decoding
     @torch.inference_mode()
@@ -116,10 +108,8 @@ class QuantSpecDecoder(Decoder):
             full = engine.cache(capacity)
         elif engine.compiled is None:
             engine._cache = None  # not used: release it, so peak memory is this method's own
-        state = _QuantSpecState(self, engine, prompt_ids, self._cache(engine, capacity, full), eos_ids)
-        gen = decode(engine, state, max_new_tokens, eos_ids, clock)
-        self._kv = None  # freed: the decoder timed next (the INT8 reference, or this one) holds only its own cache
-        return gen
+        state = _QuantSpecState(self, engine, prompt_ids, self._new_cache(engine, capacity, full), eos_ids)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
 
 
 class _QuantSpecState(StepState):
@@ -131,12 +121,7 @@ class _QuantSpecState(StepState):
         self.mlps = cfg._draft_mlps(engine)
         self.prompt = list(prompt_ids)
         self.N = len(self.prompt)  # committed tokens with KV; cur sits at position N
-        self.fp_min = self.fp_max = None
-
-    def _track(self) -> None:  # committed full-precision tokens
-        fp = self.N - self.kv.nq
-        self.fp_min = fp if self.fp_min is None else min(self.fp_min, fp)
-        self.fp_max = fp if self.fp_max is None else max(self.fp_max, fp)
+        self.fp_tokens: list[int] = []  # committed full-precision tokens after the prefill and each commit
 
     def _verify_cache(self):
         if self.full is not None:
@@ -154,7 +139,7 @@ class _QuantSpecState(StepState):
         if self.full is not None:
             self.kv.quantize_full_prefix()
         self.cur = int(logits[0, -1].argmax())
-        self._track()
+        self.fp_tokens.append(self.N - self.kv.nq)
         return self.cur
 
     def step(self, remaining: int) -> Step:
@@ -185,7 +170,7 @@ class _QuantSpecState(StepState):
         self.N += step.kv + 1
         self.cur = step.tokens[-1]
         self.kv.advance(self.N)
-        self._track()
+        self.fp_tokens.append(self.N - self.kv.nq)
 
     def extras(self) -> dict:
         kv, mlps = self.kv, self.mlps
@@ -193,8 +178,8 @@ class _QuantSpecState(StepState):
         full_bytes = kv.full.nbytes if kv.full is not None else 0
         return {
             "quantized_tokens": kv.nq,
-            "fp_tokens_min": self.fp_min,
-            "fp_tokens_max": self.fp_max,
+            "fp_tokens_min": min(self.fp_tokens),
+            "fp_tokens_max": max(self.fp_tokens),
             "kv_bytes": kv.nbytes + full_bytes,
             "weight_bytes": weight_bytes,
             "buffer_bytes": kv.nbytes + weight_bytes,  # the runner adds the engine's cache (fp16: the full one)
@@ -203,17 +188,14 @@ class _QuantSpecState(StepState):
 
 @dataclass
 class Int8KVReference(Decoder):
-    """The reference for ``target: int8kv``: autoregressive greedy decoding on QuantSpec's INT8 cache
-    (``kv: int8``, QuantSpecDecoder with gamma 0 and no draft), or plain vanilla (``kv: fp``).
-
-    Set it as ``bench.reference`` (the ``experiment=quantspec_table3`` preset does): ``exact_match`` is then
-    exactness against the INT8-KV autoregressive decoder; with ``kv: fp`` it is agreement with full-precision
-    vanilla (and speedups are over vanilla, as the paper's).
+    """The reference for ``target: int8kv``, set as ``bench.reference`` (the ``experiment=quantspec_table3`` preset
+    does): ``exact_match`` is then exactness against autoregressive greedy decoding on QuantSpec's INT8 cache
+    (``kv: int8``, QuantSpecDecoder with gamma 0 and no draft), or agreement with full-precision vanilla (``kv:
+    fp``; speedups are then over vanilla, as the paper's).
 
     Attributes:
         kv: ``int8`` or ``fp``.
-        group_size: the method's ``G`` (same view at every position).
-        chunk_size: as the method's.
+        group_size, chunk_size: the method's (``G``: the same view at every position).
     """
 
     eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"

@@ -138,9 +138,6 @@ class QuantKVCache:
         return sum(t.numel() * t.element_size() for t in ts)
 
     # ------------------------------------------------------------------ storage
-    def reset(self) -> None:
-        self.nq = 0
-
     def _store_groups(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize whole groups of full-precision k, v ([B, Hkv, n*G, D]) into positions [start, start + n*G)."""
         B, H, n, D = k.shape
@@ -189,10 +186,8 @@ class QuantKVCache:
 
     def quantize_full_prefix(self) -> None:
         """``target: fp16`` after the target's prefill into the full cache: quantize its first ``nq`` tokens."""
-        for layer in range(len(self.k_hi)):
-            if self.nq:
-                k, v = self.full.keys[layer][:, :, :self.nq], self.full.values[layer][:, :, :self.nq]
-                self._store_groups(layer, 0, k, v)
+        for layer in range(len(self.k_hi) if self.nq else 0):
+            self._store_groups(layer, 0, self.full.keys[layer][:, :, :self.nq], self.full.values[layer][:, :, :self.nq])
 
     def advance(self, committed: int) -> None:
         """After a commit (``committed`` tokens have final KV): quantize the oldest buffer groups while
@@ -274,10 +269,10 @@ class Int4Linear(nn.Module):
 
     Storage: ``[out, in_pad / 2]`` uint8 codes + ``[out, in_pad / group]`` min and scale (``in_pad``: the input
     size padded with zeros to whole groups). The weight is dequantized per call (plain PyTorch), or once and kept
-    (:meth:`keep_dequantized`: the same values, faster on CPU, full-precision memory).
+    (``resident``: the same values, faster on CPU, full-precision memory).
     """
 
-    def __init__(self, weight: torch.Tensor, group: int = 128):
+    def __init__(self, weight: torch.Tensor, group: int = 128, resident: bool = False):
         super().__init__()
         out_f, in_f = weight.shape
         self.in_features, self.group = in_f, min(group, in_f + in_f % 2)
@@ -287,11 +282,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("codes", pack(q.view(out_f, -1)))
         self.register_buffer("mn", mn)
         self.register_buffer("scale", scale)
-        self.resident: torch.Tensor | None = None  # the dequantized weight, kept only when asked (keep_dequantized)
-
-    def keep_dequantized(self) -> None:
-        """Keep the dequantized weight resident: plain-PyTorch speed, full-precision bytes (counted in nbytes)."""
-        self.resident = self.weight()
+        self.resident: torch.Tensor | None = None  # the dequantized weight, kept only when asked
+        if resident:  # plain-PyTorch speed, full-precision bytes (counted in nbytes)
+            self.resident = self.weight()
 
     @property
     def nbytes(self) -> int:
@@ -314,12 +307,9 @@ class Int4MLP(nn.Module):
 
     def __init__(self, mlp: nn.Module, group: int, resident: bool = False):
         super().__init__()
-        self.gate_proj = Int4Linear(mlp.gate_proj.weight, group)
-        self.up_proj = Int4Linear(mlp.up_proj.weight, group)
-        self.down_proj = Int4Linear(mlp.down_proj.weight, group)
-        if resident:
-            for lin in (self.gate_proj, self.up_proj, self.down_proj):
-                lin.keep_dequantized()
+        self.gate_proj = Int4Linear(mlp.gate_proj.weight, group, resident)
+        self.up_proj = Int4Linear(mlp.up_proj.weight, group, resident)
+        self.down_proj = Int4Linear(mlp.down_proj.weight, group, resident)
 
     @property
     def nbytes(self) -> int:
@@ -332,13 +322,10 @@ class Int4MLP(nn.Module):
 @contextmanager
 def swapped_mlps(model, mlps: list[nn.Module] | None):
     """Run ``model`` with its blocks' MLPs replaced by ``mlps`` (None: unchanged); restored on exit."""
-    if mlps is None:
-        yield
-        return
     blocks = list(model.model.layers)
     saved = [b.mlp for b in blocks]
     try:
-        for b, m in zip(blocks, mlps):
+        for b, m in zip(blocks, mlps or saved):
             b.mlp = m
         yield
     finally:

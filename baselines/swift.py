@@ -116,20 +116,16 @@ class SwiftDecoder(Decoder):
     eager_forwards: ClassVar[str] = "layer-skipped drafts whose layer set changes while decoding (a graph each)"
 
     def __post_init__(self):
-        def is_int(v):
-            return isinstance(v, int) and not isinstance(v, bool)
-
         check_bounds(self, "method")
         for name, hi_open in (("skip_ratio", True), ("max_score", False), ("stop_threshold", False)):
             v = getattr(self, name)
-            if is_int(v):
-                v = float(v)
+            v = float(v) if type(v) is int else v  # an integer, not a bool
             if not isinstance(v, float) or not (0.0 <= v < 1.0 if hi_open else 0.0 <= v <= 1.0):
                 bound = "[0, 1)" if hi_open else "[0, 1]"
                 raise ConfigError(f"method.{name}={getattr(self, name)!r} must be a number in {bound}")
             setattr(self, name, v)
         widths = list(self.tree_widths) if not isinstance(self.tree_widths, (str, int)) else []
-        if len(widths) != 4 or not all(is_int(w) and w >= 1 for w in widths):
+        if len(widths) != 4 or not all(type(w) is int and w >= 1 for w in widths):
             raise ConfigError(f"method.tree_widths={self.tree_widths!r} must be 4 integers >= 1 (official: "
                               "[3, 5, 8, 10] for confidence > 0.95 / > 0.8 / > 0.5 / else)")
         self.tree_widths = tuple(widths)
@@ -139,11 +135,11 @@ class SwiftDecoder(Decoder):
         for name in ("attn_skip", "mlp_skip"):
             v = getattr(self, name)
             if v is not None:
-                if isinstance(v, (str, int)) or not all(is_int(x) and x >= 1 for x in v):
+                if isinstance(v, (str, int)) or not all(type(x) is int and x >= 1 for x in v):
                     raise ConfigError(f"method.{name}={v!r} must be null or a list of layer ids >= 1 "
                                       "(the first and last layer are never skipped)")
                 setattr(self, name, sorted(set(v)))
-        if not is_int(self.seed):
+        if type(self.seed) is not int:
             raise ConfigError(f"method.seed={self.seed!r} must be an integer")
         self.optimizer: LayerSetOptimizer | None = None  # the run's search state, built by setup
         self._model = None
@@ -162,10 +158,8 @@ class SwiftDecoder(Decoder):
         # the (padded) tree, >= the draft, is written to slots [N, N + max_tree) with N < prompt + max_new_tokens
         return self.max_tree()
 
-    def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
-        self._check_layers(hf_config.num_hidden_layers)
-
-    def _check_layers(self, n_layers: int) -> None:
+    def check_target(self, hf_config, tokenizer=None, weights: bool = True) -> None:
+        n_layers = hf_config.num_hidden_layers
         for name in ("attn_skip", "mlp_skip"):
             bad = [x for x in getattr(self, name) or () if x > n_layers - 2]
             if bad:
@@ -174,11 +168,10 @@ class SwiftDecoder(Decoder):
 
     def setup(self, engine: Engine) -> None:
         """A fresh search for the run (state then persists across its samples)."""
-        n_layers = engine.model.args.n_layers
-        self._check_layers(n_layers)
+        self.check_target(engine.model.hf_config)
         self.optimizer = LayerSetOptimizer(
-            n_layers, self.skip_ratio, self.bayes_interval, self.max_opt_iter, self.max_tolerance_iter,
-            self.max_score, self.bayes, self.seed)
+            engine.model.args.n_layers, self.skip_ratio, self.bayes_interval, self.max_opt_iter,
+            self.max_tolerance_iter, self.max_score, self.bayes, self.seed)
         self.optimizer.reset(self.attn_skip, self.mlp_skip)
         self._model = engine.model
 
@@ -191,51 +184,6 @@ class SwiftDecoder(Decoder):
             self.optimizer.reset(self.attn_skip, self.mlp_skip)
         state = _SwiftState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
         return decode(engine, state, max_new_tokens, eos_ids, clock)
-
-    def _draft(self, engine: Engine, cache, cur: int, N: int, done: int, max_new: int, skip,
-               sampling: Sampling | None = None, generator=None, hist=None):
-        """Official ``swift_draft``: the top-k ids of each step ([D][topk]), the top-1 confidences [D] and, when
-        sampling, the q rows [D][V] (greedy: none).
-
-        Sampling (official ``sample``): each step draws up to ``topk`` ids WITHOUT replacement from the draft's
-        processed distribution q (fewer when q's support is smaller) and feeds the first; the confidence is the raw
-        draft probability of the fed id (official ``argmax_prob``)."""
-        ids, conf, qs, fed = [], [], [], []
-        tok = [cur]  # host value: uploaded with the step's positions and slots
-        for s in range(self.max_step_draft):
-            pos = N + s  # scratch slot = position; the verification overwrites it
-            logits = engine.forward(cache, tok, [pos], [pos], causal_plan(pos), logits="last", skip=skip, kind="draft")
-            logits = logits[0, -1].float()  # [V]
-            if sampling is None:
-                top = logits.topk(self.topk)
-                ids.append(top.indices)
-                tok = top.indices[:1]
-                c = float(torch.exp(top.values[0] - torch.logsumexp(logits, -1)))  # the draft step's one sync
-            else:
-                q = sampling.probs(logits, None if hist is None else hist + fed)
-                k = min(self.topk, int((q > 0).sum()))
-                drawn = torch.multinomial(q, k, replacement=False, generator=generator)
-                ids.append(drawn.tolist())
-                qs.append(q)
-                tok = drawn[:1]
-                fed.append(int(tok))
-                c = float(torch.exp(logits[tok[0]] - torch.logsumexp(logits, -1)))
-            conf.append(c)
-            if c < self.stop_threshold or done + s + 2 >= max_new:
-                break
-        return (ids if sampling is not None else torch.stack(ids).tolist()), conf, qs
-
-    def _score(self, engine: Engine, cache, history: list[int], P: int, cand: dict) -> float:
-        """Teacher-forced matchness of a candidate set on the first ``context_window + 1`` generated tokens,
-        over the prompt's KV (slots [0, P)); nothing is written to the cache."""
-        window = history[: self.context_window + 1]
-        # generate scores only once N - P > context_window + 1, and len(history) == N - P + 1: a fixed shape
-        assert len(window) == self.context_window + 1
-        pos = torch.arange(P, P + len(window), device=engine.device)
-        logits = engine.forward(cache, window, pos, None, causal_plan(P), logits="all",
-                                skip=(cand["attn"], cand["mlp"]), kind="aux")
-        pred = logits[0, :-1].argmax(-1)
-        return float((pred == torch.tensor(window[1:], device=engine.device)).float().mean())
 
 
 class _SwiftState(StepState):
@@ -257,12 +205,55 @@ class _SwiftState(StepState):
         self.history = [self.cur]  # every generated token, uncut (the optimisation window reads its head)
         return self.cur
 
+    def _draft(self, hist: list[int] | None):
+        """Official ``swift_draft``: the top-k ids of each step ([D][topk]), the top-1 confidences [D] and, when
+        sampling, the q rows [D][V] (greedy: none).
+
+        Sampling (official ``sample``): each step draws up to ``topk`` ids WITHOUT replacement from the draft's
+        processed distribution q (fewer when q's support is smaller) and feeds the first; the confidence is the raw
+        draft probability of the fed id (official ``argmax_prob``)."""
+        cfg, engine, cache, N, sampling = self.cfg, self.engine, self.cache, self.N, self.samp
+        ids, conf, qs, fed = [], [], [], []
+        tok = [self.cur]  # host value: uploaded with the step's positions and slots
+        for s in range(cfg.max_step_draft):
+            pos = N + s  # scratch slot = position; the verification overwrites it
+            logits = engine.forward(cache, tok, [pos], [pos], causal_plan(pos), logits="last", skip=cfg.optimizer.skip,
+                                    kind="draft")
+            logits = logits[0, -1].float()  # [V]
+            if sampling is None:
+                ids.append(logits.topk(cfg.topk).indices)
+                tok = ids[-1][:1]
+            else:
+                q = sampling.probs(logits, None if hist is None else hist + fed)
+                k = min(cfg.topk, int((q > 0).sum()))
+                drawn = torch.multinomial(q, k, replacement=False, generator=self.generator)
+                ids.append(drawn.tolist())
+                qs.append(q)
+                tok = drawn[:1]
+                fed.append(int(tok))
+            c = float(torch.exp(logits[tok[0]] - torch.logsumexp(logits, -1)))  # the greedy draft step's one sync
+            conf.append(c)
+            if c < cfg.stop_threshold or N - self.P + s + 2 >= self.max_new:
+                break
+        return (ids if sampling is not None else torch.stack(ids).tolist()), conf, qs
+
+    def _score(self, cand: dict) -> float:
+        """Teacher-forced matchness of a candidate set on the first ``context_window + 1`` generated tokens,
+        over the prompt's KV (slots [0, P)); nothing is written to the cache."""
+        engine, P, n = self.engine, self.P, self.cfg.context_window + 1
+        window = self.history[:n]
+        assert len(window) == n  # scored only once N - P > context_window + 1, len(history) == N - P + 1
+        pos = torch.arange(P, P + len(window), device=engine.device)
+        logits = engine.forward(self.cache, window, pos, None, causal_plan(P), logits="all",
+                                skip=(cand["attn"], cand["mlp"]), kind="aux")
+        pred = logits[0, :-1].argmax(-1)
+        return float((pred == torch.tensor(window[1:], device=engine.device)).float().mean())
+
     def step(self, remaining: int) -> Step:
         cfg, engine, samp, cache, N, cur = self.cfg, self.engine, self.samp, self.cache, self.N, self.cur
         opt, P = cfg.optimizer, self.P
         hist = self.prompt + self.history if samp is not None and samp.uses_history else None
-        draft_ids, conf, qs = cfg._draft(engine, cache, cur, N, N - P, self.max_new, opt.skip, samp, self.generator,
-                                         hist)
+        draft_ids, conf, qs = self._draft(hist)
         widths = tree_widths_for(conf, cfg.tree_widths if samp is None else SAMPLING_TREE_WIDTHS, cfg.topk)
         tree = build_tree(cur, draft_ids, widths)
         size = cfg.max_tree(samp is not None) if engine.static_shapes else len(tree)  # padded: one shape per run
@@ -278,7 +269,7 @@ class _SwiftState(StepState):
         due = self.N - P > cfg.context_window + 1 and self.n_steps % cfg.opt_interval == 0
         if cfg.optimization and opt.active and due:
             cand = opt.propose()
-            opt.update(cand, cfg._score(engine, cache, self.history, P, cand))
+            opt.update(cand, self._score(cand))
         self.n_steps += 1
         return Step(new, len(tree) - 1)
 

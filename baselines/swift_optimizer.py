@@ -25,15 +25,10 @@ class LayerSetOptimizer:
     """Random search + periodic Bayesian-optimisation suggestions over the skipped sub-layer set.
 
     Attributes:
-        n_layers: L, transformer layers of the model.
-        skip_ratio: r, the fraction of the 2(L-2) searchable sub-layers a candidate skips.
-        bayes_interval: every ``bayes_interval``-th iteration (``(opt_iter + 1) % bayes_interval == 0``) asks
-            the optimiser; the others draw at random.
-        max_opt_iter, max_tolerance_iter, max_score: stop after ``opt_iter > max_opt_iter``, after more than
-            ``max_tolerance_iter`` iterations in a row without improvement, or once a kept score exceeds
-            ``max_score``.
-        bayes: use the BO suggestions at all (official ``--bayes``).
-        seed: seeds the random search and the optimiser.
+        n_layers: L, transformer layers of the model; the others are :class:`~baselines.swift.SwiftDecoder`'s
+            settings of the same names (``bayes_interval``: iteration i asks the optimiser when
+            ``(i + 1) % bayes_interval == 0``; the search stops after ``opt_iter > max_opt_iter``, more than
+            ``max_tolerance_iter`` iterations in a row without improvement, or a kept score above ``max_score``).
     """
 
     n_layers: int

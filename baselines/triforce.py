@@ -27,10 +27,6 @@ from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
 
-def _default_draft() -> dict:
-    return {"path": "JackFram/llama-68m", "revision": None, "tiny": None}
-
-
 @dataclass
 class TriForceDecoder(Decoder):
     """TriForce (paper defaults; ``gamma1=1`` = the official code; ``draft=None`` = no hierarchy).
@@ -45,9 +41,8 @@ class TriForceDecoder(Decoder):
         draft_budget: draft cache budget as the official ``draft_cache_budget``: the window holds
             ``draft_budget - draft_start - gamma2`` recent tokens.
         draft_start: draft sink tokens (official 16).
-        rebuild_interval: re-select the retrieval chunks every this many generated tokens (paper Sec. 4.3: "at a
-            designed stride", no value given; default 256 = the official code's generation length, over which it
-            builds C_r once; None: never, as the official loop).
+        rebuild_interval: re-select the retrieval chunks every this many generated tokens (paper Sec. 4.3, no value
+            given; 256 = the official code's generation length; None: never, as the official loop).
         gqa_reduce: how a KV head combines its query heads' chunk scores: mean (their sum) or max.
     """
 
@@ -55,7 +50,7 @@ class TriForceDecoder(Decoder):
     gamma2: int = at_least(1, 6)
     budget: int = at_least(2, 4096)
     chunk_size: int = at_least(1, 8)
-    draft: dict | None = field(default_factory=_default_draft)
+    draft: dict | None = field(default_factory=lambda: {"path": "JackFram/llama-68m", "revision": None, "tiny": None})
     draft_budget: int = at_least(1, 256)  # and >= draft_start + gamma2 + 1 with a draft (__post_init__)
     draft_start: int = at_least(0, 16)  # 0: a window without sinks
     rebuild_interval: int | None = at_least(1, 256)  # generated tokens; null: never
@@ -190,17 +185,14 @@ class TriForceState(StepState):
             self.retrieval.build(self.cache, self.aligned, plan.captured, T)
         if self.draft is not None:
             self.draft.prefill(self.prompt)
-        if self.sampling is None:
-            self.cur = int(logits[0, -1].argmax())
-        else:
-            self.cur = int(self.sampling.select(logits[0, -1], self.generator, self.hist))
+        s = self.sampling
+        self.cur = int(logits[0, -1].argmax()) if s is None else int(s.select(logits[0, -1], self.generator, self.hist))
         self.hist.append(self.cur)
         return self.cur
 
     def _padded(self, tokens: list[int], length: int) -> list[int]:
-        """``tokens`` followed by copies of the last one up to ``length`` under static shapes (else as they are).
-        The padding comes after the real tokens (no real row sees it under a causal plan); the caller gives it the
-        next positions and scratch slots and keeps only the real logits rows."""
+        """``tokens`` followed by copies of the last one up to ``length`` under static shapes (else as they are);
+        the caller gives the padding scratch slots and keeps only the real logits rows (docs/methods/triforce.md)."""
         if not self.static:
             return tokens
         if len(tokens) > length:
@@ -209,10 +201,8 @@ class TriForceState(StepState):
 
     def _middle(self, v: list[int], valid: int, drafts: list[int]) -> torch.Tensor:
         """One middle-level forward over v's tokens without middle KV yet plus the drafts (their KV goes to the
-        middle scratch): the logits rows after v's last token and after each draft, [len(drafts) + 1, V].
-
-        Every middle step appends exactly one token past ``valid`` (its correction or bonus), so the feed is
-        ``[v[-1]] + drafts``: ``middle_len`` tokens, a static shape by construction (padded if ever shorter)."""
+        middle scratch): the logits rows after v's last token and after each draft, [len(drafts) + 1, V]. Every
+        middle step appends one token past ``valid``, so the feed is ``[v[-1]] + drafts`` (``middle_len`` tokens)."""
         if self.retrieval is not None:
             kv, base = self.retrieval.kv, self.retrieval.budget
         else:
@@ -291,8 +281,6 @@ class TriForceState(StepState):
 
     def _verify(self, v: list[int]) -> torch.Tensor:
         """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits.
-        With rebuilds on it captures the rows' queries every round (a rebuild, when due, reads one of them): the
-        verification is the same graph in every round and for every prompt, so compiled steps never recompile.
         Under static shapes ``v`` is padded to ``verify_len`` tokens, whose KV goes past anything the commit keeps
         (the cache's ``extra_slots`` cover them)."""
         N = self.N

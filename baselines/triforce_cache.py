@@ -1,11 +1,7 @@
 """TriForce's two extra caches on our engine (https://arxiv.org/abs/2404.11912, official code
-Infini-AI-Lab/TriForce @ 164c8c0, ``models/cache.py``).
-
-* :class:`RetrievalCache` (the official ``RetrievalCache``): the target model's KV restricted to ``budget`` slots of
-  whole prompt chunks chosen by the last prompt token's query, with the newest committed tokens overwriting the
-  lowest-ranked chunks, plus scratch slots for the middle level's speculated tokens.
-* :class:`StreamingDraft` (the official ``StreamingLLMEvictionCache``): the tiny draft model with ``start`` sink
-  tokens and a window of the ``window`` most recent committed tokens, plus scratch slots for its speculation.
+Infini-AI-Lab/TriForce @ 164c8c0, ``models/cache.py``): the target's retrieval cache (:class:`RetrievalCache`, the
+official ``RetrievalCache``) and the draft model's StreamingLLM cache (:class:`StreamingDraft`, the official
+``StreamingLLMEvictionCache``).
 """
 
 from __future__ import annotations
