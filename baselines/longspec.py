@@ -3,32 +3,10 @@
 LongSpec (Yang et al., 2025, https://arxiv.org/abs/2502.17421), following ``sail-sg/LongSpec`` @ 15e4998
 (``longspec/test/llama_glide.py``: ``tree_spec_generate``, ``spec_generate``). NOT draftless: it needs a draft
 trained for the target (released ``sail/longspec-*`` drafts, or ``scripts/train_longspec_draft.py``). The draft is
-:class:`~baselines.longspec_draft.GlideLayer`; its cross-attention reads the target's last-layer KV in place.
-
-One round, with ``N`` committed target KV entries and the root (the last committed token, no KV yet) at ``N``:
-
-1. *Catch-up*: the tokens committed since the draft's last round (positions ``D..N``, the root last) get their
-   draft self-attention k/v; only the root's row runs through the layer (its logits start the tree).
-2. *Dynamic beam tree* (official beam branch): level 1 = the root's top ``tree_shape[0]`` tokens; level l+1 = the
-   top ``tree_shape[l]`` (node, token) pairs by cumulative draft log-probability over all level-l nodes. Each level
-   is one draft forward over its nodes (tree mask over the draft's own window + catch-up + ancestors; cross-
-   attention over all ``N`` target entries); the last level is not run. Low-scoring branches simply get no
-   children (nothing is removed). ``mode=chain`` is the official ``spec_generate``: ``gamma`` greedy draft tokens,
-   i.e. the tree ``[1] * gamma``.
-3. *Verification*: one target forward over the tree (:func:`fafo.tree.verify_tree`). The engine's attention is
-   the paper's hybrid tree attention: unmasked attention over the cached prefix merged by log-sum-exp with masked
-   attention among the tree tokens (:mod:`fafo.engine.attention`); the accepted path's KV is compacted in place.
-4. The catch-up k/v enter the draft's window ring (:class:`~baselines.longspec_draft.WindowCache`).
-
-Greedy acceptance is token-identical to vanilla. Sampling (T > 0): the beam tree's candidates are deterministic
-top-k choices, not draws from the draft's q, so the official ``verify_stochastic`` (ratio p/q with uniformly chosen
-siblings, as SpecInfer's rule for i.i.d. draws) is not exact for them; we verify the tree with the exact rule for
-deterministic guesses (:meth:`fafo.tree.DraftTree.accept_sampled`), lossless in distribution.
-
-Deviations from the release, each exact or neutral: the draft keeps only its window (the release allocates the
-whole sequence and masks); the target's accepted KV is moved in every layer (the release moves the last layer only
-and re-feeds accepted tokens to the target next round, which is the same maths); the draft's prompt "prefill"
-computes only k/v of the last ``window`` prompt tokens (one layer: nothing else is ever read).
+:class:`~baselines.longspec_draft.GlideLayer`; its cross-attention reads the target's last-layer KV in place. Each
+round the draft catches up on the newly committed tokens and grows a dynamic beam tree (``mode=chain``: ``gamma``
+greedy tokens), which the target verifies in one forward (:mod:`fafo.tree`, the paper's hybrid tree attention).
+The round step by step, sampling and the deviations from the release: docs/methods/longspec.md.
 """
 
 from __future__ import annotations
@@ -43,14 +21,10 @@ from baselines.longspec_draft import (WindowCache, check_shapes, load_draft, new
                                      resolve_draft, window_mask)
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.engine import Engine
-from fafo.bounds import at_least, check_bounds
+from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 from fafo.tree import DraftTree, greedy_tree_step, sampled_tree_step
-
-
-def _default_draft() -> dict:
-    return {"path": "sail/longspec-vicuna-7b-v1.5-16k", "revision": None, "random_seed": None}
 
 
 @dataclass
@@ -66,23 +40,21 @@ class LongSpecDecoder(Decoder):
         window: the draft's self-attention window (official 512): a query at p sees its keys at p-window..p.
     """
 
-    draft: dict = field(default_factory=_default_draft)
-    mode: str = "tree"
+    draft: dict = field(default_factory=lambda: {"path": "sail/longspec-vicuna-7b-v1.5-16k", "revision": None,
+                                                 "random_seed": None})
+    mode: str = one_of(("tree", "chain"), "tree", why="tree = the beam tree of tree_shape, chain = gamma draft tokens")
     tree_shape: list = field(default_factory=lambda: [4, 16, 16, 16, 16])
     gamma: int = at_least(1, 4)
     window: int = at_least(1, 512)
     _loaded: tuple | None = field(default=None, init=False, repr=False, compare=False)
-    _trace: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.mode not in ("tree", "chain"):
-            raise ConfigError(f"method.mode={self.mode!r} must be tree (beam tree) or chain (gamma draft tokens)")
+        check_bounds(self, "method")
         shape = list(self.tree_shape) if self.tree_shape is not None else []
         if not shape or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in shape):
             raise ConfigError(f"method.tree_shape={self.tree_shape!r} must be a non-empty list of integers >= 1, "
                               "e.g. [4, 16, 16, 16, 16]")
         self.tree_shape = shape
-        check_bounds(self, "method")
         if not isinstance(self.draft, Mapping):
             raise ConfigError(f"method.draft={self.draft!r} must be a mapping with path (or random_seed)")
         self.draft = OmegaConf.to_container(OmegaConf.create(dict(self.draft)), resolve=True)
@@ -104,8 +76,7 @@ class LongSpecDecoder(Decoder):
         return self.tree_size  # the verification writes the tree past the committed tokens
 
     def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
-        """Refuse a draft whose files are damaged or whose config does not fit the target (before any weights
-        load)."""
+        """Refuse a draft whose files are damaged or whose config does not fit the target (before weights load)."""
         if self.draft.get("path"):
             ckpt = resolve_draft(self.draft["path"], self.draft.get("revision"), weights=weights)
             check_shapes(read_draft_config(ckpt), hf_config, repr(self.draft["path"]))
@@ -150,28 +121,25 @@ class LongSpecDecoder(Decoder):
             ring.append(k, v, pos)
 
     @staticmethod
-    def _commit_kv(ring: WindowCache, k, v, first: int, last: int, device) -> None:
-        ring.append(k, v, torch.arange(first, last + 1, device=device))
+    def _logp(engine: Engine, h: torch.Tensor) -> torch.Tensor:
+        """Draft log-probabilities of hidden rows: [1, n, dim] -> [n, V] float32."""
+        return torch.log_softmax(engine.model.lm_head(h)[0].float(), dim=-1)
 
     def _draft_tree(self, engine: Engine, layer, ring: WindowCache, cache, catch: list[int], N: int):
-        """Build the round's beam tree. Returns (tree, catch-up k, catch-up v, draft forwards)."""
+        """Build the round's beam tree (one draft forward per level). Returns (tree, catch-up k, catch-up v)."""
         dev = engine.device
         c_pos = torch.arange(N - len(catch) + 1, N + 1, device=dev)  # the root is the last catch-up token
         x, cos, sin = self._embed(engine, catch, c_pos)
         ck, cv = layer.self_kv(x, cos, sin)  # [1, Hkv, C, D]
         tk, tv = cache.keys[-1][:, :, :N], cache.values[-1][:, :, :N]  # the target's last layer, in place
-        keys_k, keys_v = [ring.k, ck], [ring.v, cv]
-        key_pos = torch.cat([ring.pos, c_pos])
+        keys_k, keys_v, key_pos = [ring.k, ck], [ring.v, cv], torch.cat([ring.pos, c_pos])
         n_fixed = key_pos.numel()  # ring + catch-up: visible to every row by the window rule alone
-        # the root row
-        mask = window_mask(c_pos[-1:], key_pos, self.window)
-        h = layer(x[:, -1:], cos[:, :, -1:], sin[:, :, -1:], ring_cat(keys_k), ring_cat(keys_v), mask, tk, tv)
-        logp = torch.log_softmax(engine.model.lm_head(h)[0].float(), dim=-1)  # [1, V]
-        self._trace = [logp]  # this round's draft log-probabilities per run level (read by tests)
+        rows, mask = (x[:, -1:], cos[:, :, -1:], sin[:, :, -1:]), window_mask(c_pos[-1:], key_pos, self.window)
         tree = DraftTree.root(catch[-1])
-        level_nodes, level_scores = [0], torch.zeros(1, device=dev)
-        forwards = 1
+        level_nodes, level_scores = [0], torch.zeros(1, device=dev)  # the root row first, then each level's nodes
         for depth, width in enumerate(self.shape, start=1):
+            h = layer(*rows, torch.cat(keys_k, 2), torch.cat(keys_v, 2), mask, tk, tv)
+            logp = self._logp(engine, h)  # [n, V]
             V = logp.shape[-1]
             cum = (level_scores[:, None] + logp).reshape(-1)  # [n_nodes * V] cumulative log-probabilities
             top = cum.topk(min(width, cum.numel()))
@@ -180,26 +148,16 @@ class LongSpecDecoder(Decoder):
             level_scores = top.values
             if depth == len(self.shape):
                 break  # the last level is verified, never run through the draft
-            # one draft forward over this level's nodes: window keys + catch-up + their tree ancestors
+            # the next draft forward, over this level's nodes: window keys + catch-up + their tree ancestors
             pos = torch.full((len(level_nodes),), N + depth, device=dev)
-            xn, cosn, sinn = self._embed(engine, toks, pos)
-            nk, nv = layer.self_kv(xn, cosn, sinn)
+            rows = self._embed(engine, toks, pos)
+            nk, nv = layer.self_kv(*rows)
             keys_k.append(nk)
             keys_v.append(nv)
             key_pos = torch.cat([key_pos, pos])
             mask = window_mask(pos, key_pos, self.window)
-            anc = tree.mask(device=dev)[level_nodes][:, 1:]  # [n, nodes-1]: ancestors-or-self among tree nodes
-            mask[:, n_fixed:] &= anc
-            h = layer(xn, cosn, sinn, ring_cat(keys_k), ring_cat(keys_v), mask, tk, tv)
-            logp = torch.log_softmax(engine.model.lm_head(h)[0].float(), dim=-1)  # [n, V]
-            self._trace.append(logp)
-            forwards += 1
-        return tree, ck, cv, forwards
-
-
-def ring_cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate key blocks along the sequence axis ([1, Hkv, *, D])."""
-    return torch.cat(parts, dim=2)
+            mask[:, n_fixed:] &= tree.mask(device=dev)[level_nodes][:, 1:]  # [n, nodes-1]: ancestors-or-self
+        return tree, ck, cv
 
 
 class _LongSpecState(StepState):
@@ -229,9 +187,9 @@ class _LongSpecState(StepState):
 
     def step(self, remaining: int) -> Step:
         cfg, engine, N, catch = self.cfg, self.engine, self.N, self.catch
-        tree, ck, cv, n_fwd = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N)
-        self.draft_forwards += n_fwd
-        cfg._commit_kv(self.ring, ck, cv, N - len(catch) + 1, N, engine.device)
+        tree, ck, cv = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N)
+        self.draft_forwards += len(cfg.shape)
+        self.ring.append(ck, cv, torch.arange(N - len(catch) + 1, N + 1, device=engine.device))
         pad = cfg.tree_size if engine.static_shapes else len(tree)
         if self.samp is None:
             path, new = greedy_tree_step(engine, self.cache, tree, N, pad)

@@ -1,6 +1,6 @@
 """LongSpec's draft: one decoder layer over the target's own KV cache, in the released checkpoint format.
 
-LongSpec (Yang et al., 2025, https://arxiv.org/abs/2502.17421; code ``sail-sg/LongSpec``, ``longspec/test/
+LongSpec (Yang et al., 2025, https://arxiv.org/abs/2502.17421; code ``sail-sg/LongSpec`` @ 15e4998, ``longspec/test/
 llama_glide.py``: ``LlamaGlideDecoderLayer``, ``GlideAttention``). The draft shares the target's embeddings, LM head
 and rotary, and owns one layer::
 
@@ -10,28 +10,11 @@ and rotary, and owns one layer::
     h = h + mlp(post_cross_attention_layernorm(h))        #   post-RoPE KV cache, read in place (no copy)
     logits = lm_head(h)                                   # no final norm (as the release: lm_head on h directly)
 
-Released format (``sail/longspec-*``), loaded as the official loader does (``LlamaGlideDecoderLayer`` /
-``Qwen2GlideDecoderLayer.from_pretrained`` in ``longspec/test/llama_glide.py`` / ``qwen2_glide.py`` @ 15e4998, pinned
-to transformers 4.46.3): ``config.json`` is the target's transformers config (so the draft's sizes are the target's:
-hidden size, heads, KV heads, head dim = hidden / heads) and the weights hold the keys of the layer's
-``state_dict()``: ``self_attn.{q,k,v,o}_proj.*`` (q/k/v with bias, o without), ``cross_attn.{q,k,v,o}_proj.*`` (the
-cross-attention's k/v projections exist but are unused at inference), ``mlp.{gate,up,down}_proj.weight``,
-``input_layernorm.weight``, ``post_self_attention_layernorm.weight``, ``post_cross_attention_layernorm.weight``.
-Either bare or under a ``model.`` prefix (the class's ``base_model_prefix``, which ``from_pretrained`` strips), or
-``glide.`` (the attribute of the official ``LlamaGlide``); ``*rotary_emb*`` buffers, if present, are ignored.
-
-Rope: the draft has no rotary of its own at inference; every official draft call takes ``position_embeddings``
-from the target's ``model.rotary_emb``, so the official loader accepts a draft whose rope settings differ from the
-target's, and so do we. It refuses a ``rope_scaling`` that its transformers cannot build (the config's
-``rope_config_validation``: required keys per rope type; the layer's ``LlamaRotaryEmbedding``: a known rope type):
-:func:`check_release_rope` refuses the same, in one line, before any weights load.
-
 Window rule: a draft query at position ``p`` sees its own keys at positions ``p - window <= k <= p`` (flash-attn's
-``window_size=(512, -1)`` in the release). Unlike the release, which allocates the whole sequence and masks, the
-committed draft KV lives in a ring of ``window`` slots (:class:`WindowCache`): memory is constant in the context.
-Because the draft is a single layer, its self-attention keys depend only on (token, position): the prompt's draft
-"prefill" is just the k/v projections of its last ``window`` tokens, and only rows whose logits are used are run
-through the whole layer (exactly the rows the release reads).
+``window_size=(512, -1)`` in the release); the committed draft KV lives in a ring of ``window`` slots
+(:class:`WindowCache`). Being one layer, its self-attention keys depend only on (token, position), so the prompt's
+draft "prefill" is the k/v projections of its last ``window`` tokens. The released format (key names, prefixes,
+rope settings) is loaded as the official loader (transformers 4.46.3) does: docs/methods/longspec.md.
 """
 
 from __future__ import annotations
@@ -74,6 +57,13 @@ class GlideAttention(nn.Module):
         B, Q, _ = x.shape
         return proj(x).view(B, Q, -1, self.head_dim).transpose(1, 2)
 
+    def forward(self, x, cos, sin, k, v, mask) -> torch.Tensor:
+        """Queries of ``x`` [B, Q, dim] (rotary cos/sin) over k, v [B, Hkv, K, D] where ``mask`` [Q, K] allows (None:
+        everywhere) -> the output projection [B, Q, dim]."""
+        B, Q, _ = x.shape
+        o = masked_attention(apply_rotary(self.heads(self.q_proj, x), cos, sin), k, v, mask, self.head_dim ** -0.5)
+        return self.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
+
 
 class GlideMLP(nn.Module):
     def __init__(self, dim: int, hidden: int):
@@ -115,7 +105,6 @@ class GlideLayer(nn.Module):
         self.input_layernorm = RMSNorm(dim, norm_eps)
         self.post_self_attention_layernorm = RMSNorm(dim, norm_eps)
         self.post_cross_attention_layernorm = RMSNorm(dim, norm_eps)
-        self.scale = self.self_attn.head_dim ** -0.5
 
     def self_kv(self, emb: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Self-attention keys (post-RoPE) and values of tokens: emb [B, Q, dim] -> 2 x [B, Hkv, Q, D]."""
@@ -135,16 +124,8 @@ class GlideLayer(nn.Module):
         Returns:
             [B, Q, dim] hidden states (``lm_head`` of them are the draft logits).
         """
-        B, Q, _ = emb.shape
-        h = emb
-        a = self.input_layernorm(h)
-        q = apply_rotary(self.self_attn.heads(self.self_attn.q_proj, a), cos, sin)
-        o = masked_attention(q, self_k, self_v, self_mask, self.scale)
-        h = h + self.self_attn.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
-        a = self.post_self_attention_layernorm(h)
-        q = apply_rotary(self.cross_attn.heads(self.cross_attn.q_proj, a), cos, sin)
-        o = masked_attention(q, target_k, target_v, target_mask, self.scale)
-        h = h + self.cross_attn.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
+        h = emb + self.self_attn(self.input_layernorm(emb), cos, sin, self_k, self_v, self_mask)
+        h = h + self.cross_attn(self.post_self_attention_layernorm(h), cos, sin, target_k, target_v, target_mask)
         return h + self.mlp(self.post_cross_attention_layernorm(h))
 
 
@@ -205,20 +186,12 @@ def dense_forward(layer: GlideLayer, emb, cos, sin, target_k, target_v, window: 
 
 
 # ---------------------------------------------------------------------------------------------- released format
-def draft_config(target_config) -> dict:
-    """The release's config.json for a target: the target's own config, naming the Glide layer class."""
-    cfg = target_config.to_dict()
-    cfg["architectures"] = [ARCHITECTURES.get(cfg.get("model_type"), "LlamaGlideDecoderLayer")]
-    return cfg
-
-
-def new_draft(target_config, seed: int | None = 0, dtype=torch.float32, device="cpu",
-              init_range: float | None = None) -> GlideLayer:
+def new_draft(target_config, seed: int | None = 0, dtype=torch.float32, device="cpu") -> GlideLayer:
     """A randomly initialised draft for a target (the release's ``_init_weights``: normal(0, initializer_range)
     linears, zero biases, unit norms)."""
     check_shapes(target_config.to_dict(), target_config, "the target")
     layer = _build(target_config.to_dict())
-    std = init_range if init_range is not None else getattr(target_config, "initializer_range", 0.02)
+    std = getattr(target_config, "initializer_range", 0.02)
     gen = torch.Generator().manual_seed(0 if seed is None else seed)
     with torch.no_grad():
         for m in layer.modules():
@@ -236,12 +209,15 @@ def _build(cfg: dict) -> GlideLayer:
 
 
 def save_draft(layer: GlideLayer, target_config, out_dir: str | Path) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` in the released format."""
+    """Write ``config.json`` (the target's own config, naming the Glide layer class) + ``model.safetensors`` in the
+    released format."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(draft_config(target_config), indent=2, default=str))
+    cfg = target_config.to_dict()
+    cfg["architectures"] = [ARCHITECTURES.get(cfg.get("model_type"), "LlamaGlideDecoderLayer")]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
     state = {k: v.detach().contiguous().cpu() for k, v in layer.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
@@ -327,10 +303,8 @@ def check_shapes(cfg: dict, target_config, where: str) -> None:
 
 
 def check_release_rope(cfg: dict, tcfg: dict, where: str) -> None:
-    """Refuse the draft config's ``rope_scaling`` where the official loader (transformers 4.46.3) would: not a
-    mapping, no rope type (``LlamaRotaryEmbedding`` looks up ``rope_type`` or ``type``), a type it has no init
-    function for, or a missing key that type requires (``rope_config_validation``). Values it only warns about, and
-    settings that differ from the target's, are accepted as officially: the target's rotary is used."""
+    """Refuse the draft config's ``rope_scaling`` where the official loader (transformers 4.46.3) would (not a
+    mapping, no or an unknown rope type, a key its type requires missing; docs/methods/longspec.md)."""
     scaling = cfg.get("rope_scaling")
     if scaling is None:
         return

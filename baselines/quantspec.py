@@ -3,39 +3,12 @@ https://arxiv.org/abs/2502.10424), greedy.
 
 The target model drafts for itself: ``gamma`` tokens, one forward each, reading the **INT4 view** of the cache
 (upper 4-bit planes) with its MLP weights in 4 bits, then one verification forward of the target over
-``[current | drafts]`` commits the longest argmax-matching prefix plus the target's next token. One cache serves
-both (:mod:`baselines.quantspec_cache`: packed upper/lower planes, per-group min/scale, a full-precision buffer of
-the most recent ``G..2G`` committed tokens; keys per channel over ``G`` tokens, values per token). The first
-author's code (``rishabh-16/QuantSpec``) was read to learn the layout; this is our own implementation.
-
-``target`` says what the verifier reads:
-
-* ``int8kv`` (the paper): the INT8 view (upper + lower planes) plus the buffer. Exact against an autoregressive
-  decoder on the same INT8 cache (:class:`QuantSpecDecoder` with ``gamma: 0`` -- :class:`Int8KVReference`), not
-  against full-precision vanilla: the INT8 cache changes the target's own logits (the paper's WikiText-2
-  perplexity 6.4595 -> 6.4696). Memory: the cache is ~half of fp16 (a quarter of fp32) plus the buffer.
-* ``fp16``: the verifier reads a full-precision cache (the engine's), kept beside the draft's upper planes:
-  token-identical to vanilla greedy, no memory saving (it adds the planes and the 4-bit weights).
-
-Choices where the paper is silent or this harness differs (documented in place):
-
-* Draft weights: round-to-nearest asymmetric 4 bits, ``weight_group`` inputs per group, MLP only (the paper uses
-  GPTQ checkpoints through Marlin; attention projections stay full precision as in the code); dequantized per call
-  in plain PyTorch (``resident_weights: true`` keeps them dequantized: same values, CPU speed, full-precision
-  memory). ``weight_bits: null`` keeps the draft's MLP in full precision (KV quantization only).
-* Prefill attends in full precision; the prompt's KV then fills the planes and the buffer. The quantized span a
-  query sees depends on its position only (``nq(p)``, see the cache module), so drafts, verification and the
-  INT8-KV autoregressive reference read the same view at every position.
-* Drafting stops early at an EOS or when the remaining budget is reached; alpha is accepted / drafted tokens.
-* Greedy only (the paper's setting). Plain PyTorch on every device: no Triton kernels, steps run eagerly.
-* With ``target: int8kv`` the engine's shared full-precision cache is released when steps are not compiled, and
-  the quantized cache is freed after each generation (the INT8 reference's too), so the counted (CPU) and allocated
-  (CUDA) peak memory is this method's own: ``experiment=quantspec_table3`` runs with ``bench.compile=false``.
-
-The INT4 passes are the target's self-drafts (``Generation.forwards.draft``); ``Generation.drafted`` /
-``accepted`` give alpha (the paper's "acceptance rate", ``accept_rate`` in the summary). ``extras``:
-``kv_bytes`` (KV storage: planes + buffer, or the full cache + planes for fp16), ``weight_bytes`` (4-bit draft
-MLPs), ``buffer_bytes`` (what the runner adds to the engine's cache for peak memory), ``fp_tokens_min`` / ``fp_tokens_max`` (committed full-precision tokens after each commit).
+``[current | drafts]`` commits the longest argmax-matching prefix plus the target's next token. The verifier reads
+the INT8 view (``target: int8kv``, the paper: exact against :class:`Int8KVReference`, the autoregressive decoder on
+the same INT8 cache, not against full-precision vanilla) or a full-precision cache kept beside the draft's planes
+(``fp16``: token-identical to vanilla, no memory saving). One cache serves both (:mod:`baselines.quantspec_cache`).
+The first author's code (``rishabh-16/QuantSpec``) was read to learn the layout; this is our own implementation.
+Choices where the paper is silent, memory accounting and ``extras``: docs/methods/quantspec.md.
 """
 
 from __future__ import annotations
@@ -45,15 +18,13 @@ from typing import ClassVar
 
 import torch
 
-from baselines.quantspec_cache import Int4MLP, QuantKVCache, quantized_count, swapped_mlps
+from baselines.quantspec_cache import Int4MLP, QuantKVCache, swapped_mlps
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
-from fafo.bounds import at_least, check_bounds
+from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
-
-TARGETS = ("int8kv", "fp16")
 
 
 @dataclass
@@ -67,33 +38,27 @@ class QuantSpecDecoder(Decoder):
         group_size: ``G``: tokens per key group; the buffer holds G..2G recent tokens. Must exceed gamma + 1.
         weight_bits: 4 (the draft's MLP weights in 4 bits, round-to-nearest) or null (full precision).
         weight_group: inputs per 4-bit weight group (paper: 128). Even.
-        resident_weights: keep the draft's 4-bit MLP weights dequantized in memory (identical values, much faster
-            in plain PyTorch on CPU, but their full-precision bytes count in ``weight_bytes``); false = dequantize
-            per forward from the packed codes (the memory the paper's int4 kernels need).
+        resident_weights: keep the draft's 4-bit MLP weights dequantized (identical values, much faster in plain
+            PyTorch on CPU, full-precision ``weight_bytes``); false = dequantize per forward (the int4 kernels' memory).
         chunk_size: quantized tokens dequantized at a time in attention (rounded down to whole groups).
     """
 
     eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
     gamma: int = at_least(1, 6)  # 0 only inside Int8KVReference (autoregressive on the INT8 cache)
-    target: str = "int8kv"
+    target: str = one_of(("int8kv", "fp16"), "int8kv", why="int8kv = the paper's INT8 verifier, fp16 = a "
+                         "full-precision verifier, lossless against vanilla")
     group_size: int = at_least(2, 128)
-    weight_bits: int | None = 4
+    weight_bits: int | None = one_of((4, None), 4, why="RTN 4-bit draft MLP weights or full precision")
     weight_group: int = at_least(2, 128)
     resident_weights: bool = False
     chunk_size: int = at_least(1, 1024)
     _mlps: tuple | None = field(default=None, init=False, repr=False, compare=False)
-    _kv: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         check_bounds(self, "method")
-        if self.target not in TARGETS:
-            raise ConfigError(f"method.target={self.target!r} must be one of {', '.join(TARGETS)} (int8kv = the "
-                              "paper's INT8 verifier, fp16 = full-precision verifier, lossless against vanilla)")
         if self.group_size % 2 or self.gamma + 1 >= self.group_size:
             raise ConfigError(f"method.group_size={self.group_size} must be even and larger than method.gamma + 1 "
                               f"= {self.gamma + 1} (a step may cross at most one group boundary)")
-        if self.weight_bits not in (None, 4):
-            raise ConfigError(f"method.weight_bits={self.weight_bits!r} must be 4 (RTN 4-bit draft MLP) or null")
         if self.weight_group % 2:
             raise ConfigError(f"method.weight_group={self.weight_group} must be even (two codes per byte)")
         if not isinstance(self.resident_weights, bool):
@@ -123,19 +88,13 @@ class QuantSpecDecoder(Decoder):
                                    for b in engine.model.model.layers])
         return self._mlps[1]
 
-    def _cache(self, engine: Engine, capacity: int, full) -> QuantKVCache:
-        """The quantized cache, reallocated only when a generation needs more positions (like ``engine.cache``)."""
-        kv = self._kv[1] if self._kv is not None and self._kv[0] is engine else None
-        if kv is None or kv.capacity < capacity or (kv.full is None) != (full is None):
-            self._kv = None  # free the old one first
-            a = engine.model.args
-            kv = QuantKVCache(a.n_layers, 1, a.n_kv_heads, a.head_dim, capacity, self.group_size, self.gamma + 1,
-                              engine.dtype, engine.device, lower=self.target == "int8kv", full=full,
-                              chunk=self.chunk_size)
-            self._kv = (engine, kv)
-        kv.full = full
-        kv.reset()
-        return kv
+    def _new_cache(self, engine: Engine, capacity: int, full) -> QuantKVCache:
+        """A quantized cache for one generation, freed with it: the decoder timed next (the INT8 reference, or this
+        one) holds only its own cache."""
+        a = engine.model.args
+        return QuantKVCache(a.n_layers, 1, a.n_kv_heads, a.head_dim, capacity, self.group_size, self.gamma + 1,
+                            engine.dtype, engine.device, lower=self.target == "int8kv", full=full,
+                            chunk=self.chunk_size)
 
     # ---------------------------------------------------------------- decoding
     @torch.inference_mode()
@@ -149,10 +108,8 @@ class QuantSpecDecoder(Decoder):
             full = engine.cache(capacity)
         elif engine.compiled is None:
             engine._cache = None  # not used: release it, so peak memory is this method's own
-        state = _QuantSpecState(self, engine, prompt_ids, self._cache(engine, capacity, full), eos_ids)
-        gen = decode(engine, state, max_new_tokens, eos_ids, clock)
-        self._kv = None  # freed: the decoder timed next (the INT8 reference, or this one) holds only its own cache
-        return gen
+        state = _QuantSpecState(self, engine, prompt_ids, self._new_cache(engine, capacity, full), eos_ids)
+        return decode(engine, state, max_new_tokens, eos_ids, clock)
 
 
 class _QuantSpecState(StepState):
@@ -164,12 +121,7 @@ class _QuantSpecState(StepState):
         self.mlps = cfg._draft_mlps(engine)
         self.prompt = list(prompt_ids)
         self.N = len(self.prompt)  # committed tokens with KV; cur sits at position N
-        self.fp_min = self.fp_max = None
-
-    def _track(self) -> None:  # committed full-precision tokens
-        fp = self.N - self.kv.nq
-        self.fp_min = fp if self.fp_min is None else min(self.fp_min, fp)
-        self.fp_max = fp if self.fp_max is None else max(self.fp_max, fp)
+        self.fp_tokens: list[int] = []  # committed full-precision tokens after the prefill and each commit
 
     def _verify_cache(self):
         if self.full is not None:
@@ -187,7 +139,7 @@ class _QuantSpecState(StepState):
         if self.full is not None:
             self.kv.quantize_full_prefix()
         self.cur = int(logits[0, -1].argmax())
-        self._track()
+        self.fp_tokens.append(self.N - self.kv.nq)
         return self.cur
 
     def step(self, remaining: int) -> Step:
@@ -218,7 +170,7 @@ class _QuantSpecState(StepState):
         self.N += step.kv + 1
         self.cur = step.tokens[-1]
         self.kv.advance(self.N)
-        self._track()
+        self.fp_tokens.append(self.N - self.kv.nq)
 
     def extras(self) -> dict:
         kv, mlps = self.kv, self.mlps
@@ -226,8 +178,8 @@ class _QuantSpecState(StepState):
         full_bytes = kv.full.nbytes if kv.full is not None else 0
         return {
             "quantized_tokens": kv.nq,
-            "fp_tokens_min": self.fp_min,
-            "fp_tokens_max": self.fp_max,
+            "fp_tokens_min": min(self.fp_tokens),
+            "fp_tokens_max": max(self.fp_tokens),
             "kv_bytes": kv.nbytes + full_bytes,
             "weight_bytes": weight_bytes,
             "buffer_bytes": kv.nbytes + weight_bytes,  # the runner adds the engine's cache (fp16: the full one)
@@ -236,28 +188,23 @@ class _QuantSpecState(StepState):
 
 @dataclass
 class Int8KVReference(Decoder):
-    """The reference for ``target: int8kv``: autoregressive greedy decoding on QuantSpec's INT8 cache
-    (``kv: int8``, QuantSpecDecoder with gamma 0 and no draft), or plain vanilla (``kv: fp``).
-
-    Set it as ``bench.reference`` (the ``experiment=quantspec_table3`` preset does): ``exact_match`` is then
-    exactness against the INT8-KV autoregressive decoder; with ``kv: fp`` it is agreement with full-precision
-    vanilla (and speedups are over vanilla, as the paper's).
+    """The reference for ``target: int8kv``, set as ``bench.reference`` (the ``experiment=quantspec_table3`` preset
+    does): ``exact_match`` is then exactness against autoregressive greedy decoding on QuantSpec's INT8 cache
+    (``kv: int8``, QuantSpecDecoder with gamma 0 and no draft), or agreement with full-precision vanilla (``kv:
+    fp``; speedups are then over vanilla, as the paper's).
 
     Attributes:
         kv: ``int8`` or ``fp``.
-        group_size: the method's ``G`` (same view at every position).
-        chunk_size: as the method's.
+        group_size, chunk_size: the method's (``G``: the same view at every position).
     """
 
     eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
-    kv: str = "int8"
+    kv: str = one_of(("int8", "fp"), "int8", why="int8 = INT8-KV autoregressive, fp = vanilla")
     group_size: int = at_least(4, 128, why="the method's G, even and above its gamma + 1 >= 2")
     chunk_size: int = at_least(1, 1024)
     _inner: Decoder | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.kv not in ("int8", "fp"):
-            raise ConfigError(f"bench.reference.kv={self.kv!r} must be int8 (INT8-KV autoregressive) or fp (vanilla)")
         check_bounds(self, "bench.reference")
         if self.kv == "int8":
             self._inner = QuantSpecDecoder(gamma=1, target="int8kv", group_size=self.group_size, weight_bits=None,
@@ -277,6 +224,3 @@ class Int8KVReference(Decoder):
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         return self._inner.generate(engine, prompt_ids, max_new_tokens, eos_ids, sampling, generator, clock)
-
-
-__all__ = ["QuantSpecDecoder", "Int8KVReference", "quantized_count"]

@@ -16,19 +16,10 @@ stored values, so a dequantized view is exactly the formula applied to what is s
 token over ``head_dim`` (KIVI). Codes are packed two per byte along ``head_dim`` (even element in the low
 nibble); ``q_lo`` is stored as ``q_lo + 8``.
 
-**Storage** (:class:`QuantKVCache`): packed ``uint8`` planes (upper, and lower when the target reads INT8) with
-per-group ``min``/``scale`` for the oldest tokens, plus a full-precision buffer of the most recent ones. Which
-tokens a query sees quantized is a function of its position only: a query at position ``p`` sees tokens
-``[0, nq(p))`` quantized, ``nq(p) = max(0, (p - G) // G * G)``, and ``[nq(p), p]`` in full precision (between
-``G + 1`` and ``2G`` tokens, itself included). So a speculative step and an autoregressive decoder with the same
-cache see the same view at every position (the INT8-KV reference is exact). Stored groups follow the committed
-length ``N``: after each commit the oldest ``G`` buffer tokens are quantized while ``nq(N)`` says so, leaving
-``G <= N - nq < 2G`` committed full-precision tokens; rejected draft tokens only ever sit in the buffer. Within a
-step a query may be one group ahead of the stored planes: that group is quantized on the fly from the buffer
-(the same function, hence the same values as once stored).
-
-Attention over the quantized part dequantizes ``chunk`` tokens at a time and merges the partial results by
-log-sum-exp with the buffer and the step's own tokens, so no full-length dequantized copy is ever built.
+**Which tokens a query reads quantized** depends on its position only: a query at ``p`` sees ``[0, nq(p))``
+quantized, ``nq(p) = max(0, (p - G) // G * G)``, and ``[nq(p), p]`` in full precision (the buffer), so drafts,
+verification and the INT8-KV reference see the same view at every position. Storage, commits and chunked
+attention: docs/methods/quantspec.md.
 """
 
 from __future__ import annotations
@@ -38,6 +29,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fafo.engine.kernels import merge, reference_attention_lse
 
 
 # ---------------------------------------------------------------------------------------------- quantization
@@ -79,26 +72,12 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
 
 
-# ---------------------------------------------------------------------------------------------- attention
-def _attention_lse(qg, k, v, mask, scale):
-    """qg: [B, Hkv, g, Q, D]; k, v: [B, Hkv, K, D]; mask: [Q, K] bool or None -> (out f32, lse f32 [.., Q])."""
-    scores = torch.matmul(qg, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, Hkv, g, Q, K]
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - lse.clamp_min(torch.finfo(torch.float32).min)[..., None])
-    return torch.matmul(probs.to(v.dtype), v[:, :, None]).float(), lse
-
-
 def _merge(acc, part):
-    """Log-sum-exp merge of two partial attentions over disjoint key sets ((out, lse) pairs)."""
+    """Log-sum-exp merge of two partial attentions over disjoint key sets ((out, lse) pairs; ``acc`` may be None)."""
     if acc is None:
         return part
     (o1, l1), (o2, l2) = acc, part
-    lse = torch.logaddexp(l1, l2)
-    w1 = torch.exp(l1 - lse).nan_to_num(0.0)[..., None]
-    w2 = torch.exp(l2 - lse).nan_to_num(0.0)[..., None]
-    return o1 * w1 + o2 * w2, lse
+    return merge(o1, l1, o2, l2), torch.logaddexp(l1, l2)
 
 
 def quantized_count(position: int, group: int) -> int:
@@ -159,9 +138,6 @@ class QuantKVCache:
         return sum(t.numel() * t.element_size() for t in ts)
 
     # ------------------------------------------------------------------ storage
-    def reset(self) -> None:
-        self.nq = 0
-
     def _store_groups(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize whole groups of full-precision k, v ([B, Hkv, n*G, D]) into positions [start, start + n*G)."""
         B, H, n, D = k.shape
@@ -210,10 +186,8 @@ class QuantKVCache:
 
     def quantize_full_prefix(self) -> None:
         """``target: fp16`` after the target's prefill into the full cache: quantize its first ``nq`` tokens."""
-        for layer in range(len(self.k_hi)):
-            if self.nq:
-                k, v = self.full.keys[layer][:, :, :self.nq], self.full.values[layer][:, :, :self.nq]
-                self._store_groups(layer, 0, k, v)
+        for layer in range(len(self.k_hi) if self.nq else 0):
+            self._store_groups(layer, 0, self.full.keys[layer][:, :, :self.nq], self.full.values[layer][:, :, :self.nq])
 
     def advance(self, committed: int) -> None:
         """After a commit (``committed`` tokens have final KV): quantize the oldest buffer groups while
@@ -279,18 +253,18 @@ class QuantKVCache:
         acc = None
         for lo in range(0, self.nq, self.chunk):  # stored quantized tokens, seen by every query
             kc, vc = self._dequant(layer, lo, min(self.nq, lo + self.chunk), lower)
-            acc = _merge(acc, _attention_lse(qg, kc, vc, None, scale))
+            acc = _merge(acc, reference_attention_lse(qg, kc, vc, None, scale))
         ahead = nq_q > self.nq  # [Q] queries that read the next group quantized too
         any_ahead = nq_at(P + Q - 1) > self.nq  # nq(p) grows with p
         if any_ahead:
             kf, vf = self._fake(*self._fp(layer, self.nq, self.nq + G), lower)
-            acc = _merge(acc, _attention_lse(qg, kf, vf, ahead[:, None].expand(Q, G), scale))
+            acc = _merge(acc, reference_attention_lse(qg, kf, vf, ahead[:, None].expand(Q, G), scale))
         if P > self.nq:  # full precision [nq, P); a query ahead skips the group it reads quantized
             kb, vb = self._fp(layer, self.nq, P)
             mask = torch.arange(self.nq, P, device=q.device)[None, :] >= nq_q[:, None]  # [Q, P - nq]
-            acc = _merge(acc, _attention_lse(qg, kb, vb, mask if any_ahead else None, scale))
+            acc = _merge(acc, reference_attention_lse(qg, kb, vb, mask if any_ahead else None, scale))
         causal = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
-        acc = _merge(acc, _attention_lse(qg, k, v, causal, scale))
+        acc = _merge(acc, reference_attention_lse(qg, k, v, causal, scale))
         return acc[0].view(B, Hq, Q, D).to(q.dtype)
 
 
@@ -300,10 +274,10 @@ class Int4Linear(nn.Module):
 
     Storage: ``[out, in_pad / 2]`` uint8 codes + ``[out, in_pad / group]`` min and scale (``in_pad``: the input
     size padded with zeros to whole groups). The weight is dequantized per call (plain PyTorch), or once and kept
-    (:meth:`keep_dequantized`: the same values, faster on CPU, full-precision memory).
+    (``resident``: the same values, faster on CPU, full-precision memory).
     """
 
-    def __init__(self, weight: torch.Tensor, group: int = 128):
+    def __init__(self, weight: torch.Tensor, group: int = 128, resident: bool = False):
         super().__init__()
         out_f, in_f = weight.shape
         self.in_features, self.group = in_f, min(group, in_f + in_f % 2)
@@ -313,11 +287,9 @@ class Int4Linear(nn.Module):
         self.register_buffer("codes", pack(q.view(out_f, -1)))
         self.register_buffer("mn", mn)
         self.register_buffer("scale", scale)
-        self.resident: torch.Tensor | None = None  # the dequantized weight, kept only when asked (keep_dequantized)
-
-    def keep_dequantized(self) -> None:
-        """Keep the dequantized weight resident: plain-PyTorch speed, full-precision bytes (counted in nbytes)."""
-        self.resident = self.weight()
+        self.resident: torch.Tensor | None = None  # the dequantized weight, kept only when asked
+        if resident:  # plain-PyTorch speed, full-precision bytes (counted in nbytes)
+            self.resident = self.weight()
 
     @property
     def nbytes(self) -> int:
@@ -340,12 +312,9 @@ class Int4MLP(nn.Module):
 
     def __init__(self, mlp: nn.Module, group: int, resident: bool = False):
         super().__init__()
-        self.gate_proj = Int4Linear(mlp.gate_proj.weight, group)
-        self.up_proj = Int4Linear(mlp.up_proj.weight, group)
-        self.down_proj = Int4Linear(mlp.down_proj.weight, group)
-        if resident:
-            for lin in (self.gate_proj, self.up_proj, self.down_proj):
-                lin.keep_dequantized()
+        self.gate_proj = Int4Linear(mlp.gate_proj.weight, group, resident)
+        self.up_proj = Int4Linear(mlp.up_proj.weight, group, resident)
+        self.down_proj = Int4Linear(mlp.down_proj.weight, group, resident)
 
     @property
     def nbytes(self) -> int:
@@ -358,13 +327,10 @@ class Int4MLP(nn.Module):
 @contextmanager
 def swapped_mlps(model, mlps: list[nn.Module] | None):
     """Run ``model`` with its blocks' MLPs replaced by ``mlps`` (None: unchanged); restored on exit."""
-    if mlps is None:
-        yield
-        return
     blocks = list(model.model.layers)
     saved = [b.mlp for b in blocks]
     try:
-        for b, m in zip(blocks, mlps):
+        for b, m in zip(blocks, mlps or saved):
             b.mlp = m
         yield
     finally:

@@ -1,49 +1,13 @@
 """SWIFT: on-the-fly self-speculative decoding by layer skipping (Xia et al., ICLR 2025,
-https://arxiv.org/abs/2410.06916), greedy.
+https://arxiv.org/abs/2410.06916), greedy and sampled.
 
-Mirrors hemingkx/SWIFT @88caed7 (``evaluation_llama/inference_swift.py`` ``swift_forward``;
-``model/swift/utils.py`` ``swift_draft``, ``get_choices_list``, ``generate_swift_buffers``, ``tree_decoding``,
-``evaluate_posterior``, ``update_inference_inputs``, ``swift_optimization``), re-implemented on our engine.
-Per step, with N committed KV entries and the current token ``t0`` (the last verified token, its KV not yet
-cached) at position N:
-
-* **Draft** (``swift_draft``): the same model with the skipped attention / MLP sub-layers (``skip``) runs
-  autoregressively from ``t0`` for up to ``max_step_draft`` tokens, keeping the ``topk`` ids per step and
-  feeding the top-1. It stops after a step whose top-1 softmax probability (its confidence) is below
-  ``stop_threshold``, or when ``(N - prompt) + step + 2 >= max_new_tokens``. Draft token s goes to the scratch
-  slot N + s (only the non-skipped attention layers write it, and only they read it: a skipped layer attends
-  nothing), so the official full-cache clone per draft is never made; the verification overwrites these slots.
-* **Tree** (``get_choices_list``): depth i+1 holds the top ``w_i`` draft ids of step i, all children of the
-  top-1 node of depth i (the chain the draft fed), with ``w_i`` = ``tree_widths`` (3/5/8/10) for confidence
-  above 0.95 / 0.8 / 0.5 / else. The root is ``t0``. A node's ancestors are exactly the chain nodes above it.
-* **Verify** (``tree_decoding``): ONE full-model forward over the tree (ancestor mask), node at position
-  N + depth, KV to slots N, N+1, ... Under ``engine.static_shapes`` (compiled steps) the tree is padded to
-  ``max_tree`` nodes that see only themselves (``SwiftTree.inputs``), so every verification has one shape.
-* **Accept** (greedy ``evaluate_posterior``): the longest root-to-leaf path whose tokens equal the target
-  argmax of their parent, plus the target argmax after it (the bonus, the next ``t0``). Sibling ids are
-  distinct, so the accepted path is unique and the official tie-break never matters.
-* **Compact** (``update_inference_inputs``): the accepted nodes' KV is moved to slots N+1, N+2, ... (the
-  root's is already at N).
-* **Optimise** (``swift_optimization``; ``swift_optimizer.py``): after a step, if ``optimization`` is on and
-  the search still active, ``N - prompt > context_window + 1`` and ``step % opt_interval == 0``: one candidate
-  skip set is scored by teacher-forced matchness, i.e. the draft model runs over the first
-  ``context_window + 1`` generated tokens after the prompt's KV (one forward, nothing written) and the score
-  is the fraction of them whose argmax equals the next generated token. The search persists across the
-  samples of a run.
-
-Where the official code is silent or broken (our choice):
-
-* Stop ids: every id in ``eos_ids`` ends a generation (official: ``tokenizer.eos_token_id`` only); a run is
-  cut at EOS / ``max_new_tokens`` inside an accepted path.
-* Paths are verified exactly as they are. The official ``retrieve_indices`` pad short paths with token 0 and
-  the last tree node's logits, so a target argmax of 0 can extend a path with a token that was never verified.
-* After the last step we do not draft again (the official loop drafts once more before breaking). The
-  optimisation still runs after the last step when its condition holds, as in the official loop.
-* Rope is the engine's native one (every transformers rope type, Llama-3.1's ``llama3`` included); the cache
-  is sized from the run (prompt + max_new_tokens + the largest tree), never from ``max_position_embeddings``.
-* ``attn_skip``/``mlp_skip`` start the search from a given set (official ``--cache-hit`` reads one from
-  ``skip_layers.json`` and turns optimisation off); ``reset_per_sample`` restarts the search every sample.
-* The runner's warm-up generations (``bench.warmup``) advance the persistent search like any sample.
+The same model with some attention / MLP sub-layers skipped drafts up to ``max_step_draft`` tokens (stopping at a
+low-confidence one), the top-k ids of each draft step form a tree hanging off the drafted chain, one full-model
+forward verifies it, and the skipped-layer set is searched on the fly between steps (``swift_optimizer.py``).
+Mirrors hemingkx/SWIFT @88caed7 (``evaluation_llama/inference_swift.py`` ``swift_forward``; ``model/swift/
+utils.py`` ``swift_draft``, ``get_choices_list``, ``tree_decoding``, ``evaluate_posterior``,
+``update_inference_inputs``, ``swift_optimization``), re-implemented on our engine. The step in detail and where the
+official code is silent or broken: docs/methods/swift.md.
 """
 
 from __future__ import annotations
@@ -55,11 +19,12 @@ import torch
 
 from baselines.swift_optimizer import LayerSetOptimizer
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
-from fafo.engine.attention import AttentionPlan, causal_plan
-from fafo.engine.engine import Engine, upload
+from fafo.engine.attention import causal_plan
+from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
+from fafo.tree import DraftTree, commit_path, greedy_tree_step, verify_tree
 
 CONFIDENCE_BINS = (0.95, 0.8, 0.5)  # official get_choices_list thresholds (strictly greater)
 SAMPLING_TREE_WIDTHS = (1, 3, 5, 10)  # official get_choices_list candidate_set when sampling
@@ -74,89 +39,43 @@ def tree_widths_for(confidences: list[float], widths: tuple[int, ...], topk: int
     return out
 
 
-@dataclass
-class SwiftTree:
-    """Node i is ``tokens[i]`` at depth ``depth[i]``; depth d >= 1 is nodes ``starts[d-1] .. + widths[d-1]``:
-    the first the chain node (the drafted top-1, fed to the next draft step), the rest siblings (leaves)."""
+def build_tree(root: int, draft_ids: list[list[int]], widths: list[int]) -> DraftTree:
+    """The official tree: depth d + 1 holds the top ``widths[d]`` ids of draft step d, all children of the chain
+    node of depth d (the root, then each step's top-1, which the next draft step was fed); siblings are leaves."""
+    tree, chain = DraftTree.root(root), 0
+    for ids, w in zip(draft_ids, widths):
+        chain = [tree.add(chain, t) for t in ids[:w]][0]
+    return tree
 
-    tokens: list[int]
-    depth: list[int]
-    starts: list[int]  # first node index of each depth 1..D
-    widths: list[int]
 
-    @classmethod
-    def build(cls, root: int, draft_ids: list[list[int]], widths: list[int]) -> SwiftTree:
-        tokens, depth, starts = [root], [0], []
-        for d, (ids, w) in enumerate(zip(draft_ids, widths)):
-            starts.append(len(tokens))
-            tokens += ids[:w]
-            depth += [d + 1] * w
-        return cls(tokens, depth, starts, widths)
-
-    def mask(self, device) -> torch.Tensor:
-        """``[T, T]`` bool: each node sees itself and the chain nodes (root included) of smaller depth."""
-        depth = torch.tensor(self.depth, device=device)
-        chain = torch.zeros(len(self.tokens), dtype=torch.bool, device=device)
-        chain[[0] + self.starts] = True
-        return torch.eye(len(self.tokens), dtype=torch.bool, device=device) | (
-            chain[None, :] & (depth[None, :] < depth[:, None]))
-
-    def inputs(self, N: int, size: int, device=None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """The verification forward's tokens ``[size]``, positions ``[size]`` and step mask ``[size, size]``
-        with the root at position ``N``, padded to ``size >= T`` nodes (``engine.static_shapes``).
-
-        The ``size - T`` padding nodes follow the real ones: each repeats the root token at position ``N`` and
-        sees only itself (and the prefix), and no real node sees it, so the real nodes' logits are those of the
-        unpadded tree and the padding rows are meaningless. With ``size == T`` this is the plain tree."""
-        T = len(self.tokens)
-        pad = size - T
-        assert pad >= 0, f"a tree of {T} nodes does not fit {size}"
-        positions = torch.tensor(self.depth + [0] * pad, device=device) + N
-        mask = torch.eye(size, dtype=torch.bool, device=device)
-        mask[:T, :T] = self.mask(device)
-        return self.tokens + [self.tokens[0]] * pad, positions, mask
-
-    def accept(self, preds: list[int]) -> list[int]:
-        """Indices of the accepted nodes below the root, given the target argmax ``preds`` of every node."""
-        path, node = [], 0
-        for start, w in zip(self.starts, self.widths):
-            hit = next((start + c for c in range(w) if self.tokens[start + c] == preds[node]), None)
-            if hit is None:
-                break
-            path.append(hit)
-            node = hit
-            if hit != start:  # a sibling is a leaf
-                break
-        return path
-
-    def accept_sampled(self, logits: torch.Tensor, qs: list[torch.Tensor], sampling: Sampling, generator,
-                       hist: list[int] | None) -> tuple[list[int], list[int]]:
-        """Sampling ``evaluate_posterior``: at each depth the siblings (drawn without replacement from the
-        draft's q) are tried in turn with ``Sampling.accept_siblings`` against the target p at their parent;
-        an accepted chain node continues to the next depth, an accepted leaf (or the last depth) ends with a
-        bonus token drawn from p at it, and a full rejection ends with the residual's token. Exact (see
-        ``accept_siblings``): the siblings are drawn before the target's uniforms, and a chain node's children
-        were drawn from q given that node. Returns (accepted node indices, committed tokens)."""
-        path, new, node = [], [], 0
-        for d, (start, w) in enumerate(zip(self.starts, self.widths)):
-            p = sampling.probs(logits[node], None if hist is None else hist + new)
-            tok, i = sampling.accept_siblings(p, qs[d], self.tokens[start : start + w], generator)
-            new.append(tok)
-            if i < 0:
-                return path, new
-            node = start + i
-            path.append(node)
-            if i != 0:  # a sibling is a leaf
-                break
+def accept_sampled(tree: DraftTree, logits: torch.Tensor, qs: list[torch.Tensor], sampling: Sampling, generator,
+                   hist: list[int] | None) -> tuple[list[int], list[int]]:
+    """Sampling ``evaluate_posterior``: at each depth the children of the chain node (drawn without replacement
+    from the draft's q at that depth) are tried in turn with ``Sampling.accept_siblings`` against the target p at
+    their parent; an accepted chain node continues, an accepted leaf (or the last depth) ends with a bonus token
+    drawn from p at it, a full rejection with the residual's token. Exact (see ``accept_siblings``). Returns
+    (accepted node indices, committed tokens)."""
+    path, new, node = [], [], 0
+    for q in qs:
+        kids = tree.children(node)
+        if not kids:  # an accepted sibling is a leaf
+            break
         p = sampling.probs(logits[node], None if hist is None else hist + new)
-        new.append(int(torch.multinomial(p, 1, generator=generator)))
-        return path, new
+        tok, i = sampling.accept_siblings(p, q, [tree.tokens[k] for k in kids], generator)
+        new.append(tok)
+        if i < 0:
+            return path, new
+        node = kids[i]
+        path.append(node)
+    p = sampling.probs(logits[node], None if hist is None else hist + new)
+    new.append(int(torch.multinomial(p, 1, generator=generator)))
+    return path, new
 
 
 @dataclass
 class SwiftDecoder(Decoder):
-    """SWIFT, greedy: layer-skipping self-draft, confidence tree, one verification forward per step,
-    on-the-fly skip-set search. Defaults: the official argparse values (``conf/method/swift.yaml``);
+    """SWIFT: layer-skipping self-draft, confidence tree, one verification forward per step, on-the-fly
+    skip-set search. Defaults: the official argparse values (``conf/method/swift.yaml``);
     ``swift_script`` has the ``eval_llama.sh`` values (max_score 0.93, context_window 50).
 
     Attributes:
@@ -197,20 +116,16 @@ class SwiftDecoder(Decoder):
     eager_forwards: ClassVar[str] = "layer-skipped drafts whose layer set changes while decoding (a graph each)"
 
     def __post_init__(self):
-        def is_int(v):
-            return isinstance(v, int) and not isinstance(v, bool)
-
         check_bounds(self, "method")
         for name, hi_open in (("skip_ratio", True), ("max_score", False), ("stop_threshold", False)):
             v = getattr(self, name)
-            if is_int(v):
-                v = float(v)
+            v = float(v) if type(v) is int else v  # an integer, not a bool
             if not isinstance(v, float) or not (0.0 <= v < 1.0 if hi_open else 0.0 <= v <= 1.0):
                 bound = "[0, 1)" if hi_open else "[0, 1]"
                 raise ConfigError(f"method.{name}={getattr(self, name)!r} must be a number in {bound}")
             setattr(self, name, v)
         widths = list(self.tree_widths) if not isinstance(self.tree_widths, (str, int)) else []
-        if len(widths) != 4 or not all(is_int(w) and w >= 1 for w in widths):
+        if len(widths) != 4 or not all(type(w) is int and w >= 1 for w in widths):
             raise ConfigError(f"method.tree_widths={self.tree_widths!r} must be 4 integers >= 1 (official: "
                               "[3, 5, 8, 10] for confidence > 0.95 / > 0.8 / > 0.5 / else)")
         self.tree_widths = tuple(widths)
@@ -220,11 +135,11 @@ class SwiftDecoder(Decoder):
         for name in ("attn_skip", "mlp_skip"):
             v = getattr(self, name)
             if v is not None:
-                if isinstance(v, (str, int)) or not all(is_int(x) and x >= 1 for x in v):
+                if isinstance(v, (str, int)) or not all(type(x) is int and x >= 1 for x in v):
                     raise ConfigError(f"method.{name}={v!r} must be null or a list of layer ids >= 1 "
                                       "(the first and last layer are never skipped)")
                 setattr(self, name, sorted(set(v)))
-        if not is_int(self.seed):
+        if type(self.seed) is not int:
             raise ConfigError(f"method.seed={self.seed!r} must be an integer")
         self.optimizer: LayerSetOptimizer | None = None  # the run's search state, built by setup
         self._model = None
@@ -243,10 +158,8 @@ class SwiftDecoder(Decoder):
         # the (padded) tree, >= the draft, is written to slots [N, N + max_tree) with N < prompt + max_new_tokens
         return self.max_tree()
 
-    def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
-        self._check_layers(hf_config.num_hidden_layers)
-
-    def _check_layers(self, n_layers: int) -> None:
+    def check_target(self, hf_config, tokenizer=None, weights: bool = True) -> None:
+        n_layers = hf_config.num_hidden_layers
         for name in ("attn_skip", "mlp_skip"):
             bad = [x for x in getattr(self, name) or () if x > n_layers - 2]
             if bad:
@@ -255,11 +168,10 @@ class SwiftDecoder(Decoder):
 
     def setup(self, engine: Engine) -> None:
         """A fresh search for the run (state then persists across its samples)."""
-        n_layers = engine.model.args.n_layers
-        self._check_layers(n_layers)
+        self.check_target(engine.model.hf_config)
         self.optimizer = LayerSetOptimizer(
-            n_layers, self.skip_ratio, self.bayes_interval, self.max_opt_iter, self.max_tolerance_iter,
-            self.max_score, self.bayes, self.seed)
+            engine.model.args.n_layers, self.skip_ratio, self.bayes_interval, self.max_opt_iter,
+            self.max_tolerance_iter, self.max_score, self.bayes, self.seed)
         self.optimizer.reset(self.attn_skip, self.mlp_skip)
         self._model = engine.model
 
@@ -272,52 +184,6 @@ class SwiftDecoder(Decoder):
             self.optimizer.reset(self.attn_skip, self.mlp_skip)
         state = _SwiftState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
         return decode(engine, state, max_new_tokens, eos_ids, clock)
-
-    def _draft(self, engine: Engine, cache, cur: int, N: int, done: int, max_new: int, skip,
-               sampling: Sampling | None = None, generator=None, hist=None):
-        """Official ``swift_draft``: the top-k ids of each step ([D][topk]) and the top-1 confidences [D].
-
-        Sampling (official ``sample``): each step draws up to ``topk`` ids WITHOUT replacement from the draft's
-        processed distribution q (fewer when q's support is smaller), feeds the first, and also returns the q rows
-        [D][V]; the confidence is the raw draft probability of the fed id (official ``argmax_prob``)."""
-        ids, conf, qs, fed = [], [], [], []
-        tok = [cur]  # host value: uploaded with the step's positions and slots
-        for s in range(self.max_step_draft):
-            pos = N + s  # scratch slot = position; the verification overwrites it
-            logits = engine.forward(cache, tok, [pos], [pos], causal_plan(pos), logits="last", skip=skip, kind="draft")
-            logits = logits[0, -1].float()  # [V]
-            if sampling is None:
-                top = logits.topk(self.topk)
-                ids.append(top.indices)
-                tok = top.indices[:1]
-                c = float(torch.exp(top.values[0] - torch.logsumexp(logits, -1)))  # the draft step's one sync
-            else:
-                q = sampling.probs(logits, None if hist is None else hist + fed)
-                k = min(self.topk, int((q > 0).sum()))
-                drawn = torch.multinomial(q, k, replacement=False, generator=generator)
-                ids.append(drawn.tolist())
-                qs.append(q)
-                tok = drawn[:1]
-                fed.append(int(tok))
-                c = float(torch.exp(logits[tok[0]] - torch.logsumexp(logits, -1)))
-            conf.append(c)
-            if c < self.stop_threshold or done + s + 2 >= max_new:
-                break
-        if sampling is not None:
-            return ids, conf, qs
-        return torch.stack(ids).tolist(), conf
-
-    def _score(self, engine: Engine, cache, history: list[int], P: int, cand: dict) -> float:
-        """Teacher-forced matchness of a candidate set on the first ``context_window + 1`` generated tokens,
-        over the prompt's KV (slots [0, P)); nothing is written to the cache."""
-        window = history[: self.context_window + 1]
-        # generate scores only once N - P > context_window + 1, and len(history) == N - P + 1: a fixed shape
-        assert len(window) == self.context_window + 1
-        pos = torch.arange(P, P + len(window), device=engine.device)
-        logits = engine.forward(cache, window, pos, None, causal_plan(P), logits="all",
-                                skip=(cand["attn"], cand["mlp"]), kind="aux")
-        pred = logits[0, :-1].argmax(-1)
-        return float((pred == torch.tensor(window[1:], device=engine.device)).float().mean())
 
 
 class _SwiftState(StepState):
@@ -339,43 +205,73 @@ class _SwiftState(StepState):
         self.history = [self.cur]  # every generated token, uncut (the optimisation window reads its head)
         return self.cur
 
+    def _draft(self, hist: list[int] | None):
+        """Official ``swift_draft``: the top-k ids of each step ([D][topk]), the top-1 confidences [D] and, when
+        sampling, the q rows [D][V] (greedy: none).
+
+        Sampling (official ``sample``): each step draws up to ``topk`` ids WITHOUT replacement from the draft's
+        processed distribution q (fewer when q's support is smaller) and feeds the first; the confidence is the raw
+        draft probability of the fed id (official ``argmax_prob``)."""
+        cfg, engine, cache, N, sampling = self.cfg, self.engine, self.cache, self.N, self.samp
+        ids, conf, qs, fed = [], [], [], []
+        tok = [self.cur]  # host value: uploaded with the step's positions and slots
+        for s in range(cfg.max_step_draft):
+            pos = N + s  # scratch slot = position; the verification overwrites it
+            logits = engine.forward(cache, tok, [pos], [pos], causal_plan(pos), logits="last", skip=cfg.optimizer.skip,
+                                    kind="draft")
+            logits = logits[0, -1].float()  # [V]
+            if sampling is None:
+                ids.append(logits.topk(cfg.topk).indices)
+                tok = ids[-1][:1]
+            else:
+                q = sampling.probs(logits, None if hist is None else hist + fed)
+                k = min(cfg.topk, int((q > 0).sum()))
+                drawn = torch.multinomial(q, k, replacement=False, generator=self.generator)
+                ids.append(drawn.tolist())
+                qs.append(q)
+                tok = drawn[:1]
+                fed.append(int(tok))
+            c = float(torch.exp(logits[tok[0]] - torch.logsumexp(logits, -1)))  # the greedy draft step's one sync
+            conf.append(c)
+            if c < cfg.stop_threshold or N - self.P + s + 2 >= self.max_new:
+                break
+        return (ids if sampling is not None else torch.stack(ids).tolist()), conf, qs
+
+    def _score(self, cand: dict) -> float:
+        """Teacher-forced matchness of a candidate set on the first ``context_window + 1`` generated tokens,
+        over the prompt's KV (slots [0, P)); nothing is written to the cache."""
+        engine, P, n = self.engine, self.P, self.cfg.context_window + 1
+        window = self.history[:n]
+        assert len(window) == n  # scored only once N - P > context_window + 1, len(history) == N - P + 1
+        pos = torch.arange(P, P + len(window), device=engine.device)
+        logits = engine.forward(self.cache, window, pos, None, causal_plan(P), logits="all",
+                                skip=(cand["attn"], cand["mlp"]), kind="aux")
+        pred = logits[0, :-1].argmax(-1)
+        return float((pred == torch.tensor(window[1:], device=engine.device)).float().mean())
+
     def step(self, remaining: int) -> Step:
         cfg, engine, samp, cache, N, cur = self.cfg, self.engine, self.samp, self.cache, self.N, self.cur
-        opt, dev, P = cfg.optimizer, engine.device, self.P
+        opt, P = cfg.optimizer, self.P
         hist = self.prompt + self.history if samp is not None and samp.uses_history else None
+        draft_ids, conf, qs = self._draft(hist)
+        widths = tree_widths_for(conf, cfg.tree_widths if samp is None else SAMPLING_TREE_WIDTHS, cfg.topk)
+        tree = build_tree(cur, draft_ids, widths)
+        size = cfg.max_tree(samp is not None) if engine.static_shapes else len(tree)  # padded: one shape per run
         if samp is None:
-            draft_ids, conf = cfg._draft(engine, cache, cur, N, N - P, self.max_new, opt.skip)
-            widths = tree_widths_for(conf, cfg.tree_widths, cfg.topk)
+            path, new = greedy_tree_step(engine, cache, tree, N, size)
         else:
-            draft_ids, conf, qs = cfg._draft(engine, cache, cur, N, N - P, self.max_new, opt.skip,
-                                             samp, self.generator, hist)
-            widths = [min(w, len(ids)) for w, ids in
-                      zip(tree_widths_for(conf, SAMPLING_TREE_WIDTHS, cfg.topk), draft_ids)]
-        tree = SwiftTree.build(cur, draft_ids, widths)
-        T = len(tree.tokens)
-        size = cfg.max_tree(samp is not None) if engine.static_shapes else T  # padded: one shape per run
-        tree_tokens, positions, mask = tree.inputs(N, size)  # host values: the engine uploads them in one copy
-        # the KV of node i goes to slot N + i (padding: scratch slots N + T .. N + size - 1)
-        logits = engine.forward(cache, tree_tokens, positions, list(range(N, N + size)),
-                                AttentionPlan(prefix=N, step_mask=mask), logits="all")[:, :T]
-        if samp is None:
-            preds = logits[0].argmax(-1).tolist()  # the step's host sync
-            path = tree.accept(preds)
-            new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
-        else:
-            path, new = tree.accept_sampled(logits[0], qs, samp, self.generator, hist)
-        if path and path != list(range(1, len(path) + 1)):
-            src, dst = upload([[N + i for i in path], list(range(N + 1, N + 1 + len(path)))], dev)
-            cache.move(src, dst)
+            path, new = accept_sampled(tree, verify_tree(engine, cache, tree, N, size), qs, samp, self.generator, hist)
+            commit_path(cache, N, path)
         self.N += len(new)  # the root's KV and the accepted nodes'; the bonus token is the next root
         self.cur = new[-1]
         self.history += new
         # the official loop optimises after every step whose condition holds, the last one included
-        if cfg.optimization and opt.active and self.N - P > cfg.context_window + 1 and self.n_steps % cfg.opt_interval == 0:
+        due = self.N - P > cfg.context_window + 1 and self.n_steps % cfg.opt_interval == 0
+        if cfg.optimization and opt.active and due:
             cand = opt.propose()
-            opt.update(cand, cfg._score(engine, cache, self.history, P, cand))
+            opt.update(cand, self._score(cand))
         self.n_steps += 1
-        return Step(new, T - 1)
+        return Step(new, len(tree) - 1)
 
     def extras(self) -> dict:
         return {**self.cfg.optimizer.state(), "buffer_bytes": 0}  # scratch lives in the cache

@@ -3,31 +3,12 @@ Sec. 4.1).
 
 Mirrors hemingkx/SWIFT @88caed7, ``model/swift/utils.py`` (``swift_optimization``, ``layer_random_search``,
 ``layer_bayes_search``, ``get_next_point_to_probe``) and the optimiser set-up in
-``evaluation_llama/inference_swift.py`` (odd-layer initial set, ``BayesianOptimization(pbounds x_i in (0, 1),
-random_state, allow_duplicate_points=True)``, GP ``alpha=1e-2``, UCB ``kappa=2.5``).
-
-The search space is the attention and the MLP sub-layer of layers ``1 .. L-2`` (the first and last layer are
-never skipped): dimension ``x_i``, ``i < L-2``, is attention layer ``i+1``; ``x_{L-2+i}`` is MLP layer
-``i+1``. Every iteration proposes a set of ``k = int(2(L-2) r)`` skipped sub-layers: a Bayesian-optimisation
-suggestion (the k largest coordinates) every ``bayes_interval``-th iteration, a uniformly random k-subset
-otherwise. The decoder scores it (teacher-forced matchness) and :meth:`LayerSetOptimizer.update` keeps it only
-if it beats the best score so far.
-
-Official behaviours kept on purpose (they decide what a run does):
-
-* The initial set is never scored: the best score starts at 0, so the first candidate scoring above 0 replaces
-  it.
-* The best score and the stopping state carry over from one sample to the next (one data stream), although
-  each sample's score is measured on its own first tokens; ``reset`` restarts everything (the decoder's
-  ``reset_per_sample``).
-* A random candidate is registered with the optimiser as its 0/1 point; a BO suggestion as the continuous
-  point the optimiser suggested (not its rounding).
-
-Where we differ: random candidates come from ``numpy.random.RandomState(seed)`` (official: the global numpy
-RNG, seeded with ``--seed``, 2024 by default, so with ``seed=2024`` the random candidates are the official
-sequence) and BO's ``random_state`` is the same seed (official: 1). bayesian-optimization >= 3 replaced
-``UtilityFunction`` with ``acquisition.UpperConfidenceBound``, passed to the constructor; its GP is the same
-Matern-2.5 with ``normalize_y`` and 5 optimiser restarts.
+``evaluation_llama/inference_swift.py``. The search space is the attention and the MLP sub-layer of layers
+``1 .. L-2``: dimension ``x_i``, ``i < L-2``, is attention layer ``i+1``; ``x_{L-2+i}`` is MLP layer ``i+1``. Each
+iteration proposes ``k = int(2(L-2) r)`` skipped sub-layers (a Bayesian-optimisation suggestion every
+``bayes_interval``-th iteration, a random k-subset otherwise), the decoder scores it and :meth:`LayerSetOptimizer.
+update` keeps it if it beats the best score so far. Official behaviours kept on purpose and where we differ:
+docs/methods/swift.md.
 """
 
 from __future__ import annotations
@@ -39,26 +20,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-def initial_skip_set(n_layers: int) -> tuple[frozenset, frozenset]:
-    """The official unified start: attention and MLP of the odd layers ``1, 3, ... < L-1``."""
-    odd = frozenset(range(1, n_layers - 1, 2))
-    return odd, odd
-
-
 @dataclass
 class LayerSetOptimizer:
     """Random search + periodic Bayesian-optimisation suggestions over the skipped sub-layer set.
 
     Attributes:
-        n_layers: L, transformer layers of the model.
-        skip_ratio: r, the fraction of the 2(L-2) searchable sub-layers a candidate skips.
-        bayes_interval: every ``bayes_interval``-th iteration (``(opt_iter + 1) % bayes_interval == 0``) asks
-            the optimiser; the others draw at random.
-        max_opt_iter, max_tolerance_iter, max_score: stop after ``opt_iter > max_opt_iter``, after more than
-            ``max_tolerance_iter`` iterations in a row without improvement, or once a kept score exceeds
-            ``max_score``.
-        bayes: use the BO suggestions at all (official ``--bayes``).
-        seed: seeds the random search and the optimiser.
+        n_layers: L, transformer layers of the model; the others are :class:`~baselines.swift.SwiftDecoder`'s
+            settings of the same names (``bayes_interval``: iteration i asks the optimiser when
+            ``(i + 1) % bayes_interval == 0``; the search stops after ``opt_iter > max_opt_iter``, more than
+            ``max_tolerance_iter`` iterations in a row without improvement, or a kept score above ``max_score``).
     """
 
     n_layers: int
@@ -86,9 +56,9 @@ class LayerSetOptimizer:
 
     def reset(self, attn=None, mlp=None) -> None:
         """Fresh state: the given (or the odd-layer) skip set, best score 0, a new optimiser and RNG."""
-        start = initial_skip_set(self.n_layers)
-        self.attn = frozenset(start[0] if attn is None else attn)
-        self.mlp = frozenset(start[1] if mlp is None else mlp)
+        odd = range(1, self.n_layers - 1, 2)  # the official unified start: the odd layers 1, 3, ... < L-1
+        self.attn = frozenset(odd if attn is None else attn)
+        self.mlp = frozenset(odd if mlp is None else mlp)
         self.best_score = 0.0  # official statistics["origin_score"]
         self.opt_iter = 0
         self.tolerance_iter = 0

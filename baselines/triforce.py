@@ -1,59 +1,12 @@
-"""TriForce: hierarchical speculative decoding (Sun et al., COLM 2024, https://arxiv.org/abs/2404.11912), greedy.
+"""TriForce: hierarchical speculative decoding (Sun et al., COLM 2024, https://arxiv.org/abs/2404.11912, Alg. 1).
 
-Three levels (paper Alg. 1; official code Infini-AI-Lab/TriForce @ 164c8c0, ``utils/decoding.py::TriForce`` and
-``Middle_Spec``, ``models/cache.py``, ``utils/graph_infer.py``):
-
-* **Draft**: a tiny model sharing the target's vocabulary (llama-68m) on a StreamingLLM cache (16 sinks + a recent
-  window, :class:`~baselines.triforce_cache.StreamingDraft`) drafts ``gamma1`` tokens greedily.
-* **Middle**: the target model on a *retrieval cache* (:class:`~baselines.triforce_cache.RetrievalCache`: ``budget``
-  slots of whole ``chunk_size`` chunks of the prompt, chosen per KV head by the last prompt token's query against
-  each chunk's mean key, chunk 0 always kept) scores the drafts in one forward; it accepts the longest
-  argmax-matching prefix and appends its own next token (the correction, or the bonus after a full match). This
-  repeats until ``gamma2`` tokens are proposed (up to ``gamma2 + gamma1``).
-* **Target**: one forward over the full cache verifies them; the longest matching prefix plus the target's next
-  token is committed, so the output is exactly the target's greedy output. Committed tokens' full-cache KV then
-  overwrites the retrieval cache's lowest-ranked chunks (official ``update_graph_cache``); the draft's window
-  slides. Every ``rebuild_interval`` generated tokens the chunks are re-selected with the newest committed token's
-  query (the paper's "reconstructed at fixed intervals", Sec. 4.3 and App. B.2; the selection of the official
-  ``update_graph_cache_retrieval``, which the official loop never calls).
-
-``gamma1=1`` is what the official code does (one draft token per retrieval forward: ``Middle_Spec``); the paper's
-best is gamma1=2, gamma2=6 (Table 8). ``draft: null`` is "retrieval without hierarchy" (Table 2 ablation): the
-middle level drafts ``gamma2`` tokens by itself, one per forward.
-
-tau counts committed tokens per full-cache target forward; the middle-level forwards are the target's self-drafts
-(``Generation.forwards.draft``) and the draft model's are ``Generation.draft_model_forwards``; ``extras`` has the
-acceptance rates and ``buffer_bytes`` (retrieval cache + draft weights + draft cache: TriForce keeps the full cache
-and adds these, the paper's Table 1 point).
-
-Choices where the paper and the code are silent or do not fit (each documented in place):
-
-* Prompts need not be a multiple of ``chunk_size`` (the official code asserts it): chunks cover the prompt's first
-  ``floor(T / chunk) * chunk`` tokens and the tail is the first "recent" token run, placed like generated tokens.
-* Budget vs prompt: the budget used is ``min(budget, that aligned prompt length)`` (all chunks, ranked, when the
-  prompt is shorter than the budget); when the prompt has fewer than 2 whole chunks the middle level runs on the
-  full cache (exact, pointless, never an error). ``extras["budget_used"]`` is the budget used (0: full cache) and
-  ``extras["retrieval_covers_prompt"]`` says the budget held the whole prompt: the "retrieval" level then read
-  every prompt entry, i.e. it was self-speculation on the full prompt cache, not retrieval (the run summary
-  counts these generations).
-* Rebuild interval: the paper gives no value ("a designed stride", Sec. 4.3) and the official code
-  (@ 164c8c0) builds C_r once per generation, over its default 256-token generations (``test/on_chip.py
-  --gen_len 256``; the paper's Fig. 3c measures the reuse over 256 tokens too). ``rebuild_interval=256`` (default)
-  is therefore the official code on every generation of up to 256 tokens (no rebuild happens) and rebuilds at that
-  stride beyond them, as the paper's Table 7 runs to 2048 tokens do; null = never (the official code literally).
-  A rebuild happens at the first verification whose commit brings the generated tokens with full-cache KV to a
-  multiple of the interval (or past it), with the newest committed token's query.
-* Chunk scores are computed in float32; GQA targets combine a KV head's query heads with ``gqa_reduce``.
-* The recent region never overwrites chunk 0: once it fills ``budget - chunk`` slots it wraps (oldest dropped).
-* Drafting stops early when the proposal already reaches ``max_new_tokens`` or an EOS (the rest would be cut).
-
-Static shapes (``engine.static_shapes``, compiled decode steps): every per-round forward has a shape fixed by the
-hyperparameters. The verification is padded to ``max_proposal + 1`` tokens (its proposal is shorter when drafting
-stops early); the middle forward always feeds ``1 + gamma1`` tokens (v's newest token, then the drafts; 1
-without a draft) and would be padded to that if it ever were shorter; the draft pads its catch-up feeds
-(:class:`~baselines.triforce_cache.StreamingDraft`). Padding tokens come after the real ones, so under the causal
-mask no real row sees them; they get the next positions and scratch slots that no later forward reads before
-overwriting them, and only the real logits rows are used: tokens, steps and stats are the same as unpadded.
+A tiny draft model sharing the target's vocabulary, on a StreamingLLM cache, drafts ``gamma1`` tokens for the
+target on a *retrieval cache* (whole ``chunk_size`` prompt chunks chosen per KV head), which proposes ``gamma2``
+tokens for one verification over the target's full cache: the output is exactly the target's. Matches
+Infini-AI-Lab/TriForce @ 164c8c0 (``utils/decoding.py::TriForce`` and ``Middle_Spec``, ``models/cache.py``,
+``utils/graph_infer.py``); ``draft: null`` is "retrieval without hierarchy" (Table 2). The three levels, the
+rebuild stride, the choices where the paper and the code are silent, the static shapes and what tau and
+``extras`` count are in docs/methods/triforce.md.
 """
 
 from __future__ import annotations
@@ -69,18 +22,14 @@ from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
 from fafo.engine.rope import rope_parameters
-from fafo.bounds import at_least, check_bounds
+from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
 
-def _default_draft() -> dict:
-    return {"path": "JackFram/llama-68m", "revision": None, "tiny": None}
-
-
 @dataclass
 class TriForceDecoder(Decoder):
-    """TriForce, greedy (paper defaults; ``gamma1=1`` = the official code; ``draft=None`` = no hierarchy).
+    """TriForce (paper defaults; ``gamma1=1`` = the official code; ``draft=None`` = no hierarchy).
 
     Attributes:
         gamma1: draft tokens per middle-level (retrieval) forward.
@@ -92,9 +41,8 @@ class TriForceDecoder(Decoder):
         draft_budget: draft cache budget as the official ``draft_cache_budget``: the window holds
             ``draft_budget - draft_start - gamma2`` recent tokens.
         draft_start: draft sink tokens (official 16).
-        rebuild_interval: re-select the retrieval chunks every this many generated tokens (paper Sec. 4.3: "at a
-            designed stride", no value given; default 256 = the official code's generation length, over which it
-            builds C_r once; None: never, as the official loop).
+        rebuild_interval: re-select the retrieval chunks every this many generated tokens (paper Sec. 4.3, no value
+            given; 256 = the official code's generation length; None: never, as the official loop).
         gqa_reduce: how a KV head combines its query heads' chunk scores: mean (their sum) or max.
     """
 
@@ -102,11 +50,11 @@ class TriForceDecoder(Decoder):
     gamma2: int = at_least(1, 6)
     budget: int = at_least(2, 4096)
     chunk_size: int = at_least(1, 8)
-    draft: dict | None = field(default_factory=_default_draft)
+    draft: dict | None = field(default_factory=lambda: {"path": "JackFram/llama-68m", "revision": None, "tiny": None})
     draft_budget: int = at_least(1, 256)  # and >= draft_start + gamma2 + 1 with a draft (__post_init__)
     draft_start: int = at_least(0, 16)  # 0: a window without sinks
     rebuild_interval: int | None = at_least(1, 256)  # generated tokens; null: never
-    gqa_reduce: str = "mean"
+    gqa_reduce: str = one_of(("mean", "max"), "mean", why="how a KV head combines its query heads' chunk scores")
     _loaded: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _ckpt: object = field(default=None, init=False, repr=False, compare=False)
     _rkv: object = field(default=None, init=False, repr=False, compare=False)
@@ -116,20 +64,19 @@ class TriForceDecoder(Decoder):
         if self.budget % self.chunk_size or self.budget < 2 * self.chunk_size:
             raise ConfigError(f"method.budget={self.budget} must be a multiple of method.chunk_size="
                               f"{self.chunk_size} and at least 2 chunks (chunk 0 is always kept)")
-        if self.gqa_reduce not in ("mean", "max"):
-            raise ConfigError(f"method.gqa_reduce={self.gqa_reduce!r} must be mean or max")
-        if self.draft is not None:
-            if not isinstance(self.draft, Mapping):
-                raise ConfigError(f"method.draft={self.draft!r} must be null or a mapping with path or tiny")
-            self.draft = OmegaConf.to_container(OmegaConf.create(dict(self.draft)), resolve=True)
-            unknown = set(self.draft) - {"path", "revision", "tiny"}
-            if unknown or bool(self.draft.get("path")) == bool(self.draft.get("tiny")):
-                raise ConfigError(f"method.draft={self.draft} needs exactly one of path (hub id or directory) or "
-                                  "tiny (a tiny model spec), and no other keys than revision; null = no draft")
-            low = self.draft_start + self.gamma2 + 1
-            if isinstance(self.draft_budget, bool) or not isinstance(self.draft_budget, int) or self.draft_budget < low:
-                raise ConfigError(f"method.draft_budget={self.draft_budget!r} must be an integer >= draft_start + "
-                                  f"gamma2 + 1 = {low} (the window holds draft_budget - draft_start - gamma2 tokens)")
+        if self.draft is None:
+            return
+        if not isinstance(self.draft, Mapping):
+            raise ConfigError(f"method.draft={self.draft!r} must be null or a mapping with path or tiny")
+        self.draft = OmegaConf.to_container(OmegaConf.create(dict(self.draft)), resolve=True)
+        unknown = set(self.draft) - {"path", "revision", "tiny"}
+        if unknown or bool(self.draft.get("path")) == bool(self.draft.get("tiny")):
+            raise ConfigError(f"method.draft={self.draft} needs exactly one of path (hub id or directory) or "
+                              "tiny (a tiny model spec), and no other keys than revision; null = no draft")
+        low = self.draft_start + self.gamma2 + 1
+        if self.draft_budget < low:
+            raise ConfigError(f"method.draft_budget={self.draft_budget!r} must be an integer >= draft_start + "
+                              f"gamma2 + 1 = {low} (the window holds draft_budget - draft_start - gamma2 tokens)")
 
     @property
     def max_proposal(self) -> int:
@@ -238,32 +185,24 @@ class TriForceState(StepState):
             self.retrieval.build(self.cache, self.aligned, plan.captured, T)
         if self.draft is not None:
             self.draft.prefill(self.prompt)
-        if self.sampling is None:
-            self.cur = int(logits[0, -1].argmax())
-        else:
-            self.cur = int(self.sampling.select(logits[0, -1], self.generator, self.hist))
+        s = self.sampling
+        self.cur = int(logits[0, -1].argmax()) if s is None else int(s.select(logits[0, -1], self.generator, self.hist))
         self.hist.append(self.cur)
         return self.cur
 
     def _padded(self, tokens: list[int], length: int) -> list[int]:
-        """``tokens`` followed by padding up to ``length`` tokens under static shapes (else as they are).
-
-        The padding (copies of the last token) comes after the real tokens, so under the causal plans used here no
-        real row sees it; the caller gives it the next positions and slots (scratch: not committed, overwritten
-        before any later forward reads them) and keeps only real logits rows."""
+        """``tokens`` followed by copies of the last one up to ``length`` under static shapes (else as they are);
+        the caller gives the padding scratch slots and keeps only the real logits rows (docs/methods/triforce.md)."""
         if not self.static:
             return tokens
         if len(tokens) > length:
             raise RuntimeError(f"triforce: a {len(tokens)}-token step exceeds its static length {length}")
         return tokens + tokens[-1:] * (length - len(tokens))
 
-    def _middle(self, v: list[int], valid: int, drafts: list[int]) -> list[int]:
-        """One middle-level forward over v's tokens without middle KV yet plus the drafts; returns the argmax
-        after v's last token and after each draft (the KV of all fed tokens goes to the middle scratch); when
-        sampling, those logits rows ([len(drafts) + 1, V]) instead.
-
-        Every middle step appends exactly one token past ``valid`` (its correction or bonus), so the feed is
-        ``[v[-1]] + drafts``: ``middle_len`` tokens, a static shape by construction (padded if ever shorter)."""
+    def _middle(self, v: list[int], valid: int, drafts: list[int]) -> torch.Tensor:
+        """One middle-level forward over v's tokens without middle KV yet plus the drafts (their KV goes to the
+        middle scratch): the logits rows after v's last token and after each draft, [len(drafts) + 1, V]. Every
+        middle step appends one token past ``valid``, so the feed is ``[v[-1]] + drafts`` (``middle_len`` tokens)."""
         if self.retrieval is not None:
             kv, base = self.retrieval.kv, self.retrieval.budget
         else:
@@ -275,52 +214,75 @@ class TriForceState(StepState):
         rows = torch.arange(len(v) - 1 - valid, len(feed), device=dev)  # real rows only: len(drafts) + 1
         out = self.engine.forward(kv, tokens, self.N + valid + idx, base + valid + idx,
                                   AttentionPlan(prefix=base + valid), logits=rows, kind="draft")
-        return out[0] if self.sampling is not None else out[0].argmax(-1).tolist()
+        return out[0]
+
+    def _hist(self, extra: list[int]) -> list[int] | None:
+        """The token history before a predicted token (only built when the repetition penalty reads it)."""
+        return self.hist[: self.N] + extra if self.sampling.uses_history else None
+
+    def _drafts(self, v: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+        """The draft model's ``gamma1`` tokens after ``v`` and, when sampling, the distributions q they were drawn
+        from (none without a draft model)."""
+        dq: list[torch.Tensor] = []
+        if self.draft is None:
+            return [], dq
+        pick = None
+        if self.sampling is not None:
+            def pick(logits, out, v=v):  # called inside propose, this round
+                q = self.sampling.probs(logits, self._hist(v + out))
+                dq.append(q)
+                return torch.multinomial(q, 1, generator=self.generator)
+
+        d = self.draft.D
+        return self.draft.propose(self.hist[d : self.N] + v, d, self.cfg.gamma1, pick), dq
+
+    def _accept(self, rows: torch.Tensor, proposed: list[int], qs: list, before: list[int]):
+        """One level's verification of ``proposed`` against ``rows`` ([len(proposed) + 1, V] logits, row i
+        predicting ``proposed[i]``; ``before``: the tokens since the last commit before ``proposed[0]``).
+
+        Greedy: the longest argmax-matching prefix and the argmax after it. Sampling: standard speculative sampling
+        with proposal rows ``qs`` (accept with min(1, p/q), else draw from norm(max(0, p - q)) and stop; after a
+        full accept draw from p). Returns (accepted count, the next token, the probability rows p read)."""
+        if self.sampling is None:
+            y = rows.argmax(-1).tolist()
+            a = 0
+            while a < len(proposed) and proposed[a] == y[a]:
+                a += 1
+            return a, y[a], []
+        s, g, ps = self.sampling, self.generator, []
+        for a, t in enumerate(proposed):
+            ps.append(s.probs(rows[a], self._hist(before + proposed[:a])))
+            tok, ok = s.speculative_accept(ps[-1], qs[a], t, g)
+            if not ok:
+                return a, tok, ps
+        ps.append(s.probs(rows[len(proposed)], self._hist(before + proposed)))
+        return len(proposed), int(torch.multinomial(ps[-1], 1, generator=g)), ps
 
     def step(self, remaining: int) -> Step:
-        """One round: the middle level proposes, the full cache verifies."""
-        proposed = self.stats["proposed"]
-        if self.sampling is not None:
-            new, accepted = self._sampled_step(remaining, self.eos_ids)
-        else:
-            new, accepted = self._greedy_step(remaining, self.eos_ids)
-        return Step(new, self.stats["proposed"] - proposed, accepted)
+        """One round: the middle level proposes (checking the draft model's tokens), the full cache verifies.
 
-    def _greedy_step(self, remaining: int, eos_ids) -> tuple[list[int], int]:
-        """The greedy round. Returns (committed tokens, accepted proposals)."""
-        cfg, N = self.cfg, self.N
-        v, valid = [self.cur], 0  # v[i] at position N + i; middle KV exists for v[:valid]
+        Sampling is exact at both levels: every token the middle level emits is distributed as its own p_m, so the
+        final level verifies against those p_m rows (``qs``), not the draft's q (docs/methods/triforce.md)."""
+        cfg, stats = self.cfg, self.stats
+        v, valid, qs = [self.cur], 0, []  # v[i] at position N + i; middle KV exists for v[:valid]; v[i+1] ~ qs[i]
         want = min(cfg.gamma2, remaining - 1)
-        while len(v) - 1 < want and not any(t in eos_ids for t in v[1:]):
-            drafts = []
-            if self.draft is not None:
-                d = self.draft.D
-                drafts = self.draft.propose(self.hist[d:N] + v, d, cfg.gamma1)
-            y = self._middle(v, valid, drafts)
-            j = 0
-            while j < len(drafts) and drafts[j] == y[j]:
-                j += 1
-            self.stats["drafted"] += len(drafts)
-            self.stats["draft_accepted"] += j
+        while len(v) - 1 < want and not any(t in self.eos_ids for t in v[1:]):
+            drafts, dq = self._drafts(v)
+            j, tok, ps = self._accept(self._middle(v, valid, drafts), drafts, dq, v)
+            qs += ps
+            stats["drafted"] += len(drafts)
+            stats["draft_accepted"] += j
             valid = len(v) + j
-            v += drafts[:j] + [y[j]]
-        out = self._verify(v)
-        y = out[0].argmax(-1).tolist()
-        a = 0
-        while a < len(v) - 1 and v[a + 1] == y[a]:
-            a += 1
-        self.stats["proposed"] += len(v) - 1
-        self.stats["accepted"] += a
-        return v[1 : 1 + a] + [y[a]], a
+            v += drafts[:j] + [tok]
+        a, tok, _ = self._accept(self._verify(v)[0], v[1:], qs, v[:1])
+        stats["proposed"] += len(v) - 1
+        stats["accepted"] += a
+        return Step(v[1 : 1 + a] + [tok], len(v) - 1, a)
 
     def _verify(self, v: list[int]) -> torch.Tensor:
         """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits.
-        With rebuilds on it captures the rows' queries every round (a rebuild, when due, reads one of them): the
-        verification is the same graph in every round and for every prompt, so compiled steps never recompile.
-
-        Under static shapes ``v`` (shorter when drafting stopped at max_new_tokens or an EOS) is padded to
-        ``verify_len`` tokens: their KV goes to slots ``N + len(v)..``, past anything the commit keeps (the
-        cache's ``extra_slots`` cover them), and their logits rows are dropped."""
+        Under static shapes ``v`` is padded to ``verify_len`` tokens, whose KV goes past anything the commit keeps
+        (the cache's ``extra_slots`` cover them)."""
         N = self.N
         tokens = self._padded(v, self.verify_len)
         idx = torch.arange(len(tokens), device=self.engine.device)
@@ -332,85 +294,21 @@ class TriForceState(StepState):
         self.captured = plan.captured
         return out[:, : len(v)]  # [1, len(tokens), V] -> the real rows
 
-    def _rebuild_due(self, end: int) -> bool:
-        """Whether committing up to position ``end`` (exclusive) makes the generated tokens with full-cache KV
-        (``end - prompt``) reach the next multiple of ``rebuild_interval`` since the last (re)build."""
-        every = self.cfg.rebuild_interval
-        return self.retrieval is not None and every is not None and \
-            (end - len(self.prompt)) // every > self.rebuilt_at
-
-    def _hist(self, extra: list[int]) -> list[int] | None:
-        """The token history before a predicted token (only built when the repetition penalty reads it)."""
-        return self.hist[: self.N] + extra if self.sampling.uses_history else None
-
-    def _sampled_step(self, remaining: int, eos_ids) -> tuple[list[int], int]:
-        """One round with sampling (temperature > 0): standard speculative sampling at both levels.
-
-        * Middle level (the retrieval cache, distribution p_m after the sampling warpers): each draft token d_j,
-          drawn from the draft's q_j, is accepted with probability min(1, p_m/q_j); on rejection the token is drawn
-          from the residual norm(max(0, p_m - q_j)) and the round of drafts ends; after all drafts are accepted a
-          token is drawn from p_m. Hence every token the middle level emits is distributed as p_m(. | prefix)
-          (the standard argument), and its proposal distribution for the final level is that p_m row (the
-          residual-corrected law), NOT the draft's q (the official code is not exact here;
-          we did not re-check it).
-        * Final level (the full cache, the target p): the same rule with q = the middle rows p_m; the first
-          rejection draws from norm(max(0, p - p_m)); a full accept draws the bonus token from p. Exact: the
-          proposal sequence is the autoregressive chain of p_m, drawn before the final level's uniforms.
-        Without a draft model the middle level samples autoregressively from p_m (q = p_m, as above)."""
-        cfg, N, s, g = self.cfg, self.N, self.sampling, self.generator
-        v, valid, qs = [self.cur], 0, []  # qs[i]: the proposal distribution v[i + 1] was drawn from
-        want = min(cfg.gamma2, remaining - 1)
-        while len(v) - 1 < want and not any(t in eos_ids for t in v[1:]):
-            drafts, dq = [], []
-            if self.draft is not None:
-                def pick(logits, out, v=v, dq=dq):  # called inside propose, this round
-                    q = s.probs(logits, self._hist(v + out))
-                    dq.append(q)
-                    return torch.multinomial(q, 1, generator=g)
-
-                d = self.draft.D
-                drafts = self.draft.propose(self.hist[d:N] + v, d, cfg.gamma1, pick)
-            rows = self._middle(v, valid, drafts)
-            j, tok = 0, None
-            while j < len(drafts):
-                pm = s.probs(rows[j], self._hist(v + drafts[:j]))
-                tok, ok = s.speculative_accept(pm, dq[j], drafts[j], g)
-                qs.append(pm)
-                if not ok:
-                    break
-                j, tok = j + 1, None
-            if tok is None:  # every draft accepted (or none): draw from p_m after them
-                pm = s.probs(rows[j], self._hist(v + drafts[:j]))
-                tok = int(torch.multinomial(pm, 1, generator=g))
-                qs.append(pm)
-            self.stats["drafted"] += len(drafts)
-            self.stats["draft_accepted"] += j
-            valid = len(v) + j
-            v += drafts[:j] + [tok]
-        out = self._verify(v)[0]
-        a, tok = 0, None
-        while a < len(v) - 1:
-            p = s.probs(out[a], self._hist(v[: a + 1]))
-            tok, ok = s.speculative_accept(p, qs[a], v[a + 1], g)
-            if not ok:
-                break
-            a, tok = a + 1, None
-        if tok is None:
-            tok = int(torch.multinomial(s.probs(out[a], self._hist(v[: a + 1])), 1, generator=g))
-        self.stats["proposed"] += len(v) - 1
-        self.stats["accepted"] += a
-        return v[1 : 1 + a] + [tok], a
-
     def commit(self, step: Step) -> None:
-        """The KV of [current | accepted] is at slots N..N+accepted; update C_r (and maybe rebuild) and the draft."""
+        """The KV of [current | accepted] is at slots N..N+accepted; update C_r (and maybe rebuild) and the draft.
+
+        A rebuild is due when the commit brings the generated tokens with full-cache KV (``end - prompt``) to the
+        next multiple of ``rebuild_interval`` since the last (re)build; it uses the newest committed token's query
+        (row ``accepted`` of the verification)."""
         new, accepted = step.tokens, step.kv
         end = self.N + accepted + 1
+        every = self.cfg.rebuild_interval
         if self.retrieval is not None:
-            if self.captured and self._rebuild_due(end):  # with the newest committed token's query (row accepted)
+            if self.captured and every is not None and (end - len(self.prompt)) // every > self.rebuilt_at:
                 queries = {layer: q[:, :, accepted : accepted + 1] for layer, q in self.captured.items()}
                 self.retrieval.build(self.cache, self.aligned, queries, end)
                 self.stats["rebuilds"] += 1
-                self.rebuilt_at = (end - len(self.prompt)) // self.cfg.rebuild_interval
+                self.rebuilt_at = (end - len(self.prompt)) // every
             else:
                 self.retrieval.add_recent(self.cache, self.N, end)
         self.hist.extend(new)

@@ -1,11 +1,7 @@
 """TriForce's two extra caches on our engine (https://arxiv.org/abs/2404.11912, official code
-Infini-AI-Lab/TriForce @ 164c8c0, ``models/cache.py``).
-
-* :class:`RetrievalCache` (the official ``RetrievalCache``): the target model's KV restricted to ``budget`` slots of
-  whole prompt chunks chosen by the last prompt token's query, with the newest committed tokens overwriting the
-  lowest-ranked chunks, plus scratch slots for the middle level's speculated tokens.
-* :class:`StreamingDraft` (the official ``StreamingLLMEvictionCache``): the tiny draft model with ``start`` sink
-  tokens and a window of the ``window`` most recent committed tokens, plus scratch slots for its speculation.
+Infini-AI-Lab/TriForce @ 164c8c0, ``models/cache.py``): the target's retrieval cache (:class:`RetrievalCache`, the
+official ``RetrievalCache``) and the draft model's StreamingLLM cache (:class:`StreamingDraft`, the official
+``StreamingLLMEvictionCache``).
 """
 
 from __future__ import annotations
@@ -39,12 +35,10 @@ class RetrievalCache:
     """C_r: slots ``[0, budget)`` hold retrieved chunks (ranked, chunk 0 first) and recent tokens; ``[budget,
     budget + scratch)`` hold the middle level's uncommitted tokens.
 
-    Recent tokens (the prompt's tail after its last whole chunk, then every committed generated token) fill the
-    region ``[budget - r, budget)``, i.e. they overwrite the lowest-ranked chunks first, as the official
-    ``update_graph_cache``; we store them newest-last from the end backwards (slot ``budget - 1 - i`` for the i-th
-    recent token) so no entry ever moves (attention is order-free). The official code would eventually overwrite
-    chunk 0 and then fail; here the recent region is capped at ``budget - chunk`` slots and wraps around (the
-    oldest recent token is dropped), so chunk 0 stays.
+    Recent tokens (the prompt's tail after its last whole chunk, then every committed token) overwrite the
+    lowest-ranked chunks first (official ``update_graph_cache``), stored from the end backwards (slot ``budget - 1
+    - i`` for the i-th; attention is order-free, so no entry ever moves). The region is capped at ``budget - chunk``
+    slots and wraps (oldest dropped), so chunk 0 stays (the official code would overwrite it, then fail).
 
     Args:
         kv: a cache of the target model with at least ``budget + scratch`` slots.
@@ -56,11 +50,6 @@ class RetrievalCache:
     def __init__(self, kv: KVCache, budget: int, chunk: int, reduce: str = "mean"):
         self.kv, self.budget, self.chunk, self.reduce = kv, budget, chunk, reduce
         self.aligned = 0  # prompt tokens in whole chunks: positions >= aligned are "recent"
-        self.chunks: list[torch.Tensor] = []  # per layer [H_kv, budget / chunk] ranked chunk indices
-
-    @property
-    def recent_capacity(self) -> int:
-        return self.budget - self.chunk
 
     def build(self, full: KVCache, aligned: int, queries: dict, n_committed: int) -> None:
         """Select and gather chunks of ``full``'s first ``aligned`` slots with ``queries`` ({layer: [1, H_q, 1, D]},
@@ -68,7 +57,6 @@ class RetrievalCache:
         ``update_graph_cache_retrieval`` for a rebuild)."""
         self.aligned = aligned
         n_sel, c = self.budget // self.chunk, self.chunk
-        self.chunks = []
         for layer, (k_full, v_full) in enumerate(zip(full.keys, full.values)):
             k = k_full[0, :, :aligned]  # [H_kv, T', D]
             idx = select_chunks(k, queries[layer][0, :, 0], c, n_sel, self.reduce)  # [H_kv, n_sel]
@@ -76,19 +64,16 @@ class RetrievalCache:
             for src, dst in ((k_full, self.kv.keys[layer]), (v_full, self.kv.values[layer])):
                 blocks = src[0, :, :aligned].unflatten(1, (aligned // c, c))[heads, idx]  # [H_kv, n_sel, c, D]
                 dst[0, :, : self.budget] = blocks.flatten(1, 2)
-            self.chunks.append(idx)
         self.add_recent(full, aligned, n_committed)
-
-    def recent_slots(self, positions: torch.Tensor) -> torch.Tensor:
-        return self.budget - 1 - (positions - self.aligned) % self.recent_capacity
 
     def add_recent(self, full: KVCache, lo: int, hi: int) -> None:
         """Copy the full cache's committed entries at positions ``[lo, hi)`` (their slots) into the recent region."""
-        lo = max(lo, hi - self.recent_capacity)  # older ones would be overwritten within this very copy
+        capacity = self.budget - self.chunk
+        lo = max(lo, hi - capacity)  # older ones would be overwritten within this very copy
         if lo >= hi:
             return
         src = torch.arange(lo, hi, device=self.kv.keys[0].device)
-        dst = self.recent_slots(src)
+        dst = self.budget - 1 - (src - self.aligned) % capacity
         for layer in range(len(full.keys)):
             self.kv.keys[layer].index_copy_(2, dst, full.keys[layer].index_select(2, src))
             self.kv.values[layer].index_copy_(2, dst, full.values[layer].index_select(2, src))
@@ -97,41 +82,22 @@ class RetrievalCache:
 class StreamingDraft:
     """The draft model on a StreamingLLM cache: ``start`` sink tokens + the ``window`` most recent committed tokens.
 
-    Positions: the official cache keeps pre-RoPE keys and re-rotates them every step at their *cache index*
-    (sinks 0..start-1, window start..start+window-1, speculated tokens after), because llama-68m only knows 2048
-    positions. Our engine keeps post-RoPE keys, so we get the same relative distances another way: window tokens
-    keep their original positions (the window is contiguous, so query-key distances equal the official ones), and
-    the sinks are re-rotated from a pristine copy so that they sit right before the window's oldest token (one
-    rotation from the pristine keys: no error accumulates in half precision). RoPE scores depend only on
-    distances, which stay below ``start + window + scratch``. Rope types whose frequencies change with the largest
-    position (``dynamic``, ``longrope``) are therefore refused for the draft.
-
+    Our engine keeps post-RoPE keys, so instead of re-rotating every key at its cache index each step (official),
+    window tokens keep their original positions and the sinks are re-rotated, from a pristine copy, to sit right
+    before the window's oldest token: the same query-key distances (hence no ``dynamic``/``longrope`` drafts).
     Slots: position p < start lives at slot p; p >= start at ``start + (p - start) % window`` (a ring); uncommitted
-    tokens at positions D.. (D: committed positions) live in scratch right after the committed slots.
-
-    Differences from the official code (documented choices): the prompt is prefilled in one causal forward up to
-    ``start + window`` tokens, then in chunks of ``min(64, window)`` that see the whole window (official: 64-token
-    chunks seeing ``window - 64`` old tokens); speculated tokens keep their KV across middle-level steps (official:
-    all uncommitted tokens are re-run every call, same tokens); the token before each correction is kept
-    (the official ``evict_for_spec(start + recent + count)`` drops it after a rejection, an off-by-one).
-
-    Static shapes (``engine.static_shapes``): each :meth:`propose` runs a catch-up forward (the tokens the draft
-    has no KV for) then ``n - 1`` one-token forwards. TriForce's catch-ups are at most ``CATCH_UP`` tokens: after a
-    commit the draft lacks at most two committed tokens, the last draft (drafted, never fed) and the middle level's
-    token after it, then comes the current token; within a round it lacks the middle level's correction (plus the
-    last draft after a full match). Catch-ups are padded to ``CATCH_UP`` tokens (longer ones, from other callers,
-    run in ``CATCH_UP``-token pieces), so the draft's decode forwards have two shapes: ``CATCH_UP`` tokens and 1.
-    The scratch TriForce sizes (:meth:`baselines.triforce.TriForceDecoder.setup`) has room for the padding.
+    tokens at positions D.. (D: committed positions) live in scratch right after the committed slots. Under
+    ``engine.static_shapes`` each :meth:`propose` pads its catch-up forward to ``CATCH_UP`` tokens, then runs
+    one-token forwards. Differences from the official cache and why CATCH_UP suffices: docs/methods/triforce.md.
     """
 
     PREFILL_CHUNK = 64  # official draft prefill chunk (utils/graph_infer.py::draft_run)
-    CATCH_UP = 3  # static-shape length of propose's first forward (see the class docstring)
+    CATCH_UP = 3  # static-shape length of propose's first forward (docs/methods/triforce.md)
 
     def __init__(self, engine: Engine, start: int, window: int, scratch: int):
         self.engine, self.start, self.window = engine, start, window
         self.scratch = max(scratch, min(self.PREFILL_CHUNK, window))
         self.kv = engine.new_cache(start + window + self.scratch)
-        self.forwards = 0
         self.reset()
 
     def reset(self) -> None:
@@ -155,10 +121,9 @@ class StreamingDraft:
         """Run ``tokens`` at positions p0.. (p0 >= D), KV into scratch; they see committed slots and scratch < p0.
 
         With ``pad`` under ``engine.static_shapes`` (``logits="last"`` only): forwards of exactly ``pad`` tokens,
-        each piece of ``tokens`` followed by padding. Padding rows come after the real ones (causal: no real row
-        sees them); their KV lands in scratch slots past the real tokens', which no forward reads (a forward sees
-        slots below its own first one) before the next real tokens overwrite them, and a commit only moves
-        real speculated tokens. Returns the last real token's logits, [1, 1, V]."""
+        each piece of ``tokens`` followed by padding, whose KV lands in scratch past the real tokens' (no forward
+        reads it before real tokens overwrite it; a commit moves real tokens only). Returns the last real token's
+        logits, [1, 1, V]."""
         if not (pad and self.engine.static_shapes):
             return self._run(tokens, p0, logits)
         assert logits == "last", logits
@@ -174,8 +139,7 @@ class StreamingDraft:
         off = self._base() + p0 - self.D
         if off + len(tokens) > self.kv.max_len:
             raise RuntimeError(f"triforce draft scratch overflow ({off + len(tokens)} > {self.kv.max_len} slots)")
-        dev = self.engine.device
-        idx = torch.arange(len(tokens), device=dev)
+        idx = torch.arange(len(tokens), device=self.engine.device)
         return self.engine.forward(self.kv, tokens, p0 + idx, off + idx, causal_plan(off), logits=logits, eager=eager,
                                    kind=kind)
 
@@ -204,7 +168,6 @@ class StreamingDraft:
         feed, out = tokens[self.D + len(self.spec) - start :], []
         for i in range(n):  # static shapes: the catch-up padded to CATCH_UP tokens, then single drafted tokens
             logits = self._forward(feed, self.D + len(self.spec), logits="last", pad=self.CATCH_UP if i == 0 else 0)
-            self.forwards += 1
             self.spec += feed
             feed = [int(logits[0, -1].argmax()) if pick is None else int(pick(logits[0, -1], out))]
             out.append(feed[0])

@@ -18,7 +18,6 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 # integer fields that count nothing: any value runs
 NOT_COUNTS = {
     "seed": "a random seed",
-    "weight_bits": "a choice, 4 or null (QuantSpec's __post_init__ refuses anything else)",
 }
 # counts for which 0 is a meaningful setting, and what it means
 ZERO_OK = {

@@ -150,7 +150,7 @@ def test_static_shapes_give_the_same_tokens(engine, trained):
 
 # ------------------------------------------------------------------------------------------------ the draft itself
 @pytest.mark.slow
-def test_draft_rows_equal_the_dense_reference_and_window_stays_bounded(engine, trained):
+def test_draft_rows_equal_the_dense_reference_and_window_stays_bounded(engine, trained, monkeypatch):
     """The decoder's ring-window draft rows (root; a depth-1 tree node) equal the whole-sequence reference
     (:func:`dense_forward`) whose window and target lag are explicit; the ring never holds more than the window."""
     eng = engine("llama_gqa")
@@ -168,8 +168,11 @@ def test_draft_rows_equal_the_dense_reference_and_window_stays_bounded(engine, t
     cur = int(eng.prefill(cache, ids)[0, -1].argmax())
     ring.reset()
     method._commit(eng, ring, ids[P - window:], P - window)
+    trace = []  # the round's draft log-probabilities per run level
+    logp = method._logp
+    monkeypatch.setattr(method, "_logp", lambda *a: trace.append(logp(*a)) or trace[-1])
     tree, *_ = method._draft_tree(eng, method.layer, ring, cache, [cur], P)
-    root_logp, level1_logp = method._trace
+    root_logp, level1_logp = trace
     layer, model = method.layer, eng.model
     seq = ids + [cur, tree.tokens[1]]  # node 1: the best level-1 child
     emb = model.model.embed_tokens(torch.tensor([seq]))

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from baselines.swift import SwiftDecoder, SwiftTree, tree_widths_for
+from baselines.swift import SwiftDecoder, build_tree, tree_widths_for
 from baselines.swift_optimizer import LayerSetOptimizer
 from baselines.vanilla import VanillaDecoder
 from fafo.engine.attention import causal_plan, tree_mask
@@ -158,18 +158,18 @@ def test_tree_matches_the_official_choices_and_mask():
     assert tree_widths_for(conf, (3, 5, 8, 10), 10) == [3, 5, 8, 10]
     assert tree_widths_for(conf, (3, 5, 8, 10), 4) == [3, 4, 4, 4]
     draft = [list(range(100 * d, 100 * d + 10)) for d in range(1, 5)]
-    tree = SwiftTree.build(7, draft, [3, 5, 8, 10])
+    tree = build_tree(7, draft, [3, 5, 8, 10])
     assert tree.tokens[:5] == [7, 100, 101, 102, 200] and len(tree.tokens) == 1 + 3 + 5 + 8 + 10
-    assert tree.depth == [0] + [1] * 3 + [2] * 5 + [3] * 8 + [4] * 10  # official position ids: N + depth
+    assert tree.depths == [0] + [1] * 3 + [2] * 5 + [3] * 8 + [4] * 10  # official position ids: N + depth
     parents = [-1] + [0] * 3 + [1] * 5 + [4] * 8 + [9] * 10  # every depth hangs off the previous top-1
-    assert torch.equal(tree.mask("cpu"), tree_mask(parents))
+    assert tree.parents == parents and torch.equal(tree.mask(device="cpu"), tree_mask(parents))
     preds = [0] * len(tree.tokens)
     preds[0], preds[1], preds[4] = 100, 201, 999  # root -> 100 (chain), 100 -> 201 (a sibling leaf): stop
-    assert tree.accept(preds) == [1, 5]
+    assert tree.accept_greedy(preds) == [1, 5]
     preds[1] = 200
     preds[4] = 302  # 200 (chain) -> 302
-    assert tree.accept(preds) == [1, 4, 11]
-    assert tree.accept([5] * len(tree.tokens)) == []
+    assert tree.accept_greedy(preds) == [1, 4, 11]
+    assert tree.accept_greedy([5] * len(tree.tokens)) == []
 
 
 def test_optimizer_candidates_follow_the_official_encoding():
