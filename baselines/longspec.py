@@ -190,7 +190,7 @@ class _LongSpecState(StepState):
         tree, ck, cv = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N)
         self.draft_forwards += len(cfg.shape)
         self.ring.append(ck, cv, torch.arange(N - len(catch) + 1, N + 1, device=engine.device))
-        pad = cfg.tree_size if engine.static_shapes else len(tree)
+        pad = cfg.tree_size  # the engine pads to it under static shapes
         if self.samp is None:
             path, new = greedy_tree_step(engine, self.cache, tree, N, pad)
         else:

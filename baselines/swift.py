@@ -256,7 +256,7 @@ class _SwiftState(StepState):
         draft_ids, conf, qs = self._draft(hist)
         widths = tree_widths_for(conf, cfg.tree_widths if samp is None else SAMPLING_TREE_WIDTHS, cfg.topk)
         tree = build_tree(cur, draft_ids, widths)
-        size = cfg.max_tree(samp is not None) if engine.static_shapes else len(tree)  # padded: one shape per run
+        size = cfg.max_tree(samp is not None)  # the engine pads to it under static shapes: one shape per run
         if samp is None:
             path, new = greedy_tree_step(engine, cache, tree, N, size)
         else:
