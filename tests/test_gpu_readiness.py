@@ -130,12 +130,13 @@ def test_the_read_probe_sees_each_kind_of_read():
     with DeviceReads([w]) as reads:
         x = (w * 2).argmax()
         host = torch.zeros(2, dtype=torch.long)
-        _ = x.item(), int(x), bool(x), x.tolist(), [0, 1][x], (w + 1).cpu()
+        copied = (w + 1).cpu()
+        _ = x.item(), int(x), bool(x), x.tolist(), [0, 1][x]
         host[0] = x
         on_device = torch.arange(3, device=w.device)
         _ = on_device.tolist(), torch.tensor([1, 2]).to(w.device).sum().item()
         before = reads.n
-        _ = host.tolist(), torch.arange(4).sum().item(), (w + 1).cpu().tolist()  # host values: free
+        _ = host.tolist(), torch.arange(4).sum().item(), copied.tolist()  # host values: free
     assert before == 9 and reads.n == before
 
 

@@ -274,22 +274,23 @@ def test_static_shapes_are_token_identical_sampled(name, sampling, deep):
 
 
 def record_shapes(eng: Engine, monkeypatch) -> dict[str, set]:
-    """Wraps ``eng.forward``: the shapes of the decode-step verifications (full model, ``plan.prefix > 0``) as
-    (Q, len(positions), step mask shape, len(slots), logits rows), and the token counts of the skipped-layer
-    forwards (the draft's and the search's)."""
+    """Wraps the model's forward (what runs, after the engine's padding): the shapes of the decode-step
+    verifications (full model, ``plan.prefix > 0``) as (Q, len(positions), step mask shape, len(slots), logits
+    rows), and the token counts of the skipped-layer forwards (the draft's and the search's)."""
     seen = {"verify": set(), "skip": set()}
-    original = eng.forward
+    original = eng.model.forward
 
-    def forward(cache, tokens, positions, slots, plan, logits="all", skip=None, kind="verify"):
+    def forward(tokens, positions, cache, slots, plan, backend, logits="all", skip=None):
         if plan.prefix > 0 and skip is None:
             rows = logits if isinstance(logits, str) else len(logits)
             mask = None if plan.step_mask is None else tuple(plan.step_mask.shape)
-            seen["verify"].add((len(tokens), len(positions), mask, None if slots is None else len(slots), rows))
+            seen["verify"].add((tokens.shape[-1], positions.shape[-1], mask,
+                                None if slots is None else len(slots), rows))
         elif plan.prefix > 0:
-            seen["skip"].add(len(tokens))
-        return original(cache, tokens, positions, slots, plan, logits, skip, kind=kind)
+            seen["skip"].add(tokens.shape[-1])
+        return original(tokens, positions, cache, slots, plan, backend, logits, skip)
 
-    monkeypatch.setattr(eng, "forward", forward)
+    monkeypatch.setattr(eng.model, "forward", forward)
     return seen
 
 
