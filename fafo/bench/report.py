@@ -1,7 +1,7 @@
 """Reading run directories for reports, and comparing runs on the samples they all cover.
 
 Every table and plot (the main job's table in :mod:`fafo.bench.compare`, ``scripts/make_tables.py``,
-``scripts/generic_table.py``, ``scripts/plot.py``, ``scripts/plot_equal_budget.py``) reads runs through this module
+``scripts/generic_table.py``, ``scripts/plot.py``) reads runs through this module
 and writes Markdown and LaTeX through :mod:`fafo.bench.report_format`:
 
 * :func:`collect` finds the runs under some roots: ``summary.json`` (finished), ``samples.csv`` rows without a summary
