@@ -212,13 +212,8 @@ def to_markdown(table: GenericTable) -> str:
 
 def to_latex(table: GenericTable) -> str:
     head = header(table)
-    out = [f"% {table.title} (scripts/make_tables.py)", r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}",
-           r"\toprule", " & ".join(rf.tex(h) for h in head) + r" \\", r"\midrule"]
-    for i, line in enumerate(body(table)):
-        if i and line[0]:
-            out.append(r"\midrule")
-        out.append(" & ".join(rf.tex(x) for x in line) + r" \\")
-    return "\n".join(out + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+    return rf.latex(table.title, "ll" + "r" * (len(head) - 2), [" & ".join(rf.tex(h) for h in head) + r" \\"],
+                    body(table))
 
 
 def long_frame(table: GenericTable) -> pd.DataFrame:
@@ -242,10 +237,4 @@ def long_frame(table: GenericTable) -> pd.DataFrame:
 
 
 def write_outputs(table: GenericTable, out_dir: str | Path) -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {ext: out / f"{table.name}.{ext}" for ext in ("csv", "md", "tex")}
-    long_frame(table).to_csv(paths["csv"], index=False, lineterminator="\n")
-    paths["md"].write_text(to_markdown(table))
-    paths["tex"].write_text(to_latex(table))
-    return paths
+    return rf.write_table(out_dir, table.name, long_frame(table), to_markdown(table), to_latex(table))

@@ -6,6 +6,7 @@ A key a summary lacks (an old run directory, a method that drafts nothing) print
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 DASH = "—"
 
@@ -135,6 +136,28 @@ def markdown(head: list[str], lines, notes=(), title: str | None = None, labels:
                                                                      for i in range(len(head))) + "|"]
     out += ["| " + " | ".join(line) + " |" for line in lines]
     return "\n".join(out + ([""] + [f"- {n}" for n in notes] if notes or title else [])) + "\n"
+
+
+def latex(title: str, spec: str, head: list[str], lines) -> str:
+    """A booktabs ``tabular`` (``% title`` above it): the ``head`` lines (LaTeX already), then one line per row with
+    its cells escaped by :func:`tex`, a rule before each row that starts a group (a non-empty first cell)."""
+    out = [f"% {title} (scripts/make_tables.py)", r"\begin{tabular}{" + spec + "}", r"\toprule", *head, r"\midrule"]
+    for i, line in enumerate(lines):
+        if i and line[0]:
+            out.append(r"\midrule")
+        out.append(" & ".join(tex(x) for x in line) + r" \\")
+    return "\n".join(out + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+
+
+def write_table(out_dir, name: str, frame, md: str, latex_text: str) -> dict[str, Path]:
+    """``<name>.csv`` (the DataFrame ``frame``), ``<name>.md`` and ``<name>.tex`` in ``out_dir``, by extension."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "md", "tex")}
+    frame.to_csv(paths["csv"], index=False, lineterminator="\n")
+    paths["md"].write_text(md)
+    paths["tex"].write_text(latex_text)
+    return paths
 
 
 def tex(s: str, dash: str = DASH) -> str:
