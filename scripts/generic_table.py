@@ -44,12 +44,8 @@ def run_value(run: Run, key: str):
     return value
 
 
-def runs_frame(collected: Collected, by: str | None = None) -> pd.DataFrame:
+def runs_frame(runs: list[Run], by: str | None = None) -> pd.DataFrame:
     """One line per run: its (model, method, task, by-value), its summary numbers and where it lives."""
-    return _frame(sorted(collected.runs, key=lambda r: r.order), by)
-
-
-def _frame(runs: list[Run], by: str | None) -> pd.DataFrame:
     records = []
     for run in runs:
         s = run.summary
@@ -72,7 +68,7 @@ def align_cells(cells: pd.DataFrame, by: str | None) -> tuple[pd.DataFrame, list
         runs += aligned
         if note:
             notes.append(f"† {model}, {task}{f' {by}={value}' if by else ''}: {note}")
-    return _frame(runs, by).sort_values(["model", "method"], kind="stable"), notes
+    return runs_frame(runs, by).sort_values(["model", "method"], kind="stable"), notes
 
 
 def _flat(config, prefix="") -> dict:
@@ -112,7 +108,7 @@ def _col_key(task, value):
 def build(collected: Collected, by: str | None = None, name: str | None = None,
           title: str | None = None) -> GenericTable:
     """The table of every run in ``collected``: one column per task (or ``by`` value), one row per (model, method)."""
-    runs = runs_frame(collected, by)
+    runs = runs_frame(sorted(collected.runs, key=lambda r: r.order), by)
     if runs.empty:
         raise SystemExit("error: no finished or partial runs (summary.json / samples.csv) under the given "
                          "directories")
@@ -126,8 +122,8 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
         hint = f"; they differ in {', '.join(keys[:6])} (separate them with --by KEY)" if keys else ""
         notes.append(f"{len(dup) - dup.groupby(group).ngroups} cell(s) had more than one run; the most complete one "
                      f"is shown{hint}.")
-    cells = cells.assign(time_s=cells["total_s"], ok_weight=cells["weight"].where(cells["exact_match_rate"].notna()))
-    rows = cells.groupby(["model", "method"], sort=True).apply(_row_stats, include_groups=False).reset_index()
+    rows = pd.DataFrame([{"model": model, "method": method, **report.aggregate(list(g["run"]))}
+                         for (model, method), g in cells.groupby(["model", "method"], sort=True)])
     cols = sorted({(t, v) for t, v in zip(cells["task"], cells["value"])}, key=lambda c: _col_key(*c))
     several_tasks = len({t for t, _ in cols}) > 1
     col_names = {(t, v): (f"{t} {by}={v}" if several_tasks else f"{by}={v}") if by else t for t, v in cols}
@@ -138,30 +134,6 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
     name = name or (f"runs_by_{by}" if by else "runs")
     title = title or (f"speedup× (tau) by {by}" if by else "speedup× (tau) by task")
     return GenericTable(name, title, by, cells, rows, cols, col_names, notes)
-
-
-def _row_stats(g: pd.DataFrame) -> pd.Series:
-    """A row's exact-match rate (weighted by (sample, turn)s), peak memory (max) and tokens/s (tokens / time), its
-    coverage and mismatch counts (sums), vanilla's peak and the overhead (max), time per verification forward (mean
-    weighted by (sample, turn)s) and acceptance histogram (summed)."""
-    rated = g.dropna(subset=["exact_match_rate"])
-    rated = rated[rated["weight"] > 0]
-    exact = (rated["exact_match_rate"] * rated["weight"]).sum() / rated["weight"].sum() if len(rated) else None
-    timed = g.dropna(subset=["new_tokens", "total_s"])
-    tps = timed["new_tokens"].sum() / timed["total_s"].sum() if len(timed) and timed["total_s"].sum() > 0 else None
-    if tps is None and g["tokens_per_s"].notna().any():
-        tps = g["tokens_per_s"].mean()
-    peak = g["peak_mem_mb"].max() if g["peak_mem_mb"].notna().any() else None
-    out = {"exact_match_rate": exact, "peak_mem_mb": peak, "tokens_per_s": tps}
-    for key in ("n_samples", "n_turns", "n_failed", "n_mismatch_tie", "n_mismatch_divergence"):
-        out[key] = g[key].sum() if g[key].notna().any() else None
-    for key in ("ref_peak_mem_mb", "mem_overhead_mb"):
-        out[key] = g[key].max() if g[key].notna().any() else None
-    ms = g.dropna(subset=["verify_ms"])
-    out["verify_ms"] = (ms["verify_ms"] * ms["weight"]).sum() / ms["weight"].sum() \
-        if len(ms) and ms["weight"].sum() > 0 else (ms["verify_ms"].mean() if len(ms) else None)
-    out["accept_hist"] = rf.merge_hists(r.summary.get("accept_hist") for r in g["run"]) or None
-    return pd.Series(out)
 
 
 # ------------------------------------------------------------------ formatting

@@ -267,35 +267,20 @@ def _theirs(p: dict | None) -> tuple:
     return (None, None) if p is None else (p.get("speedup"), p.get("tau"))
 
 
-def row_stats(table: Table, row) -> tuple[float | None, float | None, float | None]:
-    """(our peak MB = max over the row's runs, the paper's peak MB, our exact-match rate over the row's turns)."""
-    runs = [table.cell(row, c).ours for c in table.cols if table.cell(row, c).ours is not None]
-    peaks = [num(r.summary.get("peak_mem_mb")) for r in runs]
-    peak = max((p for p in peaks if p is not None), default=None)
+def row_runs(table: Table, row) -> list[Run]:
+    return [table.cell(row, c).ours for c in table.cols if table.cell(row, c).ours is not None]
+
+
+def row_stats(table: Table, row) -> dict:
+    """A row's numbers over its runs (:func:`fafo.bench.report.aggregate`) and the paper's peak MB."""
     papers = [num((table.cell(row, c).paper or {}).get("peak_mem_mb")) for c in table.cols]
-    paper_peak = max((p for p in papers if p is not None), default=None)
-    rated = [(r.weight, num(r.summary.get("exact_match_rate"))) for r in runs]
-    rated = [(w, x) for w, x in rated if x is not None and w > 0]
-    exact = sum(w * x for w, x in rated) / sum(w for w, _ in rated) if rated else None
-    return peak, paper_peak, exact
-
-
-def row_extra(table: Table, row) -> dict:
-    """A row's vanilla peak MB and memory overhead (max over its runs) and its fp32-classified mismatches (sums);
-    None where no run of the row has the key (runs written before these were recorded)."""
-    runs = [table.cell(row, c).ours.summary for c in table.cols if table.cell(row, c).ours is not None]
-    out = {}
-    for key, agg in (("ref_peak_mem_mb", max), ("mem_overhead_mb", max), ("n_mismatch_tie", sum),
-                     ("n_mismatch_divergence", sum)):
-        values = [num(s.get(key)) for s in runs if num(s.get(key)) is not None]
-        out[key] = agg(values) if values else None
-    return out
+    return {**report.aggregate(row_runs(table, row)),
+            "paper_peak_mem_mb": max((p for p in papers if p is not None), default=None)}
 
 
 def row_tokens(table: Table, row) -> str | None:
     """Tokens per forward of a row's runs (the summary's ``tokens_per_forward``), or None if unknown."""
-    runs = [table.cell(row, c).ours for c in table.cols if table.cell(row, c).ours is not None]
-    values = sorted({int(v) for r in runs if (v := num(r.summary.get("tokens_per_forward"))) is not None})
+    values = sorted({int(v) for r in row_runs(table, row) if (v := num(r.summary.get("tokens_per_forward"))) is not None})
     return "/".join(map(str, values)) if values else None
 
 
@@ -325,11 +310,10 @@ def body(table: Table) -> list[list[str]]:
             n = rf.fmt_n(cell.ours.summary) if cell.ours is not None else DASH
             line += [fmt_ours(cell.ours), n, rf.fmt_pair(*_theirs(cell.paper)),
                      fmt_diff(_ours(cell.ours), _theirs(cell.paper))]
-        peak, paper_peak, exact = row_stats(table, row)
-        extra = row_extra(table, row)
-        line += [rf.fmt(peak, ".0f")] + ([rf.fmt(paper_peak, ".0f")] if table.has_paper_peak else [])
-        line += [rf.fmt(extra["ref_peak_mem_mb"], ".0f"), rf.fmt(extra["mem_overhead_mb"], ".0f"),
-                 rf.fmt_exact({"exact_match_rate": exact, **extra})]
+        stats = row_stats(table, row)
+        line += [rf.fmt(stats["peak_mem_mb"], ".0f")]
+        line += [rf.fmt(stats["paper_peak_mem_mb"], ".0f")] if table.has_paper_peak else []
+        line += [rf.fmt(stats["ref_peak_mem_mb"], ".0f"), rf.fmt(stats["mem_overhead_mb"], ".0f"), rf.fmt_exact(stats)]
         lines.append(line)
     return lines
 

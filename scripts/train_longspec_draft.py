@@ -154,19 +154,6 @@ def train(engine: Engine, seqs: list[tuple[list[int], int]], *, steps: int = 10*
     return layer, {"steps": step, "loss": ema}
 
 
-def measure_tau(engine: Engine, method, gens: dict[str, dict], max_new: int) -> tuple[float, bool]:
-    """Decode each prompt of ``gens`` with ``method`` (greedy): (step-weighted tau, every output equal to the
-    target's own greedy output stored in ``gens``)."""
-    new = steps = 0
-    exact = True
-    for g in gens.values():
-        out = method.generate(engine, g["prompt"], max_new, eos_ids=engine.eos_ids)
-        exact &= out.tokens == g["output"][:len(out.tokens)] and len(out.tokens) == min(max_new, len(g["output"]))
-        new += len(out.tokens)
-        steps += out.n_forwards + 1
-    return new / steps, exact
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", help="target checkpoint: hub id or directory")
