@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F_nn
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -387,18 +388,17 @@ def block_counts(bm) -> tuple[int, int]:
     return active, math.prod(bm.kv_num_blocks.shape[:-1]) * math.ceil(q_len / q_bs) * math.ceil(kv_len / kv_bs)
 
 
-def flex_entry():
-    """A fresh function over ``flex_attention``: each compiled layout gets its own entry point (separate caches)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    def flex(q, k, v, block_mask, enable_gqa):
-        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
-
-    return flex
+def _flex_fixed(q, k, v, block_mask, gqa):  # one entry point per layout: separate compile caches (Fallback)
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
 
-class Flex:
-    """flex_attention, compiled or eager; a failing compiled call falls back to eager, with a printed note.
+def _flex_scattered(q, k, v, block_mask, gqa):
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+
+class Fallback:
+    """``fn`` under ``torch.compile(**kw)`` (when ``compiled``); after a failing compiled call, eager ``fn`` for good,
+    with a printed note (``compiled`` then reads False).
 
     torch 2.13 quirk: when dynamo's automatic-dynamic marks the tensor a mask_mod closes over as dynamic (its size
     changed between calls), the CPU flex template fails to build (``CppCompileError: 'cur_qSplitSize8' was not
@@ -406,57 +406,40 @@ class Flex:
     has one size for all contexts, and each layout gets its own compiled entry point (separate caches).
     """
 
-    def __init__(self, compiled: bool):
-        self.eager, self.compiled = flex_entry(), compiled
-        self.fns = {name: torch.compile(flex_entry()) for name in ("fixed", "scattered")} if compiled else {}
+    def __init__(self, fn, compiled: bool, **kw):
+        self.fn, self.compiled = fn, compiled
+        self.fast = torch.compile(fn, **kw) if compiled else None
 
-    def __call__(self, layout: str, q, k, v, block_mask):
-        gqa = q.shape[1] != k.shape[1]
+    def __call__(self, *args, **kw):
         if self.compiled:
             try:
-                return self.fns[layout](q, k, v, block_mask, gqa)
+                return self.fast(*args, **kw)
             except Exception as e:  # noqa: BLE001 - any compile failure: report and go on eagerly
-                print(f"NOTE: compiled flex_attention failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
-                      "; falling back to eager flex_attention (unfused, block sparsity ignored "
-                      "on CPU): the remaining timings do not reflect the layout", file=sys.stderr)
+                print(f"NOTE: compiled {self.fn.__name__} failed ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200]}); eager from now on (flex_attention: unfused, block sparsity "
+                      "ignored on CPU): the remaining timings do not reflect the layout", file=sys.stderr)
                 self.compiled = False
-        return self.eager(q, k, v, block_mask, gqa)
+        return self.fn(*args, **kw)
 
 
-class MaskBuilder:
-    """create_block_mask, eager and (optionally) compiled with dynamic=True."""
-
-    def __init__(self, compiled: bool):
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        self.eager = create_block_mask
-        self.compiled = torch.compile(create_block_mask, dynamic=True) if compiled else None
-
-    def build(self, mask_mod, q_len, kv_len, device, compiled=False):
-        return (self.compiled if compiled else self.eager)(mask_mod, None, None, q_len, kv_len, device=device)
-
-    def time(self, mask_mod, q_len, kv_len, device, repeats) -> tuple[float, float | None]:
-        """(median eager build ms, median compiled build ms or None), compilation excluded."""
-        eager = timed(lambda: self.build(mask_mod, q_len, kv_len, device), repeats, 1, device)[1]
-        comp = None
-        if self.compiled is not None:
-            try:
-                comp = timed(lambda: self.build(mask_mod, q_len, kv_len, device, True), repeats, 1, device)[1]
-            except Exception as e:  # noqa: BLE001
-                print(f"NOTE: compiled create_block_mask failed ({type(e).__name__}); reporting eager build only",
-                      file=sys.stderr)
-                self.compiled = None
-        return eager, comp
+def flex_layouts(compiled: bool) -> dict[str, Fallback]:
+    return {"fixed": Fallback(_flex_fixed, compiled), "scattered": Fallback(_flex_scattered, compiled)}
 
 
-def check_equivalence(flex: Flex, q, k, v, idx, bm_fixed, bm_scat, budget) -> float:
+def build_ms(build, mask_mod, q_len, kv_len, device, repeats) -> float | None:
+    """Median ms to build the BlockMask with ``build`` (compilation apart); None when its compiled form failed."""
+    ms = timed(lambda: build(mask_mod, None, None, q_len, kv_len, device=device), repeats, 1, device)[1]
+    return ms if getattr(build, "compiled", True) else None
+
+
+def check_equivalence(flex: dict, q, k, v, idx, bm_fixed, bm_scat, budget) -> float:
     """Fixed layout over a cache holding the selected entries in [0, F) == scattered layout == dense SDPA."""
     k2, v2 = k.clone(), v.clone()
     k2[:, :, :budget], v2[:, :, :budget] = k[:, :, idx], v[:, :, idx]
-    out_fixed = flex("fixed", q, k2, v2, bm_fixed).float()
-    out_scat = flex("scattered", q, k, v, bm_scat).float()
-    ref = F_nn.scaled_dot_product_attention(q.float(), k[:, :, idx].float(), v[:, :, idx].float(),
-                                            enable_gqa=q.shape[1] != k.shape[1])
+    gqa = q.shape[1] != k.shape[1]
+    out_fixed = flex["fixed"](q, k2, v2, bm_fixed, gqa).float()
+    out_scat = flex["scattered"](q, k, v, bm_scat, gqa).float()
+    ref = F_nn.scaled_dot_product_attention(q.float(), k[:, :, idx].float(), v[:, :, idx].float(), enable_gqa=gqa)
     diff = max((out_fixed - out_scat).abs().max().item(), (out_fixed - ref).abs().max().item(),
                (out_scat - ref).abs().max().item())
     tolerance = 2e-4 if q.dtype == torch.float32 else 2e-2
@@ -481,7 +464,8 @@ def fumble(args) -> list[dict]:
 
 
 def fumble_rows(args, device: torch.device, dtype: torch.dtype) -> list[dict]:
-    flex, masks = Flex(not args.no_compile), MaskBuilder(not args.no_compile)
+    flex = flex_layouts(not args.no_compile)
+    compiled_mask = Fallback(create_block_mask, not args.no_compile, dynamic=True)
     gen = torch.Generator().manual_seed(args.seed)
     H, Hkv, D, F, Q = args.heads, args.kv_heads, args.head_dim, args.budget, args.streams * args.k
     shape = {"budget": F, "heads": H, "kv_heads": Hkv, "head_dim": D, "streams": args.streams, "k": args.k,
@@ -508,17 +492,18 @@ def fumble_rows(args, device: torch.device, dtype: torch.dtype) -> list[dict]:
             layouts.append(("scattered", scatter, idx, selected_mask(selected)))
         bm_fixed = None
         for layout, scatter, idx, mask_mod in layouts:
-            b_eager, b_comp = masks.time(mask_mod, Q, ctx, device, args.repeats)
-            bm = masks.build(mask_mod, Q, ctx, device)  # built once, outside the timed loop
+            b_eager = build_ms(create_block_mask, mask_mod, Q, ctx, device, args.repeats)
+            b_comp = build_ms(compiled_mask, mask_mod, Q, ctx, device, args.repeats) if not args.no_compile else None
+            bm = create_block_mask(mask_mod, None, None, Q, ctx, device=device)  # built once, outside the timed loop
             bm_fixed = bm if layout == "fixed" else bm_fixed
-            first, med, low = timed(lambda: flex(layout, q, k, v, bm), args.repeats, args.warmup, device)
+            first, med, low = timed(lambda: flex[layout](q, k, v, bm, Hkv != H), args.repeats, args.warmup, device)
             diff = check_equivalence(flex, q, k, v, idx, bm_fixed, bm, F) if idx is not None else None
             active, tiles = block_counts(bm)
-            rows.append({"context": ctx, "layout": layout, "scatter": scatter, **shape, "compiled": int(flex.compiled),
-                         "median_ms": med, "min_ms": low, "first_call_ms": first, "active_kv_blocks": active,
-                         "total_kv_tiles": tiles, "block_density": active / tiles, "block_size": bm.BLOCK_SIZE[1],
-                         "mask_build_eager_ms": b_eager, "mask_build_compiled_ms": b_comp,
-                         "check_max_abs_diff": diff, "threads": torch.get_num_threads(), "torch": torch.__version__})
+            rows.append({"context": ctx, "layout": layout, "scatter": scatter, **shape,
+                         "compiled": int(flex[layout].compiled), "median_ms": med, "min_ms": low,
+                         "first_call_ms": first, "active_kv_blocks": active, "total_kv_tiles": tiles,
+                         "block_density": active / tiles, "block_size": bm.BLOCK_SIZE[1], "mask_build_eager_ms": b_eager,
+                         "mask_build_compiled_ms": b_comp, "check_max_abs_diff": diff, "threads": torch.get_num_threads(), "torch": torch.__version__})
         print(f"  context {ctx}: done", file=sys.stderr, flush=True)
     return rows
 

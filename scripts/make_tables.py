@@ -280,7 +280,8 @@ def row_stats(table: Table, row) -> dict:
 
 def row_tokens(table: Table, row) -> str | None:
     """Tokens per forward of a row's runs (the summary's ``tokens_per_forward``), or None if unknown."""
-    values = sorted({int(v) for r in row_runs(table, row) if (v := num(r.summary.get("tokens_per_forward"))) is not None})
+    values = sorted({int(v) for r in row_runs(table, row)
+                     if (v := num(r.summary.get("tokens_per_forward"))) is not None})
     return "/".join(map(str, values)) if values else None
 
 
@@ -385,10 +386,11 @@ def long_rows(table: Table) -> list[dict]:
             out.append({
                 "table": table.name, "model": row[0], "method": row[1], "paper_model": table.row_names[row][0],
                 "paper_method": table.row_names[row][1], "column": table.col_names[col], "task": col[0],
-                "axis": col[1], "value": col[2], "speedup": rf.rounded(s.get("speedup")), "tau": rf.rounded(s.get("tau")),
-                "paper_speedup": p.get("speedup", ""), "paper_tau": p.get("tau", ""), "d_speedup": rf.rounded(diff[0]),
-                "d_tau": rf.rounded(diff[1]), "peak_mem_mb": rf.rounded(s.get("peak_mem_mb"), 1),
-                "paper_peak_mem_mb": p.get("peak_mem_mb", ""), "exact_match_rate": rf.rounded(s.get("exact_match_rate")),
+                "axis": col[1], "value": col[2], "speedup": rf.rounded(s.get("speedup")),
+                "tau": rf.rounded(s.get("tau")), "paper_speedup": p.get("speedup", ""), "paper_tau": p.get("tau", ""),
+                "d_speedup": rf.rounded(diff[0]), "d_tau": rf.rounded(diff[1]),
+                "peak_mem_mb": rf.rounded(s.get("peak_mem_mb"), 1), "paper_peak_mem_mb": p.get("peak_mem_mb", ""),
+                "exact_match_rate": rf.rounded(s.get("exact_match_rate")),
                 "n_samples": s.get("n_samples", ""), "n_turns": s.get("n_turns", ""), "status": status,
                 "run_dir": cell.ours.rel if cell.ours is not None else "", "paper_note": p.get("note", ""),
                 **rf.csv_extras(cell.ours),
