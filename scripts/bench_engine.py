@@ -502,8 +502,9 @@ def fumble_rows(args, device: torch.device, dtype: torch.dtype) -> list[dict]:
             rows.append({"context": ctx, "layout": layout, "scatter": scatter, **shape,
                          "compiled": int(flex[layout].compiled), "median_ms": med, "min_ms": low,
                          "first_call_ms": first, "active_kv_blocks": active, "total_kv_tiles": tiles,
-                         "block_density": active / tiles, "block_size": bm.BLOCK_SIZE[1], "mask_build_eager_ms": b_eager,
-                         "mask_build_compiled_ms": b_comp, "check_max_abs_diff": diff, "threads": torch.get_num_threads(), "torch": torch.__version__})
+                         "block_density": active / tiles, "block_size": bm.BLOCK_SIZE[1],
+                         "mask_build_eager_ms": b_eager, "mask_build_compiled_ms": b_comp, "check_max_abs_diff": diff,
+                         "threads": torch.get_num_threads(), "torch": torch.__version__})
         print(f"  context {ctx}: done", file=sys.stderr, flush=True)
     return rows
 
