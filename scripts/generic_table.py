@@ -140,15 +140,7 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
 def _cell_text(table: GenericTable, model, method, col) -> str:
     hit = table.cells[(table.cells["model"] == model) & (table.cells["method"] == method)
                       & (table.cells["task"] == col[0]) & (table.cells["value"] == col[1])]
-    if hit.empty:
-        return rf.DASH
-    run = hit.iloc[0]["run"]
-    text = rf.fmt_pair(run.summary.get("speedup"), run.summary.get("tau"), run.summary.get("speedup_ci95"))
-    if rf.num(run.summary.get("tau_all")) is not None and text.endswith(")"):
-        text = text[:-1] + f"/{rf.num(run.summary['tau_all']):.2f})"
-    if text == rf.DASH:
-        return text
-    return text + ("*" if not run.complete else "") + ("†" if run.coverage is not None else "")
+    return rf.DASH if hit.empty else rf.fmt_run(hit.iloc[0]["run"], tau_all=True)
 
 
 def header(table: GenericTable) -> list[str]:

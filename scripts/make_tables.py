@@ -236,16 +236,6 @@ def align_columns(table: Table) -> Table:
 
 
 # ------------------------------------------------------------------ formatting
-def fmt_ours(run: Run | None) -> str:
-    """Our cell: ``speedup× [95 % CI] (tau)``, ``*`` for a partial run, ``†`` when computed on common samples."""
-    if run is None:
-        return DASH
-    text = rf.fmt_pair(*_ours(run), ci=run.summary.get("speedup_ci95"))
-    if text != DASH:
-        text += ("*" if not run.complete else "") + ("†" if run.coverage is not None else "")
-    return text
-
-
 def _diff(ours: tuple, paper: tuple) -> list:
     """Ours minus the paper's (speedup, tau); None where either is missing."""
     return [None if num(a) is None or num(b) is None else num(a) - num(b) for a, b in zip(ours, paper)]
@@ -309,7 +299,7 @@ def body(table: Table) -> list[list[str]]:
         for col in table.cols:
             cell = table.cell(row, col)
             n = rf.fmt_n(cell.ours.summary) if cell.ours is not None else DASH
-            line += [fmt_ours(cell.ours), n, rf.fmt_pair(*_theirs(cell.paper)),
+            line += [rf.fmt_run(cell.ours), n, rf.fmt_pair(*_theirs(cell.paper)),
                      fmt_diff(_ours(cell.ours), _theirs(cell.paper))]
         stats = row_stats(table, row)
         line += [rf.fmt(stats["peak_mem_mb"], ".0f")]

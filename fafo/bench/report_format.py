@@ -108,6 +108,17 @@ def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
     return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{dash} ({t:.2f})"
 
 
+def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
+    """A run's cell: ``speedup× [lo–hi] (tau)`` (``(tau/tau_all)`` with ``tau_all``), ``*`` for a partial run,
+    ``†`` when its numbers are computed on the samples common to its column (:func:`fafo.bench.report.align`)."""
+    s = run.summary if run is not None else {}
+    text = fmt_pair(s.get("speedup"), s.get("tau"), s.get("speedup_ci95"), dash)
+    if tau_all and num(s.get("tau_all")) is not None and text.endswith(")"):
+        text = text[:-1] + f"/{num(s['tau_all']):.2f})"
+    marks = ("*" if not run.complete else "") + ("†" if run.coverage is not None else "") if run else ""
+    return text if text == dash else text + marks
+
+
 def rounded(x, digits: int = 4):
     """A CSV number rounded to ``digits`` ("" where there is none)."""
     x = num(x)
