@@ -330,8 +330,7 @@ def fafo_step(args) -> list[dict]:
             state = FAFOState(FAFODecoder(fused=fused), engine, prompt.tolist(), 64)
             state.prefill()
             states[name] = (state, state.candidates()[0])
-        for state, cands in states.values():
-            state.forward_logits(cands)  # warm-up
+            state.forward_logits(states[name][1])  # warm-up
         times, attn = {k: [] for k in states}, {k: [] for k in states}
         for _ in range(args.repeats):
             for name, (state, cands) in states.items():

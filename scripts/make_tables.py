@@ -6,21 +6,18 @@
     python scripts/make_tables.py results/runs/my_sweep                    # any runs: rows (model, method) x tasks
     python scripts/make_tables.py results/runs/my_sweep --by method.compress.local   # columns: that key's values
 
-Reads every run directory under the given roots (``summary.json`` + ``config.yaml``; a run that has rows in
-``samples.csv`` but no ``summary.json`` yet, e.g. killed or still running, is summarised from its rows and marked
-partial; see ``fafo/bench/report.py``) and the published numbers in ``results/paper/<table>.csv``. Rows are
-(model, method), columns are tasks or, for ablations, the values of the table's axis (``k``, ``n``, ``budget``,
-``guesses``...). Each column shows ours as ``speedup× [95 % CI] (tau)``, our coverage ``n`` (samples[/turns] and
-failed rows), the paper's and ours minus the paper's; each row ends with our peak memory (max over its runs, the
-paper's where it has one), vanilla's own peak and the overhead, and our exact-match rate (over all its
-(sample, turn)s; mismatches classified in fp32 as tie / divergence). The footnotes name the speedup and the tau
-shown with their definitions. The methods of one model in one column are compared on the (sample, turn)s all of
-them cover: when one failed or skipped a sample, the others are recomputed without it, the cells are marked † and
-a footnote gives the count. Runs whose samples carry categories get a second, per-category table. Cells without a
-run (a partial sweep) print as "—". Runs from no paper preset (or ``--by KEY``) get the generic
-comparison table of ``scripts/generic_table.py`` instead (one row per (model, method), a column per task or KEY
-value). Writes ``<table>.csv`` (long form: one line per cell, every
-number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and prints the Markdown.
+Reads every run under the given roots (:func:`fafo.bench.report.collect`: a run killed or still running is
+summarised from its ``samples.csv`` rows and marked partial ``*``) and the published numbers in
+``results/paper/<table>.csv``. Rows are (model, method); columns are tasks or, for ablations, the values of the
+table's axis (``k``, ``n``, ``budget``, ``guesses``...). Each column shows ours as ``speedup× [95 % CI] (tau)``,
+our coverage ``n`` (samples[/turns], failed rows), the paper's and ours minus the paper's; each row ends with our
+peak memory (the paper's where it has one), vanilla's own peak, the overhead and our exact-match rate (mismatches
+classified in fp32 as tie / divergence); the footnotes define the speedup and tau shown. The methods of one model
+in one column are compared on the (sample, turn)s all of them cover (recomputed, marked †, counted in a footnote);
+runs whose samples carry categories get a per-category table; a cell without a run prints "—". Runs from no paper
+preset (or ``--by KEY``) get the generic table of ``scripts/generic_table.py``. Writes ``<table>.csv`` (one line
+per cell, every number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and
+prints the Markdown.
 """
 
 from __future__ import annotations
@@ -236,25 +233,21 @@ def align_columns(table: Table) -> Table:
 
 
 # ------------------------------------------------------------------ formatting
-def _diff(ours: tuple, paper: tuple) -> list:
+def _pair(p: dict | None) -> tuple:  # (speedup, tau) of a summary or a published row
+    return (None, None) if p is None else (p.get("speedup"), p.get("tau"))
+
+
+def _diff(cell: Cell) -> list:
     """Ours minus the paper's (speedup, tau); None where either is missing."""
-    return [None if num(a) is None or num(b) is None else num(a) - num(b) for a, b in zip(ours, paper)]
+    ours = _pair(cell.ours.summary if cell.ours is not None else None)
+    return [None if num(a) is None or num(b) is None else num(a) - num(b) for a, b in zip(ours, _pair(cell.paper))]
 
 
-def fmt_diff(ours: tuple, paper: tuple) -> str:
-    ds = _diff(ours, paper)
+def fmt_diff(cell: Cell) -> str:
+    ds = _diff(cell)
     if ds[0] is None and ds[1] is None:
         return DASH
-    part = [DASH if d is None else f"{d:+.2f}" for d in ds]
-    return f"{part[0]} ({part[1]})"
-
-
-def _ours(run: Run | None) -> tuple:
-    return (None, None) if run is None else (run.summary.get("speedup"), run.summary.get("tau"))
-
-
-def _theirs(p: dict | None) -> tuple:
-    return (None, None) if p is None else (p.get("speedup"), p.get("tau"))
+    return f"{DASH if ds[0] is None else f'{ds[0]:+.2f}'} ({DASH if ds[1] is None else f'{ds[1]:+.2f}'})"
 
 
 def row_runs(table: Table, row) -> list[Run]:
@@ -299,8 +292,7 @@ def body(table: Table) -> list[list[str]]:
         for col in table.cols:
             cell = table.cell(row, col)
             n = rf.fmt_n(cell.ours.summary) if cell.ours is not None else DASH
-            line += [rf.fmt_run(cell.ours), n, rf.fmt_pair(*_theirs(cell.paper)),
-                     fmt_diff(_ours(cell.ours), _theirs(cell.paper))]
+            line += [rf.fmt_run(cell.ours), n, rf.fmt_pair(*_pair(cell.paper)), fmt_diff(cell)]
         stats = row_stats(table, row)
         line += [rf.fmt(stats["peak_mem_mb"], ".0f")]
         line += [rf.fmt(stats["paper_peak_mem_mb"], ".0f")] if table.has_paper_peak else []
@@ -312,7 +304,7 @@ def body(table: Table) -> list[list[str]]:
 def footnotes(table: Table) -> list[str]:
     notes = []
     published = [c for c in table.cells.values() if c.paper is not None]
-    n_numbers = sum(1 for c in published if any(num(x) is not None for x in _theirs(c.paper)))
+    n_numbers = sum(1 for c in published if any(num(x) is not None for x in _pair(c.paper)))
     n_both = sum(1 for c in published if c.ours is not None)
     notes.append(f"{n_both} of {len(published)} published cells have a run ({n_numbers} of them have published "
                  "numbers); ours = this harness as speedup× [95 % CI] (tau), paper = results/paper, Δ = ours - paper "
@@ -371,7 +363,7 @@ def long_rows(table: Table) -> list[dict]:
                 continue
             s = cell.ours.summary if cell.ours is not None else {}
             p = cell.paper or {}
-            diff = _diff(_ours(cell.ours), _theirs(cell.paper))
+            diff = _diff(cell)
             status = "missing" if cell.ours is None else "ok" if cell.ours.complete else "partial"
             out.append({
                 "table": table.name, "model": row[0], "method": row[1], "paper_model": table.row_names[row][0],

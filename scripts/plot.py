@@ -105,7 +105,7 @@ def series(table: mt.Table, axis: str) -> list[dict]:
     out = []
     for row in table.rows:
         model, method = table.row_names[row]
-        entry = {"row": row, "label": method if len(models) == 1 else f"{model} / {method}"}
+        entry = {"label": method if len(models) == 1 else f"{model} / {method}"}
         for metric, _ in METRICS:
             ours, paper = [], []
             for col in table.cols:
