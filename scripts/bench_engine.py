@@ -30,28 +30,30 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F_nn
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fafo.engine.model as model_module  # noqa: E402
 from fafo.bench.cost_curve import CostCurve  # noqa: E402
+from fafo.bench.timing import SyncClock, load_average, sync  # noqa: E402
 from fafo.engine.attention import causal_plan  # noqa: E402
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions, compile_stats  # noqa: E402
 from fafo.engine.engine import Engine  # noqa: E402
-from fafo.engine.tiny import tiny_checkpoint  # noqa: E402
+from fafo.engine.tiny import default_cache_dir  # noqa: E402
+from fafo.engine.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 
 MODES = ("roofline", "vs-hf", "fafo-step", "fumble")
 DEFAULTS = {  # per mode: (contexts, repeats, out)
@@ -77,23 +79,15 @@ FUMBLE_COLUMNS = [
 CURVE_STEPS = [1, 2, 4, 8, 16, 32, 64, 120, 128, 256, 481, 512]
 CURVE_CONTEXTS = [256, 1024, 4096]
 SCATTERS = ("streaming", "random")
+# The model of a run without --model: a random Llama (a smoke test of the script, not a benchmark); vs-hf and
+# fafo-step use one of 156M parameters.
 MODEL_156M = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
                   num_key_value_heads=4, intermediate_size=2816, max_position_embeddings=8192)
+EMBEDDED = dict(vocab_size=1024, hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                intermediate_size=688, max_position_embeddings=65536)
 
 
 # ----------------------------------------------------------------------------------------------- shared
-def load_average() -> str:
-    try:
-        return " ".join(open("/proc/loadavg").read().split()[:3])
-    except OSError:
-        return ""
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn, repeats: int, warmup: int, device: torch.device) -> tuple[float, float, float]:
     """(first call ms, median ms, min ms): the first call (compilation) apart, then warmup, then repeats."""
     sync(device)
@@ -113,15 +107,35 @@ def timed(fn, repeats: int, warmup: int, device: torch.device) -> tuple[float, f
     return first, statistics.median(times), min(times)
 
 
-def write_csv(rows: list[dict], columns: list[str], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+def model_path(args) -> str:
+    """``--model``, else a random Llama of the mode's size (fp32, seed 0; ``--spec`` overrides its config) with the
+    embedded tokenizer (ids are random), built once under ``$FAFO_CACHE/bench``."""
+    if args.model:
+        return args.model
+    import transformers
+
+    spec = {**(EMBEDDED if args.mode in ("roofline", "fumble") else MODEL_156M), **json.loads(args.spec or "{}")}
+    out = default_cache_dir() / "bench" / hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    if not (out / "config.json").is_file():
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(**spec, initializer_range=0.02, eos_token_id=None, bos_token_id=None)
+        transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+        build_tiny_tokenizer().save_pretrained(out)
+    return str(out)
 
 
-def save_plot(panels, out: Path, title: str) -> Path:
+def load_engine(args, backend: str | None = None) -> Engine:
+    engine = Engine.from_pretrained(model_path(args), device=args.device, dtype=args.dtype,
+                                    backend=backend or args.attention)
+    if args.compile:  # the runner's compiled decode steps; one cache for every context, as in a run
+        engine.enable_compile(CompileOptions(mode=args.compile, backend=args.compile_backend))
+        engine.cache(max(args.contexts) + max(args.steps))
+    if args.cache_slots:  # a run's cache sized for its longest sample (compiled steps are specialised to it)
+        engine.cache(args.cache_slots)
+    return engine
+
+
+def save_plot(panels, out: Path, title: str) -> None:
     """One log2-context panel per ``(title, {label: (xs, ys)}, y label, log y)``, saved as ``out``'s PNG."""
     import matplotlib
 
@@ -141,7 +155,7 @@ def save_plot(panels, out: Path, title: str) -> Path:
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=120)
     plt.close(fig)
-    return out.with_suffix(".png")
+    print(f"wrote {out.with_suffix('.png')}")
 
 
 # ----------------------------------------------------------------------------------------------- roofline
@@ -177,21 +191,6 @@ def device_name(device: torch.device) -> str:
         return "cpu"
 
 
-def load_engine(args) -> Engine:
-    path = args.model
-    if path is None:  # the embedded tiny model: a smoke test of the script, not a benchmark
-        path = str(tiny_checkpoint(dict(family="llama", hidden_size=256, num_hidden_layers=4,
-                                        num_attention_heads=8, num_key_value_heads=2, intermediate_size=688,
-                                        max_position_embeddings=65536)))
-    engine = Engine.from_pretrained(path, device=args.device, dtype=args.dtype, backend=args.attention)
-    if args.compile:  # the runner's compiled decode steps; one cache for every context, as in a run
-        engine.enable_compile(CompileOptions(mode=args.compile, backend=args.compile_backend))
-        engine.cache(max(args.contexts) + max(args.steps))
-    if args.cache_slots:  # a run's cache sized for its longest sample (compiled steps are specialised to it)
-        engine.cache(args.cache_slots)
-    return engine
-
-
 def roofline(args) -> list[dict]:
     engine = load_engine(args)
     device, a = engine.device, engine.model.args
@@ -212,7 +211,7 @@ def roofline(args) -> list[dict]:
             med, read = med / 1e3, engine.weights_nbytes + context * kv_bytes_per_token
             rows.append({"device": str(device), "dtype": args.dtype, "attention": attention, "context": context,
                          "step_tokens": step, "median_ms": med * 1e3, "min_ms": low, "bytes_read": read,
-                         "gb_per_s": read / med / 1e9, "peak_fraction": (read / med / peak) if peak else "",
+                         "gb_per_s": read / med / 1e9, "peak_fraction": (read / med / peak) if peak else None,
                          "tokens_per_s": step / med, "threads": torch.get_num_threads(),
                          "loadavg": load_average(), "torch": torch.__version__, "device_name": device_name(device)})
             print(f"context {context:>7}  step {step:>4}  {med * 1e3:9.2f} ms  {read / med / 1e9:8.1f} GB/s"
@@ -220,43 +219,22 @@ def roofline(args) -> list[dict]:
     if args.compile:
         stats = compile_stats()
         print(f"compiled {stats['graphs']} graphs in {stats['compile_s']:.1f} s (excluded from the timings)")
-    write_csv(rows, COLUMNS, args.out)
-    if args.plot:
-        series = {f"{s} tokens": ([r["context"] for r in rows if r["step_tokens"] == s],
-                                  [r["median_ms"] for r in rows if r["step_tokens"] == s]) for s in args.steps}
-        save_plot([("engine forward", series, "forward latency (ms)", False)], args.out,
-                  f"engine forward, {rows[0]['device']}, {rows[0]['dtype']}")
-    print(f"wrote {args.out} ({torch.get_num_threads()} threads, load average {load_average()}, "
-          f"{os.cpu_count()} CPUs)")
-    if args.curve:
-        print_break_even(args.out, args.contexts)
     return rows
 
 
+def roofline_report(args, rows: list[dict]) -> None:
+    """The latency plot (``--plot``) and, with ``--curve``, each method setting's break-even tau."""
+    if args.plot:
+        first = [r for r in rows if r["threads"] == rows[0]["threads"]]  # the first --threads count
+        series = {f"{s} tokens": ([r["context"] for r in first if r["step_tokens"] == s],
+                                  [r["median_ms"] for r in first if r["step_tokens"] == s]) for s in args.steps}
+        save_plot([("engine forward", series, "forward latency (ms)", False)], args.out,
+                  f"engine forward, {rows[0]['device']}, {rows[0]['dtype']}")
+    if args.curve:
+        print_break_even(args.out, args.contexts)
+
+
 # ----------------------------------------------------------------------------------------------- vs-hf, fafo-step
-def build_model(out: Path, spec: dict) -> Path:
-    """A random Llama (fp32, seed 0) saved with save_pretrained, plus the embedded tokenizer (ids are random)."""
-    import transformers
-
-    from fafo.engine.tiny_tokenizer import build_tiny_tokenizer
-
-    if not (out / "config.json").is_file():
-        torch.manual_seed(0)
-        config = transformers.LlamaConfig(**spec, initializer_range=0.02, eos_token_id=None, bos_token_id=None)
-        transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
-        build_tiny_tokenizer().save_pretrained(out)
-    return out
-
-
-class MarkClock:
-    """A decoder clock keeping the time of its ``prefill`` mark."""
-
-    at = 0.0
-
-    def mark(self, phase: str) -> None:
-        self.at = time.perf_counter()
-
-
 class FirstCall:
     """A transformers logits processor noting when it is first called (the prefill's logits are ready)."""
 
@@ -274,30 +252,30 @@ def decode_row(bench, context, variant, med, ratio, note="", share=None) -> dict
             "note": note}
 
 
-def vs_hf(args, path: Path) -> list[dict]:
+def vs_hf(args) -> list[dict]:
     import transformers
 
     from baselines.vanilla import VanillaDecoder
 
-    engine = Engine.from_pretrained(str(path))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    hf.eval()
+    engine = load_engine(args)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_path(args), dtype=DTYPES[args.dtype],
+                                                           attn_implementation="sdpa").to(engine.device).eval()
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     rows, same = [], None
     for prompt_len in args.prompts:
-        ids = torch.randint(5, MODEL_156M["vocab_size"], (prompt_len,), generator=torch.Generator().manual_seed(1))
+        ids = torch.randint(5, engine.model.args.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(1))
 
         def ours(k):  # decode seconds per token after the first (the prefill ends at the clock's mark)
-            clock = MarkClock()
+            clock = SyncClock(engine.device)
             tokens = VanillaDecoder().generate(engine, ids.tolist(), k, clock=clock)
-            return tokens.tokens, (time.perf_counter() - clock.at) / (k - 1)
+            return tokens.tokens, (time.perf_counter() - clock.marks["prefill"]) / (k - 1)
 
         def theirs(k, cache):
             kw = {"cache_implementation": "static"} if cache == "static" else {}
             first = FirstCall()  # called once per new token: its first call ends the prefill
             with torch.inference_mode():
-                out = hf.generate(ids[None], max_new_tokens=k, min_new_tokens=k, do_sample=False,
+                out = hf.generate(ids[None].to(engine.device), max_new_tokens=k, min_new_tokens=k, do_sample=False,
                                   logits_processor=transformers.LogitsProcessorList([first]), **kw)
             return out[0, prompt_len:].tolist(), (time.perf_counter() - first.at) / (k - 1)
 
@@ -340,26 +318,26 @@ class AttentionTimer:
         model_module.attend = self._orig
 
 
-def fafo_step(args, path: Path) -> list[dict]:
+def fafo_step(args) -> list[dict]:
     from fafo.fafo import FAFODecoder, FAFOState
 
     rows, context = [], args.contexts[0]
-    prompt = torch.randint(5, MODEL_156M["vocab_size"], (context,), generator=torch.Generator().manual_seed(1))
     for backend in ("dense", "sdpa"):
-        engine = Engine.from_pretrained(str(path), backend=backend)
+        engine = load_engine(args, backend)
+        prompt = torch.randint(5, engine.model.args.vocab_size, (context,), generator=torch.Generator().manual_seed(1))
         states = {}
         for name, fused in (("fused", True), ("2forward", False)):
             state = FAFOState(FAFODecoder(fused=fused), engine, prompt.tolist(), 64)
             state.prefill()
             states[name] = (state, state.candidates()[0])
-        for state, cands in states.values():
-            state.forward_logits(cands)  # warm-up
+            state.forward_logits(states[name][1])  # warm-up
         times, attn = {k: [] for k in states}, {k: [] for k in states}
         for _ in range(args.repeats):
             for name, (state, cands) in states.items():
                 with AttentionTimer() as t:
                     t0 = time.perf_counter()
                     state.forward_logits(cands)
+                    sync(engine.device)
                     times[name].append(time.perf_counter() - t0)
                 attn[name].append(t.seconds / times[name][-1])
         for name in states:
@@ -368,19 +346,6 @@ def fafo_step(args, path: Path) -> list[dict]:
                                    med / (statistics.median(times["fused"]) * 1e3), share=share))
             print(f"threads {torch.get_num_threads()} context {context} {backend:<5} {name:<8} {med:9.1f} ms/step "
                   f"attention {share:6.1%}  load {load_average()}", flush=True)
-    return rows
-
-
-def decode(args) -> list[dict]:
-    spec = MODEL_156M if args.spec is None else {**MODEL_156M, **json.loads(args.spec)}
-    MODEL_156M.update(spec)
-    path = build_model(args.model_dir, spec)
-    rows = []
-    for threads in args.threads or [torch.get_num_threads()]:
-        torch.set_num_threads(threads)
-        rows += (vs_hf if args.mode == "vs-hf" else fafo_step)(args, path)
-    write_csv(rows, DECODE_COLUMNS, args.out)
-    print(f"wrote {args.out}  (torch {torch.__version__})")
     return rows
 
 
@@ -422,20 +387,17 @@ def block_counts(bm) -> tuple[int, int]:
     return active, math.prod(bm.kv_num_blocks.shape[:-1]) * math.ceil(q_len / q_bs) * math.ceil(kv_len / kv_bs)
 
 
-def _flex_fixed(q, k, v, block_mask, enable_gqa):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+def _flex_fixed(q, k, v, block_mask, gqa):  # one entry point per layout: separate compile caches (Fallback)
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
 
-def _flex_scattered(q, k, v, block_mask, enable_gqa):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+def _flex_scattered(q, k, v, block_mask, gqa):
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
 
-class Flex:
-    """flex_attention, compiled or eager; a failing compiled call falls back to eager, with a printed note.
+class Fallback:
+    """``fn`` under ``torch.compile(**kw)`` (when ``compiled``); after a failing compiled call, eager ``fn`` for good,
+    with a printed note (``compiled`` then reads False).
 
     torch 2.13 quirk: when dynamo's automatic-dynamic marks the tensor a mask_mod closes over as dynamic (its size
     changed between calls), the CPU flex template fails to build (``CppCompileError: 'cur_qSplitSize8' was not
@@ -443,61 +405,40 @@ class Flex:
     has one size for all contexts, and each layout gets its own compiled entry point (separate caches).
     """
 
-    ENTRY = {"fixed": _flex_fixed, "scattered": _flex_scattered}
+    def __init__(self, fn, compiled: bool, **kw):
+        self.fn, self.compiled = fn, compiled
+        self.fast = torch.compile(fn, **kw) if compiled else None
 
-    def __init__(self, compiled: bool, dynamic: bool | None):
-        from torch.nn.attention.flex_attention import flex_attention
-
-        self.eager, self.compiled, self.note = flex_attention, compiled, None
-        self.fns = {name: torch.compile(fn, dynamic=dynamic) for name, fn in self.ENTRY.items()} if compiled else {}
-
-    def __call__(self, layout: str, q, k, v, block_mask):
-        gqa = q.shape[1] != k.shape[1]
+    def __call__(self, *args, **kw):
         if self.compiled:
             try:
-                return self.fns[layout](q, k, v, block_mask, gqa)
+                return self.fast(*args, **kw)
             except Exception as e:  # noqa: BLE001 - any compile failure: report and go on eagerly
-                self.note = f"compiled flex_attention failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
-                print(f"NOTE: {self.note}; falling back to eager flex_attention (unfused, block sparsity ignored "
-                      "on CPU): the remaining timings do not reflect the layout", file=sys.stderr)
+                print(f"NOTE: compiled {self.fn.__name__} failed ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200]}); eager from now on (flex_attention: unfused, block sparsity "
+                      "ignored on CPU): the remaining timings do not reflect the layout", file=sys.stderr)
                 self.compiled = False
-        return self.eager(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+        return self.fn(*args, **kw)
 
 
-class MaskBuilder:
-    """create_block_mask, eager and (optionally) compiled with dynamic=True."""
-
-    def __init__(self, compiled: bool):
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        self.eager = create_block_mask
-        self.compiled = torch.compile(create_block_mask, dynamic=True) if compiled else None
-
-    def build(self, mask_mod, q_len, kv_len, device, compiled=False):
-        return (self.compiled if compiled else self.eager)(mask_mod, None, None, q_len, kv_len, device=device)
-
-    def time(self, mask_mod, q_len, kv_len, device, repeats) -> tuple[float, float | None]:
-        """(median eager build ms, median compiled build ms or None), compilation excluded."""
-        eager = timed(lambda: self.build(mask_mod, q_len, kv_len, device), repeats, 1, device)[1]
-        comp = None
-        if self.compiled is not None:
-            try:
-                comp = timed(lambda: self.build(mask_mod, q_len, kv_len, device, True), repeats, 1, device)[1]
-            except Exception as e:  # noqa: BLE001
-                print(f"NOTE: compiled create_block_mask failed ({type(e).__name__}); reporting eager build only",
-                      file=sys.stderr)
-                self.compiled = None
-        return eager, comp
+def flex_layouts(compiled: bool) -> dict[str, Fallback]:
+    return {"fixed": Fallback(_flex_fixed, compiled), "scattered": Fallback(_flex_scattered, compiled)}
 
 
-def check_equivalence(flex: Flex, q, k, v, idx, bm_fixed, bm_scat, budget) -> float:
+def build_ms(build, mask_mod, q_len, kv_len, device, repeats) -> float | None:
+    """Median ms to build the BlockMask with ``build`` (compilation apart); None when its compiled form failed."""
+    ms = timed(lambda: build(mask_mod, None, None, q_len, kv_len, device=device), repeats, 1, device)[1]
+    return ms if getattr(build, "compiled", True) else None
+
+
+def check_equivalence(flex: dict, q, k, v, idx, bm_fixed, bm_scat, budget) -> float:
     """Fixed layout over a cache holding the selected entries in [0, F) == scattered layout == dense SDPA."""
     k2, v2 = k.clone(), v.clone()
     k2[:, :, :budget], v2[:, :, :budget] = k[:, :, idx], v[:, :, idx]
-    out_fixed = flex("fixed", q, k2, v2, bm_fixed).float()
-    out_scat = flex("scattered", q, k, v, bm_scat).float()
-    ref = F_nn.scaled_dot_product_attention(q.float(), k[:, :, idx].float(), v[:, :, idx].float(),
-                                            enable_gqa=q.shape[1] != k.shape[1])
+    gqa = q.shape[1] != k.shape[1]
+    out_fixed = flex["fixed"](q, k2, v2, bm_fixed, gqa).float()
+    out_scat = flex["scattered"](q, k, v, bm_scat, gqa).float()
+    ref = F_nn.scaled_dot_product_attention(q.float(), k[:, :, idx].float(), v[:, :, idx].float(), enable_gqa=gqa)
     diff = max((out_fixed - out_scat).abs().max().item(), (out_fixed - ref).abs().max().item(),
                (out_scat - ref).abs().max().item())
     tolerance = 2e-4 if q.dtype == torch.float32 else 2e-2
@@ -507,36 +448,33 @@ def check_equivalence(flex: Flex, q, k, v, idx, bm_fixed, bm_scat, budget) -> fl
     return diff
 
 
-class Row(NamedTuple):
-    """One fumble measurement: a context and a layout."""
+def fumble(args) -> list[dict]:
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    import torch._dynamo.config as dynamo_config
 
-    context: int
-    layout: str
-    scatter: str
-    first_call_ms: float
-    median_ms: float
-    min_ms: float
-    active: int
-    tiles: int
-    block_size: int
-    build_eager_ms: float
-    build_compiled_ms: float | None
-    diff: float | None
-    compiled: bool
+    # A silent fallback after the recompile limit would time the eager path: make it an error (caught -> note).
+    patch = {"fail_on_recompile_limit_hit": True,
+             "recompile_limit": max(dynamo_config.recompile_limit, len(args.contexts) + 4)}
+    patch = {key: val for key, val in patch.items() if hasattr(dynamo_config, key)}
+    with warnings.catch_warnings(), dynamo_config.patch(**patch):
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        warnings.filterwarnings("ignore", message=".*_compile flag on create_block_mask.*")
+        return fumble_rows(args, device, dtype)
 
 
-def fumble_rows(args, device: torch.device, dtype: torch.dtype) -> list[Row]:
-    compiled = not args.no_compile
-    flex = Flex(compiled, {"auto": None, "true": True, "false": False}[args.dynamic])
-    masks = MaskBuilder(compiled and not args.no_compile_block_mask)
+def fumble_rows(args, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    flex = flex_layouts(not args.no_compile)
+    compiled_mask = Fallback(create_block_mask, not args.no_compile, dynamic=True)
     gen = torch.Generator().manual_seed(args.seed)
     H, Hkv, D, F, Q = args.heads, args.kv_heads, args.head_dim, args.budget, args.streams * args.k
+    shape = {"budget": F, "heads": H, "kv_heads": Hkv, "head_dim": D, "streams": args.streams, "k": args.k,
+             "q_rows": Q, "dtype": args.dtype, "device": str(device)}
     for ctx in (c for c in args.contexts if c < F):
         print(f"NOTE: skipping context {ctx} < budget {F}", file=sys.stderr)
     contexts = [c for c in args.contexts if c >= F]
     if not contexts:
         raise SystemExit("error: every --contexts value is smaller than --budget")
-    rows: list[Row] = []
+    rows: list[dict] = []
     for ctx in contexts:
         q = torch.randn(1, H, Q, D, generator=gen).to(device, dtype)
         k = torch.randn(1, Hkv, ctx, D, generator=gen).to(device, dtype)
@@ -553,72 +491,55 @@ def fumble_rows(args, device: torch.device, dtype: torch.dtype) -> list[Row]:
             layouts.append(("scattered", scatter, idx, selected_mask(selected)))
         bm_fixed = None
         for layout, scatter, idx, mask_mod in layouts:
-            b_eager, b_comp = masks.time(mask_mod, Q, ctx, device, args.repeats)
-            bm = masks.build(mask_mod, Q, ctx, device)  # built once, outside the timed loop
+            b_eager = build_ms(create_block_mask, mask_mod, Q, ctx, device, args.repeats)
+            b_comp = build_ms(compiled_mask, mask_mod, Q, ctx, device, args.repeats) if not args.no_compile else None
+            bm = create_block_mask(mask_mod, None, None, Q, ctx, device=device)  # built once, outside the timed loop
             bm_fixed = bm if layout == "fixed" else bm_fixed
-            first, med, low = timed(lambda: flex(layout, q, k, v, bm), args.repeats, args.warmup, device)
+            first, med, low = timed(lambda: flex[layout](q, k, v, bm, Hkv != H), args.repeats, args.warmup, device)
             diff = check_equivalence(flex, q, k, v, idx, bm_fixed, bm, F) if idx is not None else None
-            rows.append(Row(ctx, layout, scatter, first, med, low, *block_counts(bm), bm.BLOCK_SIZE[1], b_eager,
-                            b_comp, diff, flex.compiled))
+            active, tiles = block_counts(bm)
+            rows.append({"context": ctx, "layout": layout, "scatter": scatter, **shape,
+                         "compiled": int(flex[layout].compiled), "median_ms": med, "min_ms": low,
+                         "first_call_ms": first, "active_kv_blocks": active, "total_kv_tiles": tiles,
+                         "block_density": active / tiles, "block_size": bm.BLOCK_SIZE[1],
+                         "mask_build_eager_ms": b_eager, "mask_build_compiled_ms": b_comp, "check_max_abs_diff": diff,
+                         "threads": torch.get_num_threads(), "torch": torch.__version__})
         print(f"  context {ctx}: done", file=sys.stderr, flush=True)
     return rows
 
 
-def fumble(args) -> list[Row]:
-    device = torch.device(args.device)
-    dtype = DTYPES[args.dtype]
-    import torch._dynamo.config as dynamo_config
-
-    # A silent fallback after the recompile limit would time the eager path: make it an error (caught -> note).
-    patch = {"fail_on_recompile_limit_hit": True,
-             "recompile_limit": max(dynamo_config.recompile_limit, len(args.contexts) + 4)}
-    patch = {key: val for key, val in patch.items() if hasattr(dynamo_config, key)}
-    with warnings.catch_warnings(), dynamo_config.patch(**patch):
-        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        warnings.filterwarnings("ignore", message=".*_compile flag on create_block_mask.*")
-        rows = fumble_rows(args, device, dtype)
-    c = lambda x: "" if x is None else (f"{x:.4f}" if isinstance(x, float) else x)  # noqa: E731
-    write_csv([{"context": r.context, "layout": r.layout, "scatter": r.scatter, "budget": args.budget,
-                "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "streams": args.streams,
-                "k": args.k, "q_rows": args.streams * args.k, "dtype": args.dtype, "device": str(device),
-                "compiled": int(r.compiled), "median_ms": c(r.median_ms), "min_ms": c(r.min_ms),
-                "first_call_ms": c(r.first_call_ms), "active_kv_blocks": r.active, "total_kv_tiles": r.tiles,
-                "block_density": f"{r.active / r.tiles:.4f}", "block_size": r.block_size,
-                "mask_build_eager_ms": c(r.build_eager_ms), "mask_build_compiled_ms": c(r.build_compiled_ms),
-                "check_max_abs_diff": "" if r.diff is None else f"{r.diff:.3g}", "threads": torch.get_num_threads(),
-                "torch": torch.__version__} for r in rows], FUMBLE_COLUMNS, args.out)
-    fixed = {r.context: r for r in rows if r.layout == "fixed"}
+def fumble_report(args, rows: list[dict]) -> None:
+    """Fixed vs scattered side by side per context (the first ``--threads`` count), and the plot (``--plot``)."""
+    rows = [r for r in rows if r["threads"] == rows[0]["threads"]]
+    fixed = {r["context"]: r for r in rows if r["layout"] == "fixed"}
     print(f"\nFumble attention: q [1,{args.heads},{args.streams * args.k},{args.head_dim}], kv heads {args.kv_heads}, "
-          f"budget F={args.budget}, {args.dtype} on {device}, {'EAGER' if args.no_compile else 'compiled'} "
-          f"flex_attention, {torch.get_num_threads()} threads, median of {args.repeats}")
-    print(f"{'context':>8} {'scatter':>9} {'fixed_ms':>9} {'scat_ms':>9} {'ratio':>6} {'blocks fix/scat/all':>20} "
-          f"{'build_ms fix/scat (eager)':>26} {'(compiled)':>14} {'compile_s f/s':>14}")
+          f"budget F={args.budget}, {args.dtype} on {args.device}, {'EAGER' if args.no_compile else 'compiled'} "
+          f"flex_attention, {rows[0]['threads']} threads, median of {args.repeats}")
     c = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-    for r in (r for r in rows if r.layout == "scattered"):
-        f = fixed[r.context]
-        print(f"{r.context:>8} {r.scatter:>9} {f.median_ms:>9.2f} {r.median_ms:>9.2f} "
-              f"{r.median_ms / f.median_ms:>6.2f} {f'{f.active}/{r.active}/{r.tiles}':>20} "
-              f"{f'{f.build_eager_ms:.2f}/{r.build_eager_ms:.2f}':>26} "
-              f"{f'{c(f.build_compiled_ms)}/{c(r.build_compiled_ms)}':>14} "
-              f"{f'{f.first_call_ms / 1e3:.1f}/{r.first_call_ms / 1e3:.1f}':>14}")
-    if not all(r.compiled for r in rows):
+    for r in (r for r in rows if r["layout"] == "scattered"):  # fixed / scattered
+        f = fixed[r["context"]]
+        print(f"context {r['context']:>6} {r['scatter']:>9}: {f['median_ms']:.2f} / {r['median_ms']:.2f} ms "
+              f"({r['median_ms'] / f['median_ms']:.2f}x), active KV blocks {f['active_kv_blocks']} / "
+              f"{r['active_kv_blocks']} of {r['total_kv_tiles']}, mask build {f['mask_build_eager_ms']:.2f} / "
+              f"{r['mask_build_eager_ms']:.2f} ms eager, {c(f['mask_build_compiled_ms'])} / "
+              f"{c(r['mask_build_compiled_ms'])} compiled, first call {f['first_call_ms'] / 1e3:.1f} / "
+              f"{r['first_call_ms'] / 1e3:.1f} s")
+    if not all(r["compiled"] for r in rows):
         print("NOTE: some rows ran eager flex_attention (unfused; on CPU it ignores block sparsity): "
               "their times do not reflect the layout.")
-    print(f"\nwrote {args.out}")
     if args.plot:
-        series = {"fixed": [r for r in rows if r.layout == "fixed"],
-                  **{f"scattered ({s})": [r for r in rows if r.scatter == s] for s in args.scatter}}
-        builds = {}
+        series = {"fixed": [r for r in rows if r["layout"] == "fixed"],
+                  **{f"scattered ({s})": [r for r in rows if r["scatter"] == s] for s in args.scatter}}
+        times, builds = {}, {}
         for name, rs in series.items():
-            builds[f"{name}, eager"] = ([r.context for r in rs], [r.build_eager_ms for r in rs])
-            if any(r.build_compiled_ms is not None for r in rs):
-                builds[f"{name}, compiled"] = ([r.context for r in rs], [r.build_compiled_ms for r in rs])
-        times = {name: ([r.context for r in rs], [r.median_ms for r in rs]) for name, rs in series.items()}
-        print("wrote " + str(save_plot([("flex_attention (median ms)", times, "ms", True),
-                                        ("create_block_mask (median ms)", builds, "ms", True)], args.out,
-                                       f"Fumble attention, {args.streams}x{args.k} queries, F={args.budget}, "
-                                       f"{args.dtype} on {device}")))
-    return rows
+            xs = [r["context"] for r in rs]
+            times[name] = (xs, [r["median_ms"] for r in rs])
+            builds[f"{name}, eager"] = (xs, [r["mask_build_eager_ms"] for r in rs])
+            if any(r["mask_build_compiled_ms"] is not None for r in rs):
+                builds[f"{name}, compiled"] = (xs, [r["mask_build_compiled_ms"] for r in rs])
+        save_plot([("flex_attention (median ms)", times, "ms", True),
+                   ("create_block_mask (median ms)", builds, "ms", True)], args.out,
+                  f"Fumble attention, {args.streams}x{args.k} queries, F={args.budget}, {args.dtype} on {args.device}")
 
 
 # ----------------------------------------------------------------------------------------------- command line
@@ -628,17 +549,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("mode", nargs="?", choices=MODES, default="roofline")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: float16 on CUDA, else float32")
+    p.add_argument("--model", default=None, help="hub id or checkpoint dir (default: a random Llama, see --spec)")
+    p.add_argument("--spec", default=None, help="JSON overriding the default model's config, e.g. a smaller one")
     p.add_argument("--contexts", "--context", type=int, nargs="+", default=None,
                    help="cache lengths; roofline 1024 2048 4096 (--curve 256 1024 4096), fafo-step 1024 (the "
                         "prompt), fumble 1024..32768")
     p.add_argument("--repeats", "--rounds", type=int, default=None, help="timed rounds (median): 5, decode modes 3")
     p.add_argument("--warmup", type=int, default=2, help="calls before timing (the first one compiles)")
     p.add_argument("--threads", type=int, nargs="+", default=None,
-                   help="torch.set_num_threads; vs-hf / fafo-step run once per count (default: torch's)")
+                   help="torch.set_num_threads; the mode runs once per count (default: torch's)")
     p.add_argument("--out", type=Path, default=None, help="CSV (default results/bench/<mode's name>.csv)")
     p.add_argument("--plot", action="store_true", help="also save a PNG next to the CSV (roofline, fumble)")
+    p.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("roofline")
-    g.add_argument("--model", default=None, help="hub id or checkpoint dir (default: an embedded tiny model)")
     g.add_argument("--attention", default="sdpa", choices=["sdpa", "flex"])
     g.add_argument("--steps", type=int, nargs="+", default=None,
                    help=f"tokens per forward (default 1 481; --curve: {' '.join(map(str, CURVE_STEPS))})")
@@ -649,11 +572,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--compile-backend", default="inductor")
     g.add_argument("--cache-slots", type=int, default=None,
                    help="allocate the static cache with at least this many slots (e.g. 16384: a long-context run)")
-    g = p.add_argument_group("vs-hf, fafo-step")
+    g = p.add_argument_group("vs-hf")
     g.add_argument("--prompts", type=int, nargs="+", default=[256, 4096])
     g.add_argument("--new-tokens", type=int, default=128)
-    g.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "fafo-bench-156m")
-    g.add_argument("--spec", default=None, help="override the 156M model spec (JSON), e.g. a smaller one for tests")
     g = p.add_argument_group("fumble")
     g.add_argument("--heads", type=int, default=32, help="query heads H")
     g.add_argument("--kv-heads", type=int, default=8, help="KV heads H_kv (GQA when < heads)")
@@ -664,10 +585,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--sink", type=int, default=4, help="StreamingLLM attention-sink tokens (--scatter streaming)")
     g.add_argument("--scatter", nargs="+", choices=SCATTERS, default=["streaming"])
     g.add_argument("--no-compile", action="store_true", help="eager flex_attention / create_block_mask")
-    g.add_argument("--no-compile-block-mask", action="store_true", help="time only eager create_block_mask")
-    g.add_argument("--dynamic", choices=["auto", "true", "false"], default="auto",
-                   help="torch.compile dynamic= for flex_attention (auto: static first, dynamic after a recompile)")
-    g.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     contexts, repeats, out = DEFAULTS[args.mode]
     args.contexts = args.contexts or (CURVE_CONTEXTS if args.curve else contexts)
@@ -685,18 +602,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> list:
+RUN = {"roofline": (roofline, COLUMNS, roofline_report), "vs-hf": (vs_hf, DECODE_COLUMNS, None),
+       "fafo-step": (fafo_step, DECODE_COLUMNS, None), "fumble": (fumble, FUMBLE_COLUMNS, fumble_report)}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run the mode once per ``--threads`` count, write its rows to ``--out`` (CSV), then its summary and plot."""
     args = parse_args(argv)
-    if args.mode in ("vs-hf", "fafo-step"):
-        return decode(args)
-    threads = torch.get_num_threads()
+    run, columns, report = RUN[args.mode]
     torch.manual_seed(args.seed)
-    if args.threads:
-        torch.set_num_threads(args.threads[0])
+    threads, rows = torch.get_num_threads(), []
     try:
-        return roofline(args) if args.mode == "roofline" else fumble(args)
+        for n in args.threads or [threads]:
+            torch.set_num_threads(n)
+            rows += run(args)
     finally:
         torch.set_num_threads(threads)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {args.out} (torch {torch.__version__}, load average {load_average()}, {os.cpu_count()} CPUs)")
+    if report is not None:
+        report(args, rows)
+    return rows
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ support of each step, so keep top_k small) by chi-square goodness of fit and tot
 for each position's marginal. Prints one line per test and writes a CSV.
 
     python scripts/check_distribution.py --method fafo_stream --model tiny_llama --samples 2000 --tokens 3 \\
-        --temperature 0.1 --top-k 4 --override method.n=4 method.k=3 method.pool_from_prompt=true
+        --override sampling.temperature=0.1 sampling.top_k=4 method.n=4 method.k=3 method.pool_from_prompt=true
 
-The prompt defaults to a built-in text followed by the model's own greedy continuation (so n-gram methods find
-their guesses in it and actually accept tokens: tau is printed). Offline, CPU by default.
+Sampling: the config's ``sampling`` node, temperature 0.1 and top-k 4 unless overridden. The prompt defaults to
+a built-in text followed by the model's own greedy continuation (so n-gram methods find their guesses in it and
+actually accept tokens: tau is printed). Offline, CPU by default.
 """
 
 from __future__ import annotations
@@ -30,16 +31,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="tiny_llama", help="a conf/model name")
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--tokens", type=int, default=3, help="K: the first K tokens are tested")
-    ap.add_argument("--temperature", type=float, default=0.1)
-    ap.add_argument("--top-k", type=int, default=4)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--min-p", type=float, default=0.0)
-    ap.add_argument("--repetition-penalty", type=float, default=1.0)
     ap.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog. The quick brown fox")
     ap.add_argument("--greedy-prefix", type=int, default=40, help="append the model's greedy continuation")
     ap.add_argument("--alpha", type=float, default=0.001)
-    ap.add_argument("--no-vanilla", action="store_true", help="skip the vanilla sampling run")
-    ap.add_argument("--override", nargs="*", default=[], help="Hydra overrides, e.g. method.n=4")
+    ap.add_argument("--override", nargs="*", default=[], help="Hydra overrides, e.g. method.n=4 sampling.top_k=2")
     ap.add_argument("--out", default="results/check_distribution.csv")
     args = ap.parse_args(argv)
 
@@ -49,14 +44,13 @@ def main(argv=None) -> int:
     from baselines.vanilla import VanillaDecoder
     from fafo.bench.setup import build, method_node, resolve_model
     from fafo.engine.engine import Engine
-    from fafo.sampling import Sampling
     from fafo.sampling_check import compare, exact_joint, run_many
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = compose("config", overrides=[f"method={args.method}", f"model={args.model}", *args.override])
-    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                        repetition_penalty=args.repetition_penalty)
+        cfg = compose("config", overrides=[f"method={args.method}", f"model={args.model}", "sampling.temperature=0.1",
+                                           "sampling.top_k=4", *args.override])
+    sampling = build(cfg.sampling, "sampling")
     method = build(method_node(cfg.method), "method")
     method.check_sampling(sampling)
     ckpt = resolve_model(cfg.model)
@@ -69,10 +63,8 @@ def main(argv=None) -> int:
     if args.greedy_prefix:
         ids = ids + VanillaDecoder().generate(engine, ids, args.greedy_prefix).tokens
     joint = exact_joint(engine, ids, sampling, args.tokens)
-    runs = [("vanilla", VanillaDecoder())] if not args.no_vanilla else []
-    runs.append((args.method, method))
     rows, ok = [], True
-    for name, dec in runs:
+    for name, dec in (("vanilla", VanillaDecoder()), (args.method, method)):
         seqs, tau = run_many(dec, engine, ids, sampling, args.tokens, args.samples)
         for r in compare(seqs, joint, args.tokens):
             r.update(method=name, tau=round(tau, 4), samples=args.samples, reject=r["pvalue"] <= args.alpha)

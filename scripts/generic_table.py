@@ -24,9 +24,7 @@ from fafo.bench import report
 from fafo.bench import report_format as rf
 from fafo.bench.report import Collected, Run
 
-CELL_KEYS = ["speedup", "tau", "exact_match_rate", "peak_mem_mb", "tokens_per_s", "new_tokens", "total_s",
-             "n_samples", "n_turns", "tau_all", "n_failed", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms",
-             "n_mismatch_tie", "n_mismatch_divergence"]
+CELL_KEYS = ["speedup", "tau", "exact_match_rate", "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns"]
 LONG_COLUMNS = ["table", "model", "method", "column", "task", "by", "value", "speedup", "tau", "exact_match_rate",
                 "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns", "status", "run_dir", "checkpoint", "n_params",
                 "speedup_kind", "speedup_ci95_lo", "speedup_ci95_hi", "tau_all", "n_failed", "ref_peak_mem_mb",
@@ -39,17 +37,11 @@ def run_value(run: Run, key: str):
     """A dotted config key's value in a run's config.yaml, else the summary's (``dtype``, ``device_name``...);
     ``None`` where the run has neither."""
     value = report.dotted(run.config, key)
-    if value is None or isinstance(value, (dict, list)):
-        value = run.summary.get(key, value if not isinstance(value, (dict, list)) else None)
-    return value
+    return run.summary.get(key) if value is None or isinstance(value, (dict, list)) else value
 
 
-def runs_frame(collected: Collected, by: str | None = None) -> pd.DataFrame:
+def runs_frame(runs: list[Run], by: str | None = None) -> pd.DataFrame:
     """One line per run: its (model, method, task, by-value), its summary numbers and where it lives."""
-    return _frame(sorted(collected.runs, key=lambda r: r.order), by)
-
-
-def _frame(runs: list[Run], by: str | None) -> pd.DataFrame:
     records = []
     for run in runs:
         s = run.summary
@@ -72,7 +64,7 @@ def align_cells(cells: pd.DataFrame, by: str | None) -> tuple[pd.DataFrame, list
         runs += aligned
         if note:
             notes.append(f"† {model}, {task}{f' {by}={value}' if by else ''}: {note}")
-    return _frame(runs, by).sort_values(["model", "method"], kind="stable"), notes
+    return runs_frame(runs, by).sort_values(["model", "method"], kind="stable"), notes
 
 
 def _flat(config, prefix="") -> dict:
@@ -112,7 +104,7 @@ def _col_key(task, value):
 def build(collected: Collected, by: str | None = None, name: str | None = None,
           title: str | None = None) -> GenericTable:
     """The table of every run in ``collected``: one column per task (or ``by`` value), one row per (model, method)."""
-    runs = runs_frame(collected, by)
+    runs = runs_frame(sorted(collected.runs, key=lambda r: r.order), by)
     if runs.empty:
         raise SystemExit("error: no finished or partial runs (summary.json / samples.csv) under the given "
                          "directories")
@@ -126,8 +118,8 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
         hint = f"; they differ in {', '.join(keys[:6])} (separate them with --by KEY)" if keys else ""
         notes.append(f"{len(dup) - dup.groupby(group).ngroups} cell(s) had more than one run; the most complete one "
                      f"is shown{hint}.")
-    cells = cells.assign(time_s=cells["total_s"], ok_weight=cells["weight"].where(cells["exact_match_rate"].notna()))
-    rows = cells.groupby(["model", "method"], sort=True).apply(_row_stats, include_groups=False).reset_index()
+    rows = pd.DataFrame([{"model": model, "method": method, **report.aggregate(list(g["run"]))}
+                         for (model, method), g in cells.groupby(["model", "method"], sort=True)])
     cols = sorted({(t, v) for t, v in zip(cells["task"], cells["value"])}, key=lambda c: _col_key(*c))
     several_tasks = len({t for t, _ in cols}) > 1
     col_names = {(t, v): (f"{t} {by}={v}" if several_tasks else f"{by}={v}") if by else t for t, v in cols}
@@ -140,43 +132,11 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
     return GenericTable(name, title, by, cells, rows, cols, col_names, notes)
 
 
-def _row_stats(g: pd.DataFrame) -> pd.Series:
-    """A row's exact-match rate (weighted by (sample, turn)s), peak memory (max) and tokens/s (tokens / time), its
-    coverage and mismatch counts (sums), vanilla's peak and the overhead (max), time per verification forward (mean
-    weighted by (sample, turn)s) and acceptance histogram (summed)."""
-    rated = g.dropna(subset=["exact_match_rate"])
-    rated = rated[rated["weight"] > 0]
-    exact = (rated["exact_match_rate"] * rated["weight"]).sum() / rated["weight"].sum() if len(rated) else None
-    timed = g.dropna(subset=["new_tokens", "total_s"])
-    tps = timed["new_tokens"].sum() / timed["total_s"].sum() if len(timed) and timed["total_s"].sum() > 0 else None
-    if tps is None and g["tokens_per_s"].notna().any():
-        tps = g["tokens_per_s"].mean()
-    peak = g["peak_mem_mb"].max() if g["peak_mem_mb"].notna().any() else None
-    out = {"exact_match_rate": exact, "peak_mem_mb": peak, "tokens_per_s": tps}
-    for key in ("n_samples", "n_turns", "n_failed", "n_mismatch_tie", "n_mismatch_divergence"):
-        out[key] = g[key].sum() if g[key].notna().any() else None
-    for key in ("ref_peak_mem_mb", "mem_overhead_mb"):
-        out[key] = g[key].max() if g[key].notna().any() else None
-    ms = g.dropna(subset=["verify_ms"])
-    out["verify_ms"] = (ms["verify_ms"] * ms["weight"]).sum() / ms["weight"].sum() \
-        if len(ms) and ms["weight"].sum() > 0 else (ms["verify_ms"].mean() if len(ms) else None)
-    out["accept_hist"] = rf.merge_hists(r.summary.get("accept_hist") for r in g["run"]) or None
-    return pd.Series(out)
-
-
 # ------------------------------------------------------------------ formatting
 def _cell_text(table: GenericTable, model, method, col) -> str:
     hit = table.cells[(table.cells["model"] == model) & (table.cells["method"] == method)
                       & (table.cells["task"] == col[0]) & (table.cells["value"] == col[1])]
-    if hit.empty:
-        return rf.DASH
-    run = hit.iloc[0]["run"]
-    text = rf.fmt_pair(run.summary.get("speedup"), run.summary.get("tau"), run.summary.get("speedup_ci95"))
-    if rf.num(run.summary.get("tau_all")) is not None and text.endswith(")"):
-        text = text[:-1] + f"/{rf.num(run.summary['tau_all']):.2f})"
-    if text == rf.DASH:
-        return text
-    return text + ("*" if not run.complete else "") + ("†" if run.coverage is not None else "")
+    return rf.DASH if hit.empty else rf.fmt_run(hit.iloc[0]["run"], tau_all=True)
 
 
 def header(table: GenericTable) -> list[str]:
@@ -212,13 +172,8 @@ def to_markdown(table: GenericTable) -> str:
 
 def to_latex(table: GenericTable) -> str:
     head = header(table)
-    out = [f"% {table.title} (scripts/make_tables.py)", r"\begin{tabular}{ll" + "r" * (len(head) - 2) + "}",
-           r"\toprule", " & ".join(rf.tex(h) for h in head) + r" \\", r"\midrule"]
-    for i, line in enumerate(body(table)):
-        if i and line[0]:
-            out.append(r"\midrule")
-        out.append(" & ".join(rf.tex(x) for x in line) + r" \\")
-    return "\n".join(out + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+    return rf.latex(table.title, "ll" + "r" * (len(head) - 2), [" & ".join(rf.tex(h) for h in head) + r" \\"],
+                    body(table))
 
 
 def long_frame(table: GenericTable) -> pd.DataFrame:
@@ -242,10 +197,4 @@ def long_frame(table: GenericTable) -> pd.DataFrame:
 
 
 def write_outputs(table: GenericTable, out_dir: str | Path) -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {ext: out / f"{table.name}.{ext}" for ext in ("csv", "md", "tex")}
-    long_frame(table).to_csv(paths["csv"], index=False, lineterminator="\n")
-    paths["md"].write_text(to_markdown(table))
-    paths["tex"].write_text(to_latex(table))
-    return paths
+    return rf.write_table(out_dir, table.name, long_frame(table), to_markdown(table), to_latex(table))

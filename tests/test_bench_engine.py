@@ -83,7 +83,8 @@ def test_bench_engine_curve_prints_break_even_tau(tmp_path, checkpoint, capsys):
 
 
 @pytest.mark.parametrize("mode", ["vs-hf", "fafo-step"])
-def test_bench_engine_decode_modes_write_their_rows(tmp_path, mode):
+def test_bench_engine_decode_modes_write_their_rows(tmp_path, mode, monkeypatch):
+    monkeypatch.setenv("FAFO_CACHE", str(tmp_path))  # where the random model is built
     spec = importlib.util.spec_from_file_location("bench_engine", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -91,7 +92,7 @@ def test_bench_engine_decode_modes_write_their_rows(tmp_path, mode):
             '"intermediate_size": 128, "vocab_size": 512}'
     out = tmp_path / "decode.csv"
     module.main([mode, "--threads", "1", "--rounds", "1", "--prompts", "32", "--new-tokens", "6", "--context", "40",
-                 "--spec", small, "--model-dir", str(tmp_path / "model"), "--out", str(out)])
+                 "--spec", small, "--out", str(out)])
     rows = list(csv.DictReader(open(out)))
     assert list(rows[0]) == module.DECODE_COLUMNS and {r["bench"] for r in rows} == {mode}
     assert all(float(r["median_ms"]) > 0 and r["threads"] == "1" for r in rows)

@@ -91,7 +91,7 @@ def test_mismatch_raises(bench):
     selected[idx] = True
     bm_fixed = create_block_mask(bench.fixed_region_mask(torch.tensor([F])), None, None, Q, ctx, device="cpu")
     bm_scat = create_block_mask(bench.selected_mask(selected), None, None, Q, ctx, device="cpu")
-    flex = bench.Flex(compiled=False, dynamic=None)
+    flex = bench.flex_layouts(compiled=False)
     assert bench.check_equivalence(flex, q, k, v, idx, bm_fixed, bm_scat, F) < 1e-4
     wrong = torch.arange(F)  # the fixed run copies slots [0, F) instead of the selected ones
     with pytest.raises(RuntimeError, match="disagree"):

@@ -41,11 +41,12 @@ def test_sweep_through_the_cli_reports_tokens_per_forward_and_break_even_tau(tmp
     assert s["projected_speedup"] == pytest.approx(s["tau"] / s["break_even_tau"], rel=1e-6)
     assert "break_even_tau" in proc.stdout and "tokens_per_forward" in proc.stdout
     # the equal-budget table and plot read those fields
-    plot = subprocess.run([sys.executable, str(REPO / "scripts/plot_equal_budget.py"), str(tmp_path / "runs")],
+    plot = subprocess.run([sys.executable, str(REPO / "scripts/plot.py"), str(tmp_path / "runs"), "--x",
+                           "tokens_per_forward", "--logx", "--wandb-mode", "disabled"],
                           capture_output=True, text=True, timeout=300)
     assert plot.returncode == 0, plot.stderr[-2000:]
     assert "| lookahead | 16 |" in plot.stdout and "| fafo-stream | 17 |" in plot.stdout
-    assert (tmp_path / "runs" / "equal_budget.png").stat().st_size > 0
+    assert (tmp_path / "runs" / "plots" / "runs_by_tokens_per_forward.png").stat().st_size > 0
 
 
 @pytest.mark.slow

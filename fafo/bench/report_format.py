@@ -6,6 +6,7 @@ A key a summary lacks (an old run directory, a method that drafts nothing) print
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 DASH = "—"
 
@@ -107,6 +108,17 @@ def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
     return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{dash} ({t:.2f})"
 
 
+def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
+    """A run's cell: ``speedup× [lo–hi] (tau)`` (``(tau/tau_all)`` with ``tau_all``), ``*`` for a partial run,
+    ``†`` when its numbers are computed on the samples common to its column (:func:`fafo.bench.report.align`)."""
+    s = run.summary if run is not None else {}
+    text = fmt_pair(s.get("speedup"), s.get("tau"), s.get("speedup_ci95"), dash)
+    if tau_all and num(s.get("tau_all")) is not None and text.endswith(")"):
+        text = text[:-1] + f"/{num(s['tau_all']):.2f})"
+    marks = ("*" if not run.complete else "") + ("†" if run.coverage is not None else "") if run else ""
+    return text if text == dash else text + marks
+
+
 def rounded(x, digits: int = 4):
     """A CSV number rounded to ``digits`` ("" where there is none)."""
     x = num(x)
@@ -135,6 +147,28 @@ def markdown(head: list[str], lines, notes=(), title: str | None = None, labels:
                                                                      for i in range(len(head))) + "|"]
     out += ["| " + " | ".join(line) + " |" for line in lines]
     return "\n".join(out + ([""] + [f"- {n}" for n in notes] if notes or title else [])) + "\n"
+
+
+def latex(title: str, spec: str, head: list[str], lines) -> str:
+    """A booktabs ``tabular`` (``% title`` above it): the ``head`` lines (LaTeX already), then one line per row with
+    its cells escaped by :func:`tex`, a rule before each row that starts a group (a non-empty first cell)."""
+    out = [f"% {title} (scripts/make_tables.py)", r"\begin{tabular}{" + spec + "}", r"\toprule", *head, r"\midrule"]
+    for i, line in enumerate(lines):
+        if i and line[0]:
+            out.append(r"\midrule")
+        out.append(" & ".join(tex(x) for x in line) + r" \\")
+    return "\n".join(out + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+
+
+def write_table(out_dir, name: str, frame, md: str, latex_text: str) -> dict[str, Path]:
+    """``<name>.csv`` (the DataFrame ``frame``), ``<name>.md`` and ``<name>.tex`` in ``out_dir``, by extension."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "md", "tex")}
+    frame.to_csv(paths["csv"], index=False, lineterminator="\n")
+    paths["md"].write_text(md)
+    paths["tex"].write_text(latex_text)
+    return paths
 
 
 def tex(s: str, dash: str = DASH) -> str:

@@ -20,6 +20,10 @@ timed beside the method) has ``ref_total_s``, ``ref_new_tokens`` and accept leng
 stored per row: its text is the method's where the turn matched vanilla exactly; elsewhere the method's text is
 written in its place and the line carries ``fafo_note`` (speed.py would count the method's tokens for it). A
 question with a failed turn is left out of both files (speed.py needs every turn) and listed in ``skipped``.
+
+    python -m fafo.bench.specbench_export RUN_DIR [--out DIR]        # then, in a Spec-Bench checkout:
+    python evaluation/speed.py --file-path DIR/<model>-<method>.jsonl --base-path DIR/<model>-vanilla.jsonl \
+        --tokenizer-path <model>
 """
 
 from __future__ import annotations
@@ -111,3 +115,31 @@ def export(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:
         paths[key].write_text("".join(json.dumps(x) + "\n" for x in lines))
     not_exact = sum(1 for b in base if "fafo_note" in b)
     return {**paths, "questions": len(method), "skipped": skipped, "not_exact": not_exact}
+
+
+def main(argv=None) -> int:
+    """``python -m fafo.bench.specbench_export RUN_DIR [--out DIR]``: writes both files; notes go to stderr."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", help="a run directory (samples.csv + outputs.jsonl)")
+    ap.add_argument("--out", help="output directory (default: RUN_DIR/specbench)")
+    args = ap.parse_args(argv)
+    try:
+        done = export(args.run_dir, args.out)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"wrote {done['method']} and {done['baseline']} ({done['questions']} questions)")
+    if done["skipped"]:
+        print(f"note: {len(done['skipped'])} questions with a failed turn left out: "
+              f"{', '.join(done['skipped'][:10])}", file=sys.stderr)
+    if done["not_exact"]:
+        print(f"note: {done['not_exact']} baseline answers carry the method's text (vanilla's was not stored; "
+              "see fafo_note): speed.py re-tokenizes the baseline's text", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
