@@ -128,7 +128,6 @@ class _Shape:
 
     mask: torch.Tensor  # [Q, Q] bool, on device
     rel: torch.Tensor  # [Q] positions relative to the current token
-    offsets: torch.Tensor  # [Q] arange: the step's KV goes to slots P + offsets
     rows: torch.Tensor  # logits rows: current token, top window level, every guess token
     guess_base: int  # row of the first guess token
 
@@ -182,8 +181,7 @@ class LookaheadState(StepState):
             rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
             w = levels * columns
             rows = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(w - columns, w + n_guesses * k)])
-            offsets = torch.arange(rel.numel(), device=dev)
-            self.shapes[key] = _Shape(mask, rel.to(dev), offsets, rows.to(dev), w)
+            self.shapes[key] = _Shape(mask, rel.to(dev), rows.to(dev), w)
         return self.shapes[key]
 
     def extras(self) -> dict:
@@ -204,7 +202,8 @@ class LookaheadState(StepState):
         padding = [self.cur] * ((n_branch - len(guesses)) * k)  # KV to scratch slots past the real guesses
         tokens = [self.cur] + [t for lv in levels for t in lv] + [t for g in guesses for t in g] + padding
         plan = AttentionPlan(prefix=self.P, step_mask=s.mask)
-        out = self.engine.forward(self.cache, tokens, s.rel + self.P, s.offsets + self.P, plan, logits=s.rows)[0]
+        slots = torch.arange(self.P, self.P + len(tokens), device=self.engine.device)  # KV to slots P .. P+Q-1
+        out = self.engine.forward(self.cache, tokens, s.rel + self.P, slots, plan, logits=s.rows)[0]
         preds = out.argmax(-1).tolist()  # the step's one host sync
         first, top, checked = preds[0], preds[1 : 1 + columns], preds[1 + columns :]
         if warm:  # every level drops column 0; the top level's predictions, minus column 0, are the new level

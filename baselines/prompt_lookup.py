@@ -41,11 +41,9 @@ class NgramIndex:
             if start is None or start + n >= L:  # only the suffix itself: no earlier occurrence
                 continue
             draft = self.tokens[start + n: start + n + num_tokens]
-            for i, t in enumerate(draft):  # transformers drops the candidates from the first EOS on
-                if t in eos_ids:
-                    draft = draft[:i]
-                    break
-            return draft  # transformers stops at the first match even when the EOS cut empties it
+            # transformers drops the candidates from the first EOS on, and stops at the first match even when the
+            # EOS cut empties it
+            return draft[:next((i for i, t in enumerate(draft) if t in eos_ids), len(draft))]
         return []
 
 

@@ -1,14 +1,10 @@
 """SAM-Decoding (Hu et al., 2024, "SAM Decoding: Speculative Decoding via Suffix Automaton",
-https://arxiv.org/abs/2411.10666), the automaton-only variant, re-implemented from hyx1999/SAM-Decoding at commit
-18c41f055b424fa3fa0bac41a8953d34cea1ed77 (``evaluation/inference_sam_only.py`` with the ``samd_sam_only`` package:
-``draft.py`` ``DraftModel.lookup``/``update``, ``samd_config.py``; the automata in ``baselines/suffix_automaton.py``).
-
-A dynamic suffix automaton over the prompt and the committed output drafts the chain that followed the first
-occurrence of the longest match (at most ``min(n_predicts, 1 + int(alpha * match))`` nodes); an optional static
-automaton over a corpus (``corpus_path``, built by ``scripts/build_sam_corpus.py``) drafts a best-first top-``topk``
-tree when its match minus ``len_bias`` is longer. Drafts are verified by the shared tree loop
-(``baselines/tree_drafting.py``). The official files matched, the corpus format and the presets' published
-numbers: docs/methods/sam_decoding.md.
+https://arxiv.org/abs/2411.10666), automaton only, re-implemented from hyx1999/SAM-Decoding at commit
+18c41f055b424fa3fa0bac41a8953d34cea1ed77 (``evaluation/inference_sam_only.py``, ``samd_sam_only/draft.py``): a
+suffix automaton of the prompt and output drafts the chain after the first occurrence of the longest match; an
+optional corpus automaton (``corpus_path``) drafts a best-first top-``topk`` tree when its match minus ``len_bias``
+is longer (automata: ``baselines/suffix_automaton.py``). The official files matched, the corpus format and the
+presets' published numbers: docs/methods/sam_decoding.md.
 """
 
 from __future__ import annotations

@@ -29,26 +29,24 @@ class SuffixAutomaton:
         self.link: list[int] = [-1]
         self.length: list[int] = [0]
         self.first_end: list[int] = [0]
-        self.cloned: list[bool] = [False]
         self.last = 0
         self.n = 0  # tokens added
 
     def __len__(self) -> int:
         return self.n
 
-    def _new(self, nxt: dict, link: int, length: int, first_end: int, cloned: bool) -> int:
+    def _new(self, nxt: dict, link: int, length: int, first_end: int) -> int:
         self.next.append(nxt)
         self.link.append(link)
         self.length.append(length)
         self.first_end.append(first_end)
-        self.cloned.append(cloned)
         return len(self.next) - 1
 
     def add(self, token: int) -> None:
         """Append ``token`` to the automaton's text (official ``add_state``; transition dicts keep the official
         insertion order, which decides ties among a corpus state's children)."""
         self.n += 1
-        cur = self._new({}, -1, self.n, self.n, False)
+        cur = self._new({}, -1, self.n, self.n)
         p = self.last
         while p != -1 and token not in self.next[p]:
             self.next[p][token] = cur
@@ -60,7 +58,7 @@ class SuffixAutomaton:
             if self.length[p] + 1 == self.length[q]:
                 self.link[cur] = q
             else:
-                clone = self._new(dict(self.next[q]), self.link[q], self.length[p] + 1, self.first_end[q], True)
+                clone = self._new(dict(self.next[q]), self.link[q], self.length[p] + 1, self.first_end[q])
                 while p != -1 and self.next[p].get(token) == q:
                     self.next[p][token] = clone
                     p = self.link[p]
@@ -147,8 +145,9 @@ class CorpusAutomaton(SuffixAutomaton):
         return sam
 
     def finish(self) -> None:
-        """Count end positions: 1 per state created for a position (clones and the root: 0), summed bottom-up."""
-        count = [0 if c else 1 for c in self.cloned]
+        """Count end positions: 1 per state created for a position, summed bottom-up. Clones (and the root) start
+        at 0: a clone is shorter than its first end position, a state created for position p has length p."""
+        count = [int(length == end) for length, end in zip(self.length, self.first_end)]
         count[0] = 0
         by_length: list[list[int]] = [[] for _ in range(self.n + 1)]
         for s in range(1, len(self.next)):

@@ -1,13 +1,9 @@
 """SuffixDecoding (Oliaro, Jia, Campos, Qiao, NeurIPS 2025, https://arxiv.org/abs/2411.04975), re-implemented from
 snowflakedb/ArcticInference at commit 9d4643881608178f0f58a33d1b61919ca246997f (``arctic_inference/suffix_decoding/
-cache.py`` ``SuffixDecodingCache``, ``simulator.py``, ``csrc/suffix_decoding/suffix_tree.cc``; unchanged since
-8d5d124, Oct 2025).
-
-Two suffix trees (:class:`baselines.suffix_tree.SuffixTree`): the request's own (prompt, then every generated token)
-and a global one of the outputs of earlier requests (and the current one as it grows). Each step the last
-``max_depth`` tokens are matched in both, a draft tree (or path, ``tree=false``) sized by the match is grown from
-each and the higher-scoring one is verified. Defaults are those of the paper's simulator. How it drafts, the
-official sources of each setting and the known differences: docs/methods/suffix_decoding.md.
+cache.py`` ``SuffixDecodingCache``, ``simulator.py``; unchanged since 8d5d124, Oct 2025): the last ``max_depth``
+tokens are matched in two suffix trees (:class:`baselines.suffix_tree.SuffixTree`), the request's own and a global
+one of earlier outputs; a draft tree (or path) sized by the match is grown from each and the higher-scoring one is
+verified. Defaults are the paper's simulator's. Details and sources: docs/methods/suffix_decoding.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """The depth-bounded suffix tree of SuffixDecoding and its speculation, re-implemented from snowflakedb/ArcticInference
-``csrc/suffix_decoding/suffix_tree.{h,cc}`` (commit 9d4643881608178f0f58a33d1b61919ca246997f; these files last
-changed in 8d5d124, Oct 2025), over the compact storage of ``baselines/suffix_index.py`` (never built node by node).
-
-A node of the official path-compressed tree is here the set of end positions of its string: its count is the
-set's size, its node ends are where the set stops continuing as one, and the official sibling order (by count, a
-child whose count changes moving to the front of its group) follows from the positions, since sequences are only
-appended: among equal counts a child seen more than once ranks by its latest occurrence (newest first), a child
-seen once by its occurrence (oldest first). :meth:`SuffixTree.speculate` is ``SuffixTree::speculate`` with float32
-probabilities and libstdc++'s priority queue, so drafts are identical, ties included. The official tree, the
-speculation rule and the known differences (sibling reordering after evictions): docs/methods/suffix_decoding.md.
+``csrc/suffix_decoding/suffix_tree.{h,cc}`` (commit 9d4643881608178f0f58a33d1b61919ca246997f; unchanged since
+8d5d124, Oct 2025) over the storage of ``baselines/suffix_index.py``: a node of the official path-compressed tree is
+the set of end positions of its string, never built. Since sequences are only appended, the official sibling order
+follows from the positions: by count, then a child seen more than once by its latest occurrence (newest first), a
+child seen once by its occurrence (oldest first). :meth:`SuffixTree.speculate` is ``SuffixTree::speculate`` with
+float32 probabilities and libstdc++'s priority queue, so drafts are identical, ties included. The tree, the rule and
+the known differences: docs/methods/suffix_decoding.md.
 """
 
 from __future__ import annotations
@@ -227,16 +224,14 @@ class SuffixTree(SuffixIndex):
         # a draft's score is at most its size, and at most 1 per level below the match (+ float32 rounding); a
         # node's probability is count(node) / count(match), so level k sums to the share of the match's
         # occurrences followed by k more tokens
-        bound, small = {}, {}
+        bound = {}
         for m, b in budget.items():
             levels = min(b, self.max_depth - m)
             bound[m] = min(b, levels + 1e-3)
             after = matches[m - 1][1]
             if after is not None:
                 if len(after) <= 8:
-                    if id(after) not in small:
-                        small[id(after)] = after.tolist()
-                    mass = sum(min(a, levels) for a in small[id(after)]) / len(after)
+                    mass = sum(min(a, levels) for a in after.tolist()) / len(after)
                 else:
                     mass = float(np.minimum(after, levels).sum()) / len(after)
                 bound[m] = min(bound[m], mass * (1 + 1e-4) + 1e-4) if mass else 0.0  # 0: nothing to draft
