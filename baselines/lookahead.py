@@ -21,7 +21,6 @@ from fafo.engine.attention import AttentionPlan, causal_plan, tree_mask
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
-from fafo.tree import commit_path
 
 
 def lookahead_step_mask(columns: int, levels: int, n_guesses: int, guess_len: int) -> torch.Tensor:
@@ -234,7 +233,10 @@ class LookaheadState(StepState):
 
     def commit(self, step: Step) -> None:
         """The current token's KV is already at slot P; move the accepted guess tokens' KV next to it."""
-        commit_path(self.cache, self.P, step.kv)
+        if step.kv:
+            src = torch.tensor(step.kv) + self.P
+            dst = torch.arange(self.P + 1, self.P + 1 + len(step.kv))
+            self.cache.move(src.to(self.engine.device), dst.to(self.engine.device))
         self.P += len(step.tokens)
         self._extend(step.tokens)
 
