@@ -1,53 +1,11 @@
-"""Lookahead Decoding (Fu, Bailis, Stoica, Zhang, ICML 2024, https://arxiv.org/abs/2402.02057), greedy.
+"""Lookahead Decoding (Fu, Bailis, Stoica, Zhang, ICML 2024, https://arxiv.org/abs/2402.02057), greedy and sampled.
 
-Faithful to the official code, hao-ai-lab/LookaheadDecoding @ eed010d: ``lade/decoding.py``
-(``jacobi_greedy_search_multilevel``, ``update_token_map``, ``fill_pool_with_prompt``,
-``append_new_generated_pool``) and ``lade/models/modeling_llama.py`` (``jforward_multilevel``,
-``j_make_causal_mask_multilevel``), re-implemented on our engine. Each step is ONE forward over
-``[current | lookahead window | guesses]``:
-
-* **Window** (the lookahead branch): N-1 levels x W columns. Level 0 is the current token followed by W-1
-  window tokens (the official ``past_tokens[0]``); levels 1..N-2 hold W tokens each. Token (level l, column
-  i) sits at position ``P + l + i`` (P: the current token's) and sees level 0 columns 0..i and column i of
-  levels 1..l, i.e. one contiguous trajectory of positions ``P .. P+i+l``. Only the top level's predictions
-  are used: column i yields the N-gram (its level 0..N-2 tokens, the prediction), pooled under its level-0
-  token (``add_window``); then the window moves one column: level 0 <- level 1 minus its column 0, level l <-
-  level l+1, top <- the predictions. It moves one column whatever was accepted (the official greedy code
-  asserts ``ALWAYS_FWD_ONE``), so after a multi-token step the window is simply re-based at the new token.
-* **Warm-up** (the official "filling multi-level window"): level 0 starts with W+N-3 tokens; the first
-  forward processes the prompt AND level 0, causally (the official prefill), and level 1 <- the predictions
-  of every level-0 token. Each of the next N-3 forwards fills one more level: every level drops its column 0
-  and the new level is the top level's predictions minus column 0. After these N-2 forwards (prefill
-  included) the window has its steady shape; only then are guesses verified and the pool updated. Warm-up
-  forwards commit one token each.
-* **Pool**: dict keyed by ONE token -> at most G (N-1)-grams, LRU (re-inserting moves to the end; a new one
-  evicts the oldest). ``pool_from_prompt`` (official ``POOL_FROM_PROMPT``) also stores every N-gram of the
-  prompt and of the committed text as it grows.
-* **Verification**: every n-gram under the current token (up to G, oldest first) at positions P+1..P+N-1,
-  each causal within itself and seeing the current token; guesses and window never see each other; all see
-  the cache. Acceptance is the official ``max_hit``: the longest argmax-matching prefix, but at most N-2
-  guess tokens, so a step commits at most N-1 tokens (after a full match the model's next prediction is NOT
-  taken); ties go to the first guess. ``bonus_token=True`` takes it (up to N tokens per step). The KV of the
-  current token and of the accepted guess tokens is kept (the official code copies it into place).
-
-Sampling (temperature > 0, ``LookaheadState._sampled_step``): the committed tokens are sampled and the guesses
-verified with the deterministic-guess rule of ``Sampling.verify_guesses`` (exact in distribution, argument in
-``fafo/sampling.py``); the window keeps taking the argmax (lossless either way: window n-grams are only guesses).
-
-Where we differ or the official code is open (each documented in place):
-
-* The window starts as W+N-3 tokens drawn uniformly (with replacement) from the prompt by a generator seeded
-  with ``seed`` (official: ``random.choice`` with the seed commented out, so its tau is not reproducible).
-* Stop ids: every id in ``eos_ids`` ends a generation (official: only ``eos_token_id[0]``).
-* ``pool_from_prompt`` stores the true committed N-grams (the official loop appends ``hits[max_hit]`` once
-  per accepted token to its history, a bug that corrupts those N-grams after multi-token steps).
-* Unlimited guess sets (official ``GUESS_SET_SIZE=-1``, an unordered set) are not offered; ``guess_set=0``
-  disables verification (one token per step, the window still runs; the official code fails an assert).
-* The number of guesses, hence the step's shape, varies per step as in the official code (no padding);
-  masks and positions are built once per shape per generation (the engine derives its backend's masks from
-  them). Under ``engine.static_shapes`` (compiled steps) the guesses are padded to G after the warm-up
-  (``LookaheadState.step``), so every steady step has the same shape; the N-3 warm-up shapes are the same in
-  every generation.
+Re-implemented from hao-ai-lab/LookaheadDecoding @ eed010d (``lade/decoding.py``
+``jacobi_greedy_search_multilevel``, ``lade/models/modeling_llama.py`` ``j_make_causal_mask_multilevel``): each
+step is ONE forward over ``[current | (N-1) x W Jacobi window | up to G n-gram guesses]``; the window's top level
+feeds an n-gram pool keyed by one token, and the guesses under the current token are verified with the official
+``max_hit`` rule (at most N-1 tokens per step). The algorithm step by step, the sampling rule and where we differ
+from the official code: docs/methods/lookahead.md.
 """
 
 from __future__ import annotations
@@ -57,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
-from fafo.engine.attention import AttentionPlan, causal_plan
-from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds
+from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
+from fafo.engine.attention import AttentionPlan, causal_plan, tree_mask
+from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
@@ -69,22 +27,14 @@ def lookahead_step_mask(columns: int, levels: int, n_guesses: int, guess_len: in
     """``[Q, Q]`` bool mask over ``[level 0 | level 1 | ... | guess 0 | guess 1 | ...]``, Q = levels*columns +
     n_guesses*guess_len, the official ``j_make_causal_mask_multilevel`` (without its distributed offsets).
 
-    Level 0 (row 0 = the current token) is causal; token (l >= 1, column i) sees level-0 columns 0..i and
-    column i of levels 1..l; guess tokens see the current token and their own guess causally; nothing else.
+    It is a tree's ancestor mask: level 0 (row 0 = the current token) is a chain, token (l >= 1, column i) hangs
+    below (l - 1, i), so it sees level-0 columns 0..i and column i of levels 1..l; each guess is a chain below the
+    current token; nothing else.
     """
     w = levels * columns
-    q = w + n_guesses * guess_len
-    mask = torch.zeros(q, q, dtype=torch.bool)
-    idx = torch.arange(w)
-    lvl, col = idx // columns, idx % columns
-    level0 = (lvl[None, :] == 0) & (col[None, :] <= col[:, None])
-    same_column = (col[None, :] == col[:, None]) & (lvl[None, :] >= 1) & (lvl[None, :] <= lvl[:, None])
-    mask[:w, :w] = level0 | same_column
-    g = torch.arange(n_guesses * guess_len)
-    gi, gt = g // guess_len, g % guess_len
-    mask[w:, w:] = (gi[:, None] == gi[None, :]) & (gt[None, :] <= gt[:, None])
-    mask[w:, 0] = True
-    return mask
+    parents = [i - 1 for i in range(columns)] + [i - columns for i in range(columns, w)]
+    parents += [w + i - 1 if i % guess_len else 0 for i in range(n_guesses * guess_len)]
+    return tree_mask(parents)
 
 
 class NgramPool:
@@ -103,15 +53,12 @@ class NgramPool:
 
     def add(self, key: int, ngram: tuple[int, ...]) -> None:
         """Official LRU rule: present -> moved to the end; else appended, evicting the oldest when full."""
-        if self.cap <= 0:
-            return
-        bucket = self.table.setdefault(key, OrderedDict())
-        if ngram in bucket:
-            bucket.move_to_end(ngram)
-            return
-        if len(bucket) >= self.cap:
-            bucket.popitem(last=False)
-        bucket[ngram] = None
+        if self.cap > 0:
+            bucket = self.table.setdefault(key, OrderedDict())
+            bucket.pop(ngram, None)
+            bucket[ngram] = None
+            if len(bucket) > self.cap:
+                bucket.popitem(last=False)
 
     def add_text(self, tokens: list[int], n: int) -> None:
         """Every N-gram of ``tokens`` in order, under its first token (``fill_pool_with_prompt``)."""
@@ -127,7 +74,7 @@ class NgramPool:
 
 @dataclass
 class LookaheadDecoder(Decoder):
-    """Lookahead Decoding, greedy, one forward per step (official presets: 7B 5/15/15, 13B 5/10/10, README and
+    """Lookahead Decoding, one forward per step (official presets: 7B 5/15/15, 13B 5/10/10, README and
     Spec-Bench 5/7/7).
 
     Attributes:
@@ -180,7 +127,6 @@ class _Shape:
 
     mask: torch.Tensor  # [Q, Q] bool, on device
     rel: torch.Tensor  # [Q] positions relative to the current token
-    offsets: torch.Tensor  # [Q] arange: the step's KV goes to slots P + offsets
     rows: torch.Tensor  # logits rows: current token, top window level, every guess token
     guess_base: int  # row of the first guess token
 
@@ -208,6 +154,10 @@ class LookaheadState(StepState):
         self.P = len(self.prompt)  # the current token's position = its slot = committed KV entries
         self.cur = -1
 
+    def _select(self, logits: torch.Tensor, argmax: int) -> int:
+        """The committed token: sampled under sampling (the window's predictions stay argmax), else ``argmax``."""
+        return argmax if self.sampling is None else int(self.sampling.select(logits, self.generator, self.history))
+
     def prefill(self) -> int:
         """The official first forward: prompt + level 0, causal; only the prompt's KV is kept."""
         T, level0 = len(self.prompt), self.levels[0]
@@ -216,10 +166,8 @@ class LookaheadState(StepState):
                                   torch.arange(T, device=dev), causal_plan(0),
                                   logits=torch.arange(T - 1, T + len(level0), device=dev), kind="prefill")
         preds = out[0].argmax(-1).tolist()
-        if self.sampling is not None:  # the committed token is sampled; the window's predictions stay argmax
-            preds[0] = int(self.sampling.select(out[0, 0], self.generator, self.history))
         self.levels = [level0[1:], preds[1:]]  # level 1 <- the prediction of every level-0 token
-        self._extend([preds[0]])
+        self._extend([self._select(out[0, 0], preds[0])])
         return self.cur
 
     def _shape(self, columns: int, levels: int, n_guesses: int) -> _Shape:
@@ -232,8 +180,7 @@ class LookaheadState(StepState):
             rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
             w = levels * columns
             rows = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(w - columns, w + n_guesses * k)])
-            offsets = torch.arange(rel.numel(), device=dev)
-            self.shapes[key] = _Shape(mask, rel.to(dev), offsets, rows.to(dev), w)
+            self.shapes[key] = _Shape(mask, rel.to(dev), rows.to(dev), w)
         return self.shapes[key]
 
     def extras(self) -> dict:
@@ -241,18 +188,9 @@ class LookaheadState(StepState):
         return {"pool_entries": len(self.pool), "guesses_verified": self.guesses_verified, "buffer_bytes": 0}
 
     def step(self, remaining: int) -> Step:
-        before = self.guesses_verified
-        new, kv_rows = self._step()
-        return Step(new, (self.guesses_verified - before) * (self.n - 1), kv_rows)
-
-    def _step(self) -> tuple[list[int], list[int]]:
-        """One forward; returns the committed tokens and the step rows whose KV must be kept after the current
-        token's (the accepted guess tokens').
-
-        Under ``engine.static_shapes`` the verification branch always holds G guesses after the warm-up: the
-        real ones first, then padding guesses (the current token repeated). The step mask isolates every guess
-        from the window and from the other guesses, the acceptance only reads the real guesses' logits rows
-        and only accepted real guess tokens' KV is kept, so the padding changes nothing but the shape."""
+        """One forward; the step's ``kv`` are the rows (relative to P) of the accepted guess tokens, whose KV is
+        kept after the current token's. Under ``engine.static_shapes`` the guesses are padded to G after the
+        warm-up (the current token repeated, isolated by the mask and never accepted)."""
         levels, k = self.levels, self.n - 1
         warm = len(levels) < k  # official: past_tokens[LEVEL - 2] is None
         guesses = [] if warm or self.cfg.guess_set == 0 else self.pool.get(self.cur)
@@ -263,63 +201,44 @@ class LookaheadState(StepState):
         padding = [self.cur] * ((n_branch - len(guesses)) * k)  # KV to scratch slots past the real guesses
         tokens = [self.cur] + [t for lv in levels for t in lv] + [t for g in guesses for t in g] + padding
         plan = AttentionPlan(prefix=self.P, step_mask=s.mask)
-        out = self.engine.forward(self.cache, tokens, s.rel + self.P, s.offsets + self.P, plan, logits=s.rows)
-        preds = out[0].argmax(-1).tolist()  # the step's one host sync
+        slots = torch.arange(self.P, self.P + len(tokens), device=self.engine.device)  # KV to slots P .. P+Q-1
+        out = self.engine.forward(self.cache, tokens, s.rel + self.P, slots, plan, logits=s.rows)[0]
+        preds = out.argmax(-1).tolist()  # the step's one host sync
         first, top, checked = preds[0], preds[1 : 1 + columns], preds[1 + columns :]
-        if self.sampling is not None:
-            return self._sampled_step(out[0], guesses, s, levels, top, warm)
         if warm:  # every level drops column 0; the top level's predictions, minus column 0, are the new level
             self.levels = [lv[1:] for lv in levels] + [top[1:]]
-            return [first], []
+            return Step([self._select(out[0], first)], 0, [])
         self.guesses_verified += len(guesses)
-        hit, best = 0, 0
-        for g, guess in enumerate(guesses):  # official max_hit loop
-            want = [first] + checked[g * k : g * k + k - 1]  # what guess token t must equal
-            m = 0
-            while m < k and guess[m] == want[m]:
-                m += 1
-            if not self.cfg.bonus_token:
-                m = min(m, k - 1)  # official: `gg` stops at N-2 even after a full match (<= N-1 tokens/step)
-            if m > hit:  # strict: ties keep the first (oldest) guess
-                hit, best = m, g
-        new = [first] + checked[best * k : best * k + hit]
+        if self.sampling is not None:  # the deterministic-guess rule, exact (docs/methods/lookahead.md)
+            limit = k + 1 if self.cfg.bonus_token else k
+            new, best = self.sampling.verify_guesses(
+                guesses, lambda g, d: out[0] if d == 0 else out[1 + columns + g * k + d - 1], limit,
+                self.generator, self.history)
+        else:
+            hit, best = 0, 0
+            for g, guess in enumerate(guesses):  # official max_hit loop
+                want = [first] + checked[g * k : g * k + k - 1]  # what guess token t must equal
+                m = 0
+                while m < k and guess[m] == want[m]:
+                    m += 1
+                if not self.cfg.bonus_token:
+                    m = min(m, k - 1)  # official: `gg` stops at N-2 even after a full match (<= N-1 tokens/step)
+                if m > hit:  # strict: ties keep the first (oldest) guess
+                    hit, best = m, g
+            new = [first] + checked[best * k : best * k + hit]
         if self.cfg.guess_set:
             self.pool.add_window(self.cur, levels, top)
         self.levels = [levels[1][1:], *levels[2:], top]  # one column forward, whatever was accepted
-        return new, [s.guess_base + best * k + t for t in range(hit)]
-
-    def _sampled_step(self, logits: torch.Tensor, guesses, s: _Shape, levels, top: list[int], warm: bool):
-        """Sampling (temperature > 0): the guesses are verified with the deterministic-guess rule
-        (``Sampling.verify_guesses``, the official ``jacobi_sample_multilevel`` idea), at most N-1 tokens (N with
-        ``bonus_token``). The window keeps taking the argmax (our choice): its n-grams are only guesses, fixed
-        before the step's random draws, so the output is exact in distribution either way (argument in
-        ``fafo/sampling.py``); argmax n-grams are the likeliest continuations, so they are accepted more often."""
-        k = self.n - 1
-        if warm:
-            self.levels = [lv[1:] for lv in levels] + [top[1:]]
-            return [int(self.sampling.select(logits[0], self.generator, self.history))], []
-        self.guesses_verified += len(guesses)
-        columns = len(top)
-
-        def logits_at(g, d):
-            return logits[0] if d == 0 else logits[1 + columns + g * k + d - 1]
-
-        limit = k + 1 if self.cfg.bonus_token else k
-        new, best = self.sampling.verify_guesses(guesses, logits_at, limit, self.generator, self.history)
-        if self.cfg.guess_set:
-            self.pool.add_window(self.cur, levels, top)
-        self.levels = [levels[1][1:], *levels[2:], top]
-        return new, [s.guess_base + best * k + t for t in range(len(new) - 1)]
+        return Step(new, len(guesses) * k, [s.guess_base + best * k + t for t in range(len(new) - 1)])
 
     def commit(self, step: Step) -> None:
         """The current token's KV is already at slot P; move the accepted guess tokens' KV next to it."""
-        new, kv_rows = step.tokens, step.kv
-        if kv_rows:
-            src = torch.tensor(kv_rows) + self.P
-            dst = torch.arange(self.P + 1, self.P + 1 + len(kv_rows))
+        if step.kv:
+            src = torch.tensor(step.kv) + self.P
+            dst = torch.arange(self.P + 1, self.P + 1 + len(step.kv))
             self.cache.move(src.to(self.engine.device), dst.to(self.engine.device))
-        self.P += len(new)
-        self._extend(new)
+        self.P += len(step.tokens)
+        self._extend(step.tokens)
 
     def _extend(self, new: list[int]) -> None:
         for t in new:

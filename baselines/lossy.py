@@ -1,10 +1,6 @@
-"""Plain lossy decoding with a KV compression function: every decode query attends only C(kv).
-
-Not a lossless method: it exists so a run can show how a compression function's output diverges from vanilla
-greedy (exact_match_rate, first_mismatch) while FAFO, with the same function and budget, stays identical. It uses
-the same fixed-region layout as FAFO, so C(kv) is exactly the entries FAFO's fumble streams would see. The prompt
-is prefilled with full attention (as SnapKV and StreamingLLM evaluations do). Query-aware functions (Quest)
-re-select from the previous token's query, one step stale, since the selection is swapped in between steps.
+"""Plain lossy decoding with a KV compression function: every decode query attends only C(kv) (plus itself), on the
+fixed-region layout FAFO uses, after a full-attention prefill. Not lossless: it shows how a compression function's
+output diverges from vanilla where FAFO, with the same function, stays identical (docs/methods/vanilla.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Prompt Lookup Decoding (Saxena, 2023, https://github.com/apoorvumang/prompt-lookup-decoding; in transformers as
 ``generate(prompt_lookup_num_tokens=...)``, in vLLM as the ``ngram`` speculator).
 
-The draft is copied from the text itself: the last ``n`` tokens of the context (prompt + committed tokens,
-the current token included) are searched for earlier in the context, for ``n = max_ngram`` down to
-``min_ngram``; the first (leftmost) earlier occurrence of the largest ``n`` that has one gives the draft, the
-up to ``num_tokens`` tokens that followed it (a chain), cut before the first stop id. No match: one vanilla step.
-This is transformers' ``PromptLookupCandidateGenerator.get_candidates`` (5.x) rule exactly; we keep a dict from
-every n-gram to its first start position, updated as the text grows, instead of re-scanning the context.
-
-Defaults: ``num_tokens`` 10 (transformers' ``prompt_lookup_num_tokens`` in its docs and Spec-Bench's
-``inference_pld.py``), ``max_ngram`` 3 (the original repository and Spec-Bench; transformers' own default
-``max_matching_ngram_size`` is 2, set ``method.max_ngram=2`` to match it).
-
-Verification: one forward over the chain, greedy longest matching prefix plus the bonus token (transformers'
-assisted decoding), or the exact deterministic-guess rule under sampling (``baselines/tree_drafting.py``).
+The draft is the chain of up to ``num_tokens`` tokens that followed the leftmost earlier occurrence of the
+context's last n-gram (``n = max_ngram`` down to ``min_ngram``), cut before a stop id: transformers'
+``PromptLookupCandidateGenerator.get_candidates`` (5.x) rule exactly. The rule, the defaults' sources and the
+verification: docs/methods/prompt_lookup.md.
 """
 
 from __future__ import annotations
@@ -50,11 +41,9 @@ class NgramIndex:
             if start is None or start + n >= L:  # only the suffix itself: no earlier occurrence
                 continue
             draft = self.tokens[start + n: start + n + num_tokens]
-            for i, t in enumerate(draft):  # transformers drops the candidates from the first EOS on
-                if t in eos_ids:
-                    draft = draft[:i]
-                    break
-            return draft  # transformers stops at the first match even when the EOS cut empties it
+            # transformers drops the candidates from the first EOS on, and stops at the first match even when the
+            # EOS cut empties it
+            return draft[:next((i for i, t in enumerate(draft) if t in eos_ids), len(draft))]
         return []
 
 

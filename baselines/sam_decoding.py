@@ -1,27 +1,10 @@
 """SAM-Decoding (Hu et al., 2024, "SAM Decoding: Speculative Decoding via Suffix Automaton",
-https://arxiv.org/abs/2411.10666), the automaton-only variant, re-implemented from the official automaton-only
-evaluation: hyx1999/SAM-Decoding at commit 18c41f055b424fa3fa0bac41a8953d34cea1ed77,
-``evaluation/inference_sam_only.py`` with the ``samd_sam_only`` package (``draft.py`` ``DraftModel.lookup``/``update``, ``samd_model.py``,
-``samd_config.py``, ``sam/dyn_sam.py``, ``sam/static_sam.py``; automata in ``baselines/suffix_automaton.py``).
-
-* A dynamic suffix automaton over the prompt and the committed output, reset per generation: each committed token
-  moves the cursor, then is added. The current token is looked up: the longest suffix of ``text + [token]``
-  occurring in the text; the draft is the chain of tokens that followed its first occurrence, at most
-  ``min(n_predicts, 1 + int(alpha * match))`` nodes with the current token (official ``DynSAM.gen_draft``).
-* Optionally a static automaton over a corpus (``corpus_path``; official ``sam_path``): its cursor follows the
-  committed tokens without adding them. Its match length minus ``len_bias`` is compared with the dynamic one (the
-  dynamic automaton wins ties); when it wins, the draft is a tree of at most ``min(n_predicts, 1 + int(alpha *
-  (match - len_bias)))`` nodes chosen best-first by corpus frequency, at most ``topk`` children per node and
-  ``topk`` nodes per depth (official ``StaticSAM.gen_draft``, K = 8).
-* Drafts are verified in one forward by the shared tree loop (``baselines/tree_drafting.py``); greedy acceptance is
-  token-identical to vanilla, sampled acceptance exact (deterministic guesses).
-
-Corpus files (``.jsonl`` / ``.json`` / text): a record's ``ids`` (token ids, as ``scripts/build_sam_corpus.py``
-writes them: prompt + model answer) are used as they are; text (``text``, or ``turns`` / ``conversations`` joined)
-is tokenised without special tokens. Every document ends with the tokenizer's EOS, and with ``add_vocabulary``
-every vocabulary token is added as a one-token document after the corpus (official
-``tools/gen_sam_alpaca_sam_only.py``). Not included: the EAGLE / Token Recycling draft of the full SAM-Decoding.
-Under ``engine.static_shapes`` a draft is padded to ``n_predicts`` nodes.
+https://arxiv.org/abs/2411.10666), automaton only, re-implemented from hyx1999/SAM-Decoding at commit
+18c41f055b424fa3fa0bac41a8953d34cea1ed77 (``evaluation/inference_sam_only.py``, ``samd_sam_only/draft.py``): a
+suffix automaton of the prompt and output drafts the chain after the first occurrence of the longest match; an
+optional corpus automaton (``corpus_path``) drafts a best-first top-``topk`` tree when its match minus ``len_bias``
+is longer (automata: ``baselines/suffix_automaton.py``). The official files matched, the corpus format and the
+presets' published numbers: docs/methods/sam_decoding.md.
 """
 
 from __future__ import annotations
@@ -53,8 +36,9 @@ def _source(path) -> Source:
 
 
 def read_records(path: str) -> list[dict]:
-    """The records of a corpus file: ``.jsonl`` / ``.json`` objects or strings (strings become ``{"text": s}``), or
-    plain text (one record); a record with ``ids`` must hold a list of token ids."""
+    """The records of a corpus file: ``.jsonl`` / ``.json`` objects or strings, or plain text (one record), each
+    with its document: ``ids`` (a list of token ids) or ``text`` (a string; ``turns`` / ``conversations`` joined by
+    newlines)."""
     p, src = Path(path), _source(path)
     text = read_text(p, src)
     if p.suffix == ".jsonl":
@@ -66,36 +50,23 @@ def read_records(path: str) -> list[dict]:
         return [{"text": text}]
     out = []
     for i, r in enumerate(records):
-        if isinstance(r, str):
-            r = {"text": r}
+        r = {"text": r} if isinstance(r, str) else r
         if not isinstance(r, dict):
             raise src.error(p, f"holds a {type(r).__name__} record, not a string or an object with ids/text/turns")
         ids = r.get("ids")
         if ids is not None and not (isinstance(ids, list) and all(type(t) is int and t >= 0 for t in ids)):
             raise src.error(p, f"record {i + 1}: ids must be a list of token ids (integers >= 0)")
+        if ids is None:
+            turns = r.get("turns") or r.get("conversations") or []
+            r = {**r, "text": str(r["text"]) if "text" in r else "\n".join(
+                t if isinstance(t, str) else str(t.get("value", t.get("content", ""))) for t in turns)}
         out.append(r)
     return out
 
 
-def documents(records: list[dict]) -> list[str | list[int]]:
-    """A corpus's documents: token-id lists (records with ``ids``) or texts (``text``, or ``turns`` /
-    ``conversations`` joined by newlines)."""
-    docs: list[str | list[int]] = []
-    for r in records:
-        if r.get("ids") is not None:
-            docs.append(r["ids"])
-        elif "text" in r:
-            docs.append(str(r["text"]))
-        else:
-            turns = r.get("turns") or r.get("conversations") or []
-            docs.append("\n".join(t if isinstance(t, str) else str(t.get("value", t.get("content", "")))
-                                  for t in turns))
-    return docs
-
-
 def read_corpus(path: str) -> list[str | list[int]]:
-    """Documents of a corpus file (:func:`read_records`, :func:`documents`)."""
-    return documents(read_records(path))
+    """The documents of a corpus file (:func:`read_records`): token-id lists or texts."""
+    return [r["ids"] if r.get("ids") is not None else r["text"] for r in read_records(path)]
 
 
 class _SAMState(DraftState):
@@ -179,8 +150,8 @@ class SAMDecoder(TreeDrafter):
         self.check_target(None, tok)
         if self._records is None:
             return
-        docs = [d if isinstance(d, list) else list(tok(d, add_special_tokens=False).input_ids)
-                for d in documents(self._records)]
+        docs = [r["ids"] if r.get("ids") is not None else list(tok(r["text"], add_special_tokens=False).input_ids)
+                for r in self._records]
         if self.add_vocabulary:
             docs += [[i] for i in range(len(tok))]
         self.static_sam = CorpusAutomaton.build(docs, tok.eos_token_id)

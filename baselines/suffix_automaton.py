@@ -1,21 +1,15 @@
 """Suffix automata over token ids with SAM-Decoding's retrieval, as the official automaton-only evaluation runs it:
-hyx1999/SAM-Decoding at commit 18c41f055b424fa3fa0bac41a8953d34cea1ed77 (Dec 2024), ``evaluation/inference_sam_only.py``
-importing the ``samd_sam_only`` package: ``samd_sam_only/sam/dyn_sam.py`` (:class:`DynamicAutomaton`) and
-``samd_sam_only/sam/static_sam.py`` (:class:`CorpusAutomaton`). Spec-Bench's integrated copy
-(hemingkx/Spec-Bench ``model/samd/sam/dyn_sam.py`` ``gen_dyn_draft``) drafts from the dynamic automaton the same way.
+hyx1999/SAM-Decoding at commit 18c41f055b424fa3fa0bac41a8953d34cea1ed77, ``samd_sam_only/sam/dyn_sam.py``
+(:class:`DynamicAutomaton`) and ``samd_sam_only/sam/static_sam.py`` (:class:`CorpusAutomaton`); which official
+rule, and the superseded one we do not implement: docs/methods/sam_decoding.md.
 
 The automaton of a text accepts exactly its substrings; each state is a class of substrings with the same end
 positions, ``length`` its longest, ``link`` the state of the longest suffix in another class, ``first_end`` the first
 end position (1-based; a clone inherits its source's, official ``min_endpos``). It is built online
 (:meth:`SuffixAutomaton.add`, amortised O(1) per token). A cursor ``(state, length)`` names the longest suffix of the
 decoded text that occurs in the automaton's text; :meth:`SuffixAutomaton.step` follows one token, falling back
-along suffix links (official ``transfer_state``).
-
-The dynamic rule (:meth:`DynamicAutomaton.extend`): each committed token first moves the cursor and is then added,
-so the cursor is the longest suffix of the text with an EARLIER occurrence; a lookup of the current token gives
-the longest suffix of ``text + [token]`` occurring in ``text`` and the draft is what followed its first
-occurrence. The superseded Nov-2024 ``evaluation/model/sam_only`` rule (add first, then back off along suffix
-links until ``n_predicts`` tokens follow the first occurrence, ``to_anc``) is not implemented.
+along suffix links (official ``transfer_state``). The dynamic rule: each committed token first moves the cursor and
+is then added, so the cursor is the longest suffix of the text with an EARLIER occurrence.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from baselines.tree_drafting import cut_tree
 from fafo.tree import DraftTree
 
 
@@ -34,26 +29,24 @@ class SuffixAutomaton:
         self.link: list[int] = [-1]
         self.length: list[int] = [0]
         self.first_end: list[int] = [0]
-        self.cloned: list[bool] = [False]
         self.last = 0
         self.n = 0  # tokens added
 
     def __len__(self) -> int:
         return self.n
 
-    def _new(self, nxt: dict, link: int, length: int, first_end: int, cloned: bool) -> int:
+    def _new(self, nxt: dict, link: int, length: int, first_end: int) -> int:
         self.next.append(nxt)
         self.link.append(link)
         self.length.append(length)
         self.first_end.append(first_end)
-        self.cloned.append(cloned)
         return len(self.next) - 1
 
     def add(self, token: int) -> None:
         """Append ``token`` to the automaton's text (official ``add_state``; transition dicts keep the official
         insertion order, which decides ties among a corpus state's children)."""
         self.n += 1
-        cur = self._new({}, -1, self.n, self.n, False)
+        cur = self._new({}, -1, self.n, self.n)
         p = self.last
         while p != -1 and token not in self.next[p]:
             self.next[p][token] = cur
@@ -65,7 +58,7 @@ class SuffixAutomaton:
             if self.length[p] + 1 == self.length[q]:
                 self.link[cur] = q
             else:
-                clone = self._new(dict(self.next[q]), self.link[q], self.length[p] + 1, self.first_end[q], True)
+                clone = self._new(dict(self.next[q]), self.link[q], self.length[p] + 1, self.first_end[q])
                 while p != -1 and self.next[p].get(token) == q:
                     self.next[p][token] = clone
                     p = self.link[p]
@@ -152,8 +145,9 @@ class CorpusAutomaton(SuffixAutomaton):
         return sam
 
     def finish(self) -> None:
-        """Count end positions: 1 per state created for a position (clones and the root: 0), summed bottom-up."""
-        count = [0 if c else 1 for c in self.cloned]
+        """Count end positions: 1 per state created for a position, summed bottom-up. Clones (and the root) start
+        at 0: a clone is shorter than its first end position, a state created for position p has length p."""
+        count = [int(length == end) for length, end in zip(self.length, self.first_end)]
         count[0] = 0
         by_length: list[list[int]] = [[] for _ in range(self.n + 1)]
         for s in range(1, len(self.next)):
@@ -178,9 +172,8 @@ class CorpusAutomaton(SuffixAutomaton):
         path, at most ``k`` children per node and ``k`` nodes per depth (official ``StaticSAM.gen_draft``); nodes
         deeper than ``max_depth`` are dropped afterwards (they could not be committed)."""
         heap = [_Candidate(-1.0, int(root), state, -1, 0)]
-        tokens: list[int] = []
+        tokens: list[int] = []  # the chosen nodes, root first; parents index into it
         parents: list[int] = []
-        depths: list[int] = []
         per_depth: dict[int, int] = {}
         while len(tokens) != n and heap:
             item = heapq.heappop(heap)
@@ -190,16 +183,10 @@ class CorpusAutomaton(SuffixAutomaton):
             index = len(tokens)
             tokens.append(item.token)
             parents.append(item.parent)
-            depths.append(item.depth)
             if len(tokens) == n:
                 break
             total = self.count[item.state]
             for token, child in self.children(item.state, k):
                 heapq.heappush(heap, _Candidate(item.score * (self.count[child] / total), token, child, index,
                                                 item.depth + 1))
-        out = DraftTree.root(tokens[0])
-        node = {0: 0}
-        for i in range(1, len(tokens)):
-            if depths[i] <= max_depth:  # parents precede children, so a kept node's parent is kept
-                node[i] = out.add(node[parents[i]], tokens[i])
-        return out
+        return cut_tree(tokens[0], tokens[1:], [p - 1 for p in parents[1:]], max_depth)

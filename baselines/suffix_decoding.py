@@ -1,25 +1,9 @@
 """SuffixDecoding (Oliaro, Jia, Campos, Qiao, NeurIPS 2025, https://arxiv.org/abs/2411.04975), re-implemented from
 snowflakedb/ArcticInference at commit 9d4643881608178f0f58a33d1b61919ca246997f (``arctic_inference/suffix_decoding/
-cache.py`` ``SuffixDecodingCache``, ``simulator.py``, ``csrc/suffix_decoding/suffix_tree.cc``; unchanged since
-8d5d124, Oct 2025).
-
-* Two suffix trees (:class:`baselines.suffix_tree.SuffixTree`) of depth ``max_depth``: a per-request one holding
-  the prompt and then every generated token, and a global one holding the outputs of earlier requests and the
-  current output as it grows. ``SuffixDecodingCache.add_active_response`` appends each new token to BOTH trees.
-* The global tree keeps the last ``max_cached_outputs`` outputs, the current one included (official
-  ``max_cached_requests``; None = its -1, unlimited, the default of ``SuffixDecodingCache`` and of the paper's
-  simulator; 0 = no global tree); a new request evicts the oldest output first (FIFO, ``_maybe_evict_requests``).
-* Each step the pattern (the last ``max_depth`` committed tokens, the current one included) is matched in both trees
-  and a draft grown from each; the one with the higher score (expected accepted tokens) is verified, the request's
-  own tree winning ties. Its size adapts to the match: at most ``max_spec_factor * match_length + max_spec_offset``
-  tokens and ``max_spec_tokens``, tokens whose estimated probability falls below ``min_token_prob`` pruned.
-* ``tree=true`` (the paper's speculation tree, ``use_tree_spec``) verifies the draft tree in one forward with tree
-  attention; ``tree=false`` a single path (the default of ``SuffixDecodingCache.speculate`` and of the vLLM hook).
-
-Defaults are the simulator's behind the paper (``simulator.py``: ``--max-depth 64``, ``--max-spec-tokens 0`` =
-the depth, ``--max-spec-factor 1.0``, ``--min-token-prob 0.1``, ``--use-tree-spec true``, ``--max-cached-requests
--1``; ``max_spec_offset`` 0.0 as ``speculate``). Trees are cut at the tokens left to generate. Under
-``engine.static_shapes`` the tree is padded to ``max_spec_tokens + 1`` nodes.
+cache.py`` ``SuffixDecodingCache``, ``simulator.py``; unchanged since 8d5d124, Oct 2025): the last ``max_depth``
+tokens are matched in two suffix trees (:class:`baselines.suffix_tree.SuffixTree`), the request's own and a global
+one of earlier outputs; a draft tree (or path) sized by the match is grown from each and the higher-scoring one is
+verified. Defaults are the paper's simulator's. Details and sources: docs/methods/suffix_decoding.md.
 """
 
 from __future__ import annotations
@@ -28,24 +12,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
-from baselines.suffix_tree import Draft, SuffixTree
-from baselines.tree_drafting import DraftState, TreeDrafter
+from baselines.suffix_tree import SuffixTree
+from baselines.tree_drafting import DraftState, TreeDrafter, cut_tree
 from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.tree import DraftTree
-
-
-def draft_tree(root: int, draft: Draft, max_depth: int) -> DraftTree:
-    """The :class:`DraftTree` of a speculation (parents precede children), nodes deeper than ``max_depth``
-    dropped."""
-    tree = DraftTree.root(root)
-    node_of, depth = {-1: 0}, {-1: 0}
-    for i, (t, p) in enumerate(zip(draft.tokens, draft.parents)):
-        if p not in node_of or depth[p] + 1 > max_depth:
-            continue
-        node_of[i] = tree.add(node_of[p], t)
-        depth[i] = depth[p] + 1
-    return tree
 
 
 class _SuffixState(DraftState):
@@ -56,7 +27,6 @@ class _SuffixState(DraftState):
         self.local = SuffixTree(cfg.max_depth)
         self.local.extend(0, prompt)  # official start_request
         self.added = 0  # output tokens already added
-        self.matches: list[int] = []
 
     def sync(self, context: list[int]) -> None:
         """Official ``add_active_response``: new tokens go to the request's tree and to its global output."""
@@ -75,8 +45,7 @@ class _SuffixState(DraftState):
         best = self.local.speculate(pattern, *args)
         if self.seq_id is not None:
             best = c.global_tree.speculate(pattern, *args, beat=best.score) or best
-        self.matches.append(best.match_len)
-        return draft_tree(context[-1], best, max_depth)
+        return cut_tree(context[-1], best.tokens, best.parents, max_depth)
 
 
 @dataclass

@@ -1,13 +1,9 @@
 """The storage behind SuffixDecoding's suffix trees (``baselines/suffix_tree.py``): every token of the sequences
 in one int32 array, sequences separated by -1, and a sorted index of (token, previous two tokens) -> end position
-(int64 key + int32 position; the newest :data:`RECENT` tokens are scanned until merged in). About 16-20 bytes per
-token: 10,000 cached outputs of 1,000 tokens take ~180 MB (``scripts/bench_suffix_cache.py``).
-
-A node of the official tree (ArcticInference ``csrc/suffix_decoding/suffix_tree.cc``) is the set of end positions
-of its string: its count is the set's size, its children are the tokens after those positions. :meth:`_matches`
-finds, for each match length m, the end positions of the context's last m tokens (the index for up to 3 tokens,
-then filtering). Only the newest sequence grows (requests run one after another). Removing a sequence overwrites it
-with -1 in place (compacted once half the array is dead).
+(int64 key + int32 position; the newest :data:`RECENT` tokens are scanned until merged in), about 16-20 bytes per
+token. A node of the official tree is the set of end positions of its string; :meth:`SuffixIndex._matches` finds
+them for every match length. Only the newest sequence grows; a removed one is overwritten with -1 (compacted once
+half the array is dead). Sizes and speed: docs/methods/suffix_decoding.md, "Storage and speed".
 """
 
 from __future__ import annotations
@@ -189,9 +185,6 @@ class SuffixIndex:
         lo, hi = self._index_span(suffix)
         return hi - lo + len(self._scan(suffix))
 
-    def _occ1(self, x: int) -> np.ndarray:
-        return self._range([x])
-
     def _tokens_after(self, occ: np.ndarray) -> np.ndarray:
         """Tokens after each end position ``occ`` in its sequence."""
         if self._bounds is None:
@@ -205,7 +198,7 @@ class SuffixIndex:
     def count(self, pattern) -> int:
         """Occurrences of ``pattern`` (1 <= length <= max_depth): the official node count."""
         pattern = [int(t) for t in pattern]
-        occ = self._occ1(pattern[-1])
+        occ = self._range(pattern[-1:])
         for m in range(2, len(pattern) + 1):
             occ = occ[self.tokens[occ - (m - 1)] == pattern[-m]]
         return len(occ)

@@ -1,28 +1,11 @@
 """The depth-bounded suffix tree of SuffixDecoding and its speculation, re-implemented from snowflakedb/ArcticInference
-``csrc/suffix_decoding/suffix_tree.{h,cc}`` (commit 9d4643881608178f0f58a33d1b61919ca246997f; these files last
-changed in 8d5d124, Oct 2025), over the compact storage of ``baselines/suffix_index.py`` (never built node by
-node).
-
-**What the official tree holds.** For each sequence added, every substring of length <= ``max_depth`` is a path
-from the root; a node's ``count`` is its number of occurrences. Nodes are path-compressed (a node ends where paths
-branch or an occurrence ends), children are kept in a list ordered by decreasing count in which a child whose count
-changes moves to the front of its new count group and a new child (count 1) joins the back.
-
-Here a node is the set of end positions of its string. Its node ends (path compression) are where the set stops
-continuing as one, and the sibling order follows from the positions when sequences are only appended (a position
-is a time): among equal counts, a child seen more than once ranks by its latest occurrence (newest first), a child
-seen once by its occurrence (oldest first). The official also reorders siblings when a sequence is removed, which
-this does not replay (it matters only for ties after evictions; counts stay exact).
-
-:meth:`SuffixTree.speculate` is ``SuffixTree::speculate``: for each match length ``m`` (``context[-m:]``
-occurs, ``m < len(context)``) a draft of at most ``min(max_spec_tokens, int(m * max_spec_factor +
-max_spec_offset + 1e-6))`` tokens is grown from the matched node, as a tree (``_speculate_tree``: a priority queue
-by estimated probability, a child's being its parent's times ``count(child) / count(node)``, children below
-``min_token_prob`` dropped) or a path (``_speculate_path``: the first child each time, stopping below
-``min_token_prob``). The highest score (sum of probabilities) wins, the longer match on ties. Probabilities and
-scores are float32 as in C++, and the queue reproduces libstdc++'s ``std::priority_queue`` (``push_heap`` /
-``pop_heap``), so equal probabilities come out in the official order. Matches are tried most promising first, a
-match skipped when its budget (or its depth left) cannot beat the best score, which gives the same draft.
+``csrc/suffix_decoding/suffix_tree.{h,cc}`` (commit 9d4643881608178f0f58a33d1b61919ca246997f; unchanged since
+8d5d124, Oct 2025) over the storage of ``baselines/suffix_index.py``: a node of the official path-compressed tree is
+the set of end positions of its string, never built. Since sequences are only appended, the official sibling order
+follows from the positions: by count, then a child seen more than once by its latest occurrence (newest first), a
+child seen once by its occurrence (oldest first). :meth:`SuffixTree.speculate` is ``SuffixTree::speculate`` with
+float32 probabilities and libstdc++'s priority queue, so drafts are identical, ties included. The tree, the rule and
+the known differences: docs/methods/suffix_decoding.md.
 """
 
 from __future__ import annotations
@@ -61,6 +44,17 @@ class Draft:
         self.probs.append(prob)
         self.score = f32(self.score + prob)
         return len(self.tokens) - 1
+
+
+def _order_key(count: int, first: float, last: float) -> float:
+    """A child's rank among equal counts, from its first and last end positions (module docstring)."""
+    return _NEW + first if count == 1 else -last
+
+
+def _official_order(kids: list, min_count: float) -> list:
+    """``(count, token, end positions, order key)`` children sorted: the first one and those with ``min_count``."""
+    kids.sort(key=lambda k: (-k[0], k[3]))
+    return [kids[0][:3]] + [k[:3] for k in kids[1:] if k[0] >= min_count]
 
 
 def _heap_push(heap: list, item: tuple) -> None:
@@ -125,7 +119,7 @@ class SuffixTree(SuffixIndex):
                     return [], 0
                 ((t, ps),) = groups.items()
                 return [(len(ps), t, ps)], 1
-            kids = [(len(ps), t, ps, _NEW + ps[0] if len(ps) == 1 else -float(max(ps))) for t, ps in groups.items()]
+            kids = [(len(ps), t, ps, _order_key(len(ps), ps[0], max(ps))) for t, ps in groups.items()]
             n_kids = len(groups)
         else:
             nxt = occ + 1
@@ -150,10 +144,8 @@ class SuffixTree(SuffixIndex):
             for t in wanted:
                 ps = nxt[toks == t]
                 c = len(ps)
-                key = _NEW + float(ps.min()) if c == 1 else -float(ps.max())
-                kids.append((c, t, ps if c > 16 else ps.tolist(), key))
-        kids.sort(key=lambda k: (-k[0], k[3]))
-        return [kids[0][:3]] + [k[:3] for k in kids[1:] if k[0] >= min_count], n_kids
+                kids.append((c, t, ps if c > 16 else ps.tolist(), _order_key(c, float(ps.min()), float(ps.max()))))
+        return _official_order(kids, min_count), n_kids
 
     def _indexed_children(self, pattern: tuple, min_count: float) -> tuple[list, int]:
         """``_children`` of a 1-2 token node: its older occurrences grouped once (cached; the newer ones folded in
@@ -208,9 +200,8 @@ class SuffixTree(SuffixIndex):
         head = tied[first[tied].argmin()] if top == 1 else tied[last[tied].argmax()]
         wanted = set(np.flatnonzero(counts >= min_count).tolist()) | {int(head)}
         kids = [(int(counts[i]), int(uniq[i]), pattern + (int(uniq[i]),),
-                 _NEW + float(first[i]) if counts[i] == 1 else -float(last[i])) for i in wanted]
-        kids.sort(key=lambda k: (-k[0], k[3]))
-        return [kids[0][:3]] + [k[:3] for k in kids[1:] if k[0] >= min_count], len(uniq)
+                 _order_key(int(counts[i]), float(first[i]), float(last[i]))) for i in wanted]
+        return _official_order(kids, min_count), len(uniq)
 
     @staticmethod
     def _node_end(count: int, kids: list, n_kids: int) -> bool:
@@ -233,16 +224,14 @@ class SuffixTree(SuffixIndex):
         # a draft's score is at most its size, and at most 1 per level below the match (+ float32 rounding); a
         # node's probability is count(node) / count(match), so level k sums to the share of the match's
         # occurrences followed by k more tokens
-        bound, small = {}, {}
+        bound = {}
         for m, b in budget.items():
             levels = min(b, self.max_depth - m)
             bound[m] = min(b, levels + 1e-3)
             after = matches[m - 1][1]
             if after is not None:
                 if len(after) <= 8:
-                    if id(after) not in small:
-                        small[id(after)] = after.tolist()
-                    mass = sum(min(a, levels) for a in small[id(after)]) / len(after)
+                    mass = sum(min(a, levels) for a in after.tolist()) / len(after)
                 else:
                     mass = float(np.minimum(after, levels).sum()) / len(after)
                 bound[m] = min(bound[m], mass * (1 + 1e-4) + 1e-4) if mass else 0.0  # 0: nothing to draft

@@ -2,23 +2,10 @@
 Models with Token Recycling", https://arxiv.org/abs/2408.08696), re-implemented from Luowaterbi/TokenRecycling
 (``evaluation/inference_recycling.py`` ``recycling_forward``, ``model/recycling/tree_template_.py``).
 
-* **Adjacency matrix** ``M`` ``[V, topk]``: row ``t`` holds the target's top-``topk`` next tokens the last time
-  ``t`` was an input of a verification forward. It starts as zeros (official) and is overwritten after every
-  verification with the top-``topk`` of EVERY tree node's logits (accepted or not: the "recycled" tokens).
-  It persists across the samples of a run (official: one matrix for the whole evaluation) unless
-  ``reset_per_sample``. The prefill does not update it (official).
-* **Draft tree**: a static template of 80 nodes (version ``2.2.2``), each node a path of ranks; node
-  ``(r_1, ..., r_d)`` carries ``M[token of (r_1, ..., r_{d-1}), r_d]``, filled breadth-first from the root (the
-  current token). Depth <= 6.
-* **Verify**: one forward over the tree with the ancestor mask (``fafo/tree.py``); the longest accepted path plus
-  the bonus token; accepted KV compacted into place.
-
-Where we differ (documented choices): sibling nodes carrying the same token are merged (the official tree keeps
-duplicates, e.g. the all-zero rows at the start; they see the same context, so the accepted path and the matrix
-update are the same, and the tree is smaller); when two different nodes carry the same token, the matrix row is
-written by the later node in tree order (official: an index_put with duplicate indices, unspecified on CUDA);
-trees are cut at the tokens left to generate. Under ``engine.static_shapes`` the tree is padded to 81 nodes.
-Sampling: the tree is a set of deterministic guesses, verified exactly (``baselines/tree_drafting.py``).
+An adjacency matrix ``M`` ``[V, topk]`` holds, for every token, the target's top-``topk`` next tokens the last time
+it was a verification input (overwritten from EVERY tree node's logits after each verification: the "recycled"
+tokens); the official static 80-node template fills the draft tree from it breadth-first. The algorithm and where
+we differ from the official code: docs/methods/token_recycling.md.
 """
 
 from __future__ import annotations
@@ -29,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from baselines.tree_drafting import DraftState, TreeDrafter
-from fafo.bounds import at_least, check_bounds
+from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 from fafo.tree import DraftTree
 
@@ -90,16 +77,14 @@ class TokenRecyclingDecoder(TreeDrafter):
     """
 
     topk: int = at_least(1, 8)  # and at least the template's largest rank + 1 (__post_init__)
-    tree: str = "2.2.2"
+    tree: str = one_of(tuple(TEMPLATES), "2.2.2", why="the official tree_template_.py versions")
     reset_per_sample: bool = False
     cross_request_state: ClassVar[tuple[str, ...]] = ("adjacency",)  # official: learnt across requests
 
     def __post_init__(self):
-        if self.tree not in TEMPLATES:
-            raise ConfigError(f"method.tree={self.tree!r} is not a known template; use one of {sorted(TEMPLATES)}")
         check_bounds(self, "method")
         need = 1 + max(r for path in TEMPLATES[self.tree] for r in path)
-        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < need:
+        if self.topk < need:
             raise ConfigError(f"method.topk={self.topk!r} must be an integer >= {need} (template {self.tree} "
                               f"uses ranks up to {need - 1})")
         if not isinstance(self.reset_per_sample, bool):

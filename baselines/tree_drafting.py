@@ -1,17 +1,10 @@
 """The decode loop shared by the draftless tree drafters (Prompt Lookup, Token Recycling, SuffixDecoding,
-SAM-Decoding): draft a token tree from a data structure, verify it in ONE target forward, commit the accepted
-path plus the bonus token, tell the drafter what happened.
-
-Each step, with ``N`` committed KV entries and the current token ``t0`` (committed, KV not cached yet) at
-position ``N``: the drafter returns a :class:`fafo.tree.DraftTree` rooted at ``t0`` (a chain is a one-path tree;
-no draft is the root alone, i.e. one vanilla step); :func:`fafo.tree.verify_tree` runs the target over it (prefix
-attention + ancestor mask), greedy acceptance is :meth:`DraftTree.accept_greedy` (token-identical to vanilla) and
-sampled acceptance :meth:`DraftTree.accept_sampled` (the drafts are deterministic guesses, verified with
-Lookahead's exact rule, so the output law is the target's); :func:`fafo.tree.commit_path` moves the accepted
-nodes' KV into place. Under ``engine.static_shapes`` the tree is padded to :meth:`TreeDrafter.max_tree` nodes, a
-size fixed by the method's hyperparameters, so every verification has one shape.
-
-Trees are never deeper than the tokens left to generate minus one (deeper nodes could not be committed).
+SAM-Decoding): each step a drafter proposes a :class:`fafo.tree.DraftTree` rooted at the current token (a chain is
+a one-path tree, the root alone one vanilla step), the target verifies it in ONE forward
+(:func:`fafo.tree.verify_tree`), the accepted path plus the bonus token is committed (greedy: token-identical to
+vanilla; sampled: Lookahead's exact rule for deterministic guesses) and the drafter is told what happened. Trees are
+never deeper than the tokens left to generate minus one, and are padded to :meth:`TreeDrafter.max_tree` nodes under
+``engine.static_shapes``. The whole picture: docs/methods/README.md, "The draftless baselines' shared loop".
 """
 
 from __future__ import annotations
@@ -42,6 +35,17 @@ class DraftState:
 def chain(root: int, tokens, max_depth: int) -> DraftTree:
     """A one-path tree: ``root`` then ``tokens`` (cut at ``max_depth``)."""
     return DraftTree.from_paths(root, [list(tokens)[:max(max_depth, 0)]])
+
+
+def cut_tree(root: int, tokens, parents, max_depth: int) -> DraftTree:
+    """The tree of nodes ``tokens`` below ``root`` (``parents[i]``: an earlier node, -1 = the root; parents
+    precede children), nodes deeper than ``max_depth`` dropped (they could not be committed)."""
+    tree = DraftTree.root(root)
+    node_of, depth = {-1: 0}, {-1: 0}
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        if p in node_of and depth[p] < max_depth:
+            node_of[i], depth[i] = tree.add(node_of[p], t), depth[p] + 1
+    return tree
 
 
 @dataclass
