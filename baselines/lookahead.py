@@ -95,9 +95,6 @@ class LookaheadDecoder(Decoder):
 
     def __post_init__(self):
         check_bounds(self, "method")
-        for name in ("bonus_token", "pool_from_prompt"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"method.{name}={getattr(self, name)!r} must be true or false")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"method.seed={self.seed!r} must be an integer")
 

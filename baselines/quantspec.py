@@ -61,8 +61,6 @@ class QuantSpecDecoder(Decoder):
                               f"= {self.gamma + 1} (a step may cross at most one group boundary)")
         if self.weight_group % 2:
             raise ConfigError(f"method.weight_group={self.weight_group} must be even (two codes per byte)")
-        if not isinstance(self.resident_weights, bool):
-            raise ConfigError(f"method.resident_weights={self.resident_weights!r} must be true or false")
 
     def check_sampling(self, sampling: Sampling) -> None:
         if not sampling.greedy:

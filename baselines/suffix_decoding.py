@@ -82,8 +82,6 @@ class SuffixDecoder(TreeDrafter):
         if self.max_spec_factor < 0 or not 0 <= self.min_token_prob <= 1:
             raise ConfigError(f"method.max_spec_factor={self.max_spec_factor} must be >= 0 and "
                               f"method.min_token_prob={self.min_token_prob} in [0, 1]")
-        if not isinstance(self.tree, bool):
-            raise ConfigError(f"method.tree={self.tree!r} must be true or false")
         self.setup(None)
 
     def setup(self, engine) -> None:

@@ -129,9 +129,6 @@ class SwiftDecoder(Decoder):
             raise ConfigError(f"method.tree_widths={self.tree_widths!r} must be 4 integers >= 1 (official: "
                               "[3, 5, 8, 10] for confidence > 0.95 / > 0.8 / > 0.5 / else)")
         self.tree_widths = tuple(widths)
-        for name in ("optimization", "bayes", "reset_per_sample"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"method.{name}={getattr(self, name)!r} must be true or false")
         for name in ("attn_skip", "mlp_skip"):
             v = getattr(self, name)
             if v is not None:

@@ -87,8 +87,6 @@ class TokenRecyclingDecoder(TreeDrafter):
         if self.topk < need:
             raise ConfigError(f"method.topk={self.topk!r} must be an integer >= {need} (template {self.tree} "
                               f"uses ranks up to {need - 1})")
-        if not isinstance(self.reset_per_sample, bool):
-            raise ConfigError(f"method.reset_per_sample={self.reset_per_sample!r} must be true or false")
         self.adjacency: torch.Tensor | None = None
 
     def setup(self, engine) -> None:

@@ -7,7 +7,8 @@ A bound sits next to its field (kvpress-style hyperparameter dataclasses)::
     m: int | None = at_least(1, None)        # null allowed (the annotation admits None)
     pooling: str = one_of(("max", "avg"), "max")
 
-and one checker, :func:`check_bounds`, refuses a value outside it with the line every setting gives
+and one checker, :func:`check_bounds`, refuses a value outside it (and anything but true or false in a ``bool``
+field) with the line every setting gives
 (``method.n=0 must be an integer >= 1``, ``method.pooling='min' must be one of max, avg``). It runs on the config node before a dataclass is built
 (:func:`fafo.bench.setup.check_fields`) and again from the dataclasses' own ``__post_init__`` / ``Task.samples`` for
 objects built in Python. Cross-field rules (``min_ngram <= max_ngram``, a budget that is a multiple of the chunk
@@ -92,7 +93,11 @@ def check_bound(cls: type, name: str, value: Any, setting: str) -> None:
 
 
 def check_bounds(obj: Any, prefix: str) -> None:
-    """Check every bounded field of the dataclass instance ``obj``; errors name ``<prefix>.<field>``."""
+    """Check every bounded field of the dataclass instance ``obj``, and that every ``bool`` field holds a bool;
+    errors name ``<prefix>.<field>``."""
     cls = type(obj)
     for name in bounded_fields(cls):
         check_bound(cls, name, getattr(obj, name), f"{prefix}.{name}")
+    for f in dataclasses.fields(cls):
+        if f.init and f.type in ("bool", bool) and not isinstance(getattr(obj, f.name), bool):
+            raise ConfigError(f"{prefix}.{f.name}={getattr(obj, f.name)!r} must be true or false")

@@ -172,3 +172,13 @@ def test_choices_are_declared_once_and_refused_in_one_line():
         check_bound(_Choices, "bits", 4.0, "x.bits")
     with pytest.raises(AssertionError):
         one_of(("a",), "b")
+
+
+def test_a_bool_field_takes_only_true_or_false():
+    from baselines.lookahead import LookaheadDecoder
+    from baselines.swift import SwiftDecoder
+
+    with pytest.raises(ConfigError, match=r"^method.bonus_token=1 must be true or false$"):
+        LookaheadDecoder(bonus_token=1)
+    with pytest.raises(ConfigError, match=r"^method.bayes='yes' must be true or false$"):
+        SwiftDecoder(bayes="yes")
