@@ -21,6 +21,7 @@ from fafo.engine.attention import AttentionPlan, causal_plan, tree_mask
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
+from fafo.tree import commit_path
 
 
 def lookahead_step_mask(columns: int, levels: int, n_guesses: int, guess_len: int) -> torch.Tensor:
@@ -206,8 +207,9 @@ class LookaheadState(StepState):
             self.levels = [lv[1:] for lv in levels] + [top[1:]]
             return Step([self._select(out[0], first)], 0, [])
         self.guesses_verified += len(guesses)
+        # most tokens committed; official: `gg` stops at N-2 even after a full match (<= N-1 tokens/step)
+        limit = k + 1 if self.cfg.bonus_token else k
         if self.sampling is not None:  # the deterministic-guess rule, exact (docs/methods/lookahead.md)
-            limit = k + 1 if self.cfg.bonus_token else k
             new, best = self.sampling.verify_guesses(
                 guesses, lambda g, d: out[0] if d == 0 else out[1 + columns + g * k + d - 1], limit,
                 self.generator, self.history)
@@ -216,10 +218,8 @@ class LookaheadState(StepState):
             for g, guess in enumerate(guesses):  # official max_hit loop
                 want = [first] + checked[g * k : g * k + k - 1]  # what guess token t must equal
                 m = 0
-                while m < k and guess[m] == want[m]:
+                while m < limit - 1 and guess[m] == want[m]:
                     m += 1
-                if not self.cfg.bonus_token:
-                    m = min(m, k - 1)  # official: `gg` stops at N-2 even after a full match (<= N-1 tokens/step)
                 if m > hit:  # strict: ties keep the first (oldest) guess
                     hit, best = m, g
             new = [first] + checked[best * k : best * k + hit]
@@ -230,10 +230,7 @@ class LookaheadState(StepState):
 
     def commit(self, step: Step) -> None:
         """The current token's KV is already at slot P; move the accepted guess tokens' KV next to it."""
-        if step.kv:
-            src = torch.tensor(step.kv) + self.P
-            dst = torch.arange(self.P + 1, self.P + 1 + len(step.kv))
-            self.cache.move(src.to(self.engine.device), dst.to(self.engine.device))
+        commit_path(self.cache, self.P, step.kv)
         self.P += len(step.tokens)
         self._extend(step.tokens)
 

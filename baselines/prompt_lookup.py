@@ -48,10 +48,9 @@ class NgramIndex:
 
 
 class _PLDState(DraftState):
-    def __init__(self, cfg: PromptLookupDecoder, prompt: list[int], eos_ids):
+    def __init__(self, cfg: PromptLookupDecoder, eos_ids):
         self.cfg, self.eos = cfg, tuple(eos_ids)
-        self.index = NgramIndex(cfg.min_ngram, cfg.max_ngram)
-        self.index.extend(prompt)
+        self.index = NgramIndex(cfg.min_ngram, cfg.max_ngram)  # fed the context (prompt included) as it grows
 
     def draft(self, context: list[int], max_depth: int) -> DraftTree:
         self.index.extend(context[len(self.index.tokens):])
@@ -79,7 +78,7 @@ class PromptLookupDecoder(TreeDrafter):
                               "set min_ngram <= max_ngram")
 
     def start(self, engine, prompt_ids, eos_ids) -> DraftState:
-        return _PLDState(self, prompt_ids, eos_ids)
+        return _PLDState(self, eos_ids)
 
     def max_tree(self) -> int:
         return 1 + self.num_tokens

@@ -73,7 +73,6 @@ class _SAMState(DraftState):
     def __init__(self, cfg: SAMDecoder):
         self.cfg = cfg
         self.dyn = DynamicAutomaton()
-        self.static = cfg.static_sam
         self.static_cursor = (0, 0)  # official StaticSAM.reset
         self.added = 0
 
@@ -83,12 +82,12 @@ class _SAMState(DraftState):
         self.dyn.extend(new)
         self.added = len(context) - 1
         state, match = self.dyn.lookup(token)
-        if self.static is not None:
-            self.static_cursor = self.static.follow(self.static_cursor, new)
-            s_state, s_match = self.static.step(*self.static_cursor, token)
+        if cfg.static_sam is not None:
+            self.static_cursor = cfg.static_sam.follow(self.static_cursor, new)
+            s_state, s_match = cfg.static_sam.step(*self.static_cursor, token)
             s_match -= cfg.len_bias
             if s_match > match:
-                return self.static.tree(token, s_state, cfg.nodes(s_match), cfg.topk, max_depth)
+                return cfg.static_sam.tree(token, s_state, cfg.nodes(s_match), cfg.topk, max_depth)
         return chain(token, self.dyn.continuation(state, cfg.nodes(match) - 1), max_depth)
 
 

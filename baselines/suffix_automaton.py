@@ -149,13 +149,9 @@ class CorpusAutomaton(SuffixAutomaton):
         at 0: a clone is shorter than its first end position, a state created for position p has length p."""
         count = [int(length == end) for length, end in zip(self.length, self.first_end)]
         count[0] = 0
-        by_length: list[list[int]] = [[] for _ in range(self.n + 1)]
-        for s in range(1, len(self.next)):
-            by_length[self.length[s]].append(s)
-        for bucket in reversed(by_length):
-            for s in bucket:
-                if self.link[s] > 0:
-                    count[self.link[s]] += count[s]
+        for s in sorted(range(1, len(self.next)), key=self.length.__getitem__, reverse=True):  # longest first
+            if self.link[s] > 0:
+                count[self.link[s]] += count[s]
         self.count, self._top = count, {}
 
     def children(self, state: int, k: int) -> list[tuple[int, int]]:
@@ -183,8 +179,6 @@ class CorpusAutomaton(SuffixAutomaton):
             index = len(tokens)
             tokens.append(item.token)
             parents.append(item.parent)
-            if len(tokens) == n:
-                break
             total = self.count[item.state]
             for token, child in self.children(item.state, k):
                 heapq.heappush(heap, _Candidate(item.score * (self.count[child] / total), token, child, index,

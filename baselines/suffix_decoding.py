@@ -40,11 +40,10 @@ class _SuffixState(DraftState):
     def draft(self, context: list[int], max_depth: int) -> DraftTree:
         self.sync(context)
         c = self.cfg
-        pattern = context[-c.max_depth:]
         args = (c.max_spec_tokens, c.max_spec_factor, c.max_spec_offset, c.min_token_prob, c.tree)
-        best = self.local.speculate(pattern, *args)
+        best = self.local.speculate(context, *args)  # both match the last max_depth tokens
         if self.seq_id is not None:
-            best = c.global_tree.speculate(pattern, *args, beat=best.score) or best
+            best = c.global_tree.speculate(context, *args, beat=best.score) or best
         return cut_tree(context[-1], best.tokens, best.parents, max_depth)
 
 

@@ -10,7 +10,6 @@ the known differences: docs/methods/suffix_decoding.md.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,13 +17,12 @@ import numpy as np
 from baselines import suffix_index
 from baselines.suffix_index import SuffixIndex
 
-_F32 = struct.Struct("<f")
 _NEW = float(1 << 40)  # order key offset of a child seen once: behind those whose count changed
 
 
 def f32(x: float) -> float:
     """``x`` rounded to float32 (C++ ``float``)."""
-    return _F32.unpack(_F32.pack(x))[0]
+    return float(np.float32(x))
 
 
 @dataclass
@@ -68,8 +66,7 @@ def _heap_push(heap: list, item: tuple) -> None:
 
 
 def _heap_pop(heap: list) -> tuple:
-    """libstdc++ ``pop_heap`` + ``pop_back`` (``__adjust_heap``: the hole sinks to a leaf, then the last item
-    rises from there)."""
+    """libstdc++ ``pop_heap`` + ``pop_back`` (``__adjust_heap``: the hole sinks to a leaf, the last item rises)."""
     top, n = heap[0], len(heap) - 1
     if n:
         value, hole, child = heap[n], 0, 0
@@ -98,9 +95,8 @@ class SuffixTree(SuffixIndex):
 
     # ---------------------------------------------------------------- the tree below a node
     def _children(self, occ, depth: int, min_count: float) -> tuple[list, int]:
-        """Children of the node with end positions ``occ`` (array, or list when small) at ``depth``, in the
-        official sibling order, as ``(count, token, end positions)``: those with at least ``min_count``
-        occurrences and all of the highest count (the first child). Also returns the number of children."""
+        """``(count, token, end positions)`` children of the node ending at ``occ`` (array, list, or 1-3 tokens) at
+        ``depth`` in official order: the first child and those seen >= ``min_count`` times; and the child count."""
         if depth >= self.max_depth:
             return [], 0
         if isinstance(occ, tuple):  # a node named by its 1-3 tokens (below a short match)
@@ -114,11 +110,8 @@ class SuffixTree(SuffixIndex):
                 t = int(tokens[p + 1])
                 if t >= 0:
                     groups.setdefault(t, []).append(p + 1)
-            if len(groups) < 2:  # at most one child: no order to decide
-                if not groups:
-                    return [], 0
-                ((t, ps),) = groups.items()
-                return [(len(ps), t, ps)], 1
+            if not groups:
+                return [], 0
             kids = [(len(ps), t, ps, _order_key(len(ps), ps[0], max(ps))) for t, ps in groups.items()]
             n_kids = len(groups)
         else:
@@ -177,19 +170,16 @@ class SuffixTree(SuffixIndex):
             for t, p in zip(rt.tolist(), recent.tolist()):
                 c, f, _ = extra.get(t, (0, p, p))
                 extra[t] = (c + 1, f, p)
-            at = np.searchsorted(uniq, list(extra))
-            known = [i < len(uniq) and uniq[i] == t for i, t in zip(at.tolist(), extra)]
-            counts, last = counts.copy(), last.copy()
-            new = [(t, *v) for (t, v), k in zip(extra.items(), known) if not k]
-            for i, (t, (c, _, p)), k in zip(at.tolist(), extra.items(), known):
-                if k:
+            counts, last, new = counts.copy(), last.copy(), []
+            for i, (t, (c, f, p)) in zip(np.searchsorted(uniq, list(extra)).tolist(), extra.items()):
+                if i < len(uniq) and uniq[i] == t:  # grouped already: add the recent occurrences
                     counts[i] += c
                     last[i] = p
-            if new:
-                uniq = np.concatenate([uniq, [t for t, *_ in new]])
-                counts = np.concatenate([counts, [c for _, c, _, _ in new]])
-                first = np.concatenate([first, [f for _, _, f, _ in new]])
-                last = np.concatenate([last, [p for *_, p in new]])
+                else:
+                    new.append((t, c, f, p))
+            if new:  # tokens not grouped yet: appended (sorted when folded in)
+                cols = zip(*new)
+                uniq, counts, first, last = (np.concatenate([a, x]) for a, x in zip((uniq, counts, first, last), cols))
         if self.n - upto > 2 * suffix_index.RECENT:  # fold the scanned ones in (each next token is written: < n)
             order = np.argsort(uniq)
             self._groups[pattern] = (self.n, uniq[order], counts[order], first[order], last[order])
@@ -230,18 +220,13 @@ class SuffixTree(SuffixIndex):
             bound[m] = min(b, levels + 1e-3)
             after = matches[m - 1][1]
             if after is not None:
-                if len(after) <= 8:
-                    mass = sum(min(a, levels) for a in after.tolist()) / len(after)
-                else:
-                    mass = float(np.minimum(after, levels).sum()) / len(after)
+                mass = float(np.minimum(after, levels).sum()) / len(after)
                 bound[m] = min(bound[m], mass * (1 + 1e-4) + 1e-4) if mass else 0.0  # 0: nothing to draft
-        best = None
+        # the highest score wins, the longer match on ties; ``beat`` is a floor only a higher score passes
+        best = floor = None if beat is None else Draft(score=beat, match_len=self.max_depth + 1)
         for m in sorted(bound, key=lambda m: (-bound[m], -m)):  # the most promising first
-            if best is not None:
-                if bound[m] < best.score or (bound[m] == best.score and m < best.match_len):
-                    continue  # cannot win: the highest score wins, the longer match on ties
-            elif beat is not None and bound[m] <= beat:
-                continue
+            if best is not None and (bound[m], m) < (best.score, best.match_len):
+                continue  # cannot win
             occ = matches[m - 1][0]
             if occ is None:  # a short match with many occurrences: named by its tokens
                 occ, count = tuple(ctx[-m:]), self._count(ctx[-m:])
@@ -249,12 +234,11 @@ class SuffixTree(SuffixIndex):
                 count = len(occ)
             draft = (self._tree if tree else self._path)(occ, count, m, budget[m], min_prob) if bound[m] else Draft()
             draft.match_len = m
-            if best is None:
-                if beat is None or draft.score > beat:
-                    best = draft
-            elif draft.score > best.score or (draft.score == best.score and m > best.match_len):
+            if best is None or (draft.score, m) > (best.score, best.match_len):
                 best = draft
-        return Draft() if best is None and beat is None else best
+        if best is floor:
+            return Draft() if beat is None else None
+        return best
 
     def _path(self, occ, count: int, depth: int, budget: int, min_prob: float) -> Draft:
         out, prob = Draft(), 1.0

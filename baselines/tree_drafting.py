@@ -86,7 +86,6 @@ class _TreeState(StepState):
         self.context = list(prompt_ids)  # prompt + committed tokens; context[-1] is the current token
         self.n_prompt = len(self.context)
         self.cache = engine.cache(self.n_prompt + max_new_tokens + cfg.extra_slots(max_new_tokens))
-        self.N = self.n_prompt  # committed KV entries = the current token's position and slot
 
     def prefill(self) -> int:
         logits = self.engine.prefill(self.cache, self.context)
@@ -98,17 +97,16 @@ class _TreeState(StepState):
 
     def step(self, remaining: int) -> Step:
         tree = self.drafter.draft(self.context, remaining - 1)
-        size = self.cfg.max_tree() if self.engine.static_shapes else len(tree)
-        out = verify_tree(self.engine, self.cache, tree, self.N, size)
+        N = len(self.context) - 1  # committed KV entries = the current token's position and slot
+        out = verify_tree(self.engine, self.cache, tree, N, self.cfg.max_tree())
         if self.sampling.greedy:
             preds = out.argmax(-1).tolist()  # the step's one host sync
             path = tree.accept_greedy(preds)
             new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
         else:
             path, new = tree.accept_sampled(out, self.sampling, self.generator, self.context)
-        commit_path(self.cache, self.N, path)
+        commit_path(self.cache, N, path)
         self.drafter.observe(tree, out, new)
-        self.N += len(new)
         self.context += new
         return Step(new, len(tree) - 1)
 
