@@ -40,7 +40,7 @@ METHODS = {**COMPILED_METHODS, "quantspec": QuantSpecDecoder, "longspec": lambda
 # moves besides.
 # FAFO uploads once per generation: its steps are built on the device.
 COPIES_PER_STEP = {"vanilla": 1, "fafo-stream": 0, "fafo-quest": 0, "fafo-snapkv": 0, "fafo-2forward": 0,
-                   "lookahead": 1, "triforce": 5, "triforce-draft": 20, "swift": 3, "quantspec": 7, "longspec": 7,
+                   "lookahead": 2, "triforce": 5, "triforce-draft": 20, "swift": 3, "quantspec": 7, "longspec": 7,
                    "prompt_lookup": 1, "token_recycling": 2, "suffix_decoding": 1, "sam_decoding": 1}
 
 
