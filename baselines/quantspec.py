@@ -67,8 +67,7 @@ class QuantSpecDecoder(Decoder):
             raise ConfigError("method=quantspec decodes greedily (the paper's setting); use sampling=greedy")
 
     def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
-        heads = hf_config.num_attention_heads
-        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         if head_dim % 2:
             raise ConfigError(f"method=quantspec needs an even head_dim (two 4-bit codes per byte); the model has "
                               f"{head_dim}")
@@ -129,10 +128,9 @@ class _QuantSpecState(StepState):
 
     def prefill(self) -> int:
         """Full-precision attention over the prompt, then its KV goes to the planes and the buffer."""
-        N, prompt = self.N, self.prompt
-        idx = list(range(N))
-        self.kv.prefill_to(N)
-        logits = self.engine.forward(self._verify_cache(), prompt, idx, idx, causal_plan(0), logits="last",
+        idx = list(range(self.N))
+        self.kv.prefill_to(self.N)
+        logits = self.engine.forward(self._verify_cache(), self.prompt, idx, idx, causal_plan(0), logits="last",
                                      eager=True, kind="prefill")
         if self.full is not None:
             self.kv.quantize_full_prefix()
@@ -158,9 +156,7 @@ class _QuantSpecState(StepState):
         pos = list(range(N, N + len(feed)))
         out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all", eager=True)
         y = out[0].argmax(-1).tolist()
-        a = 0
-        while a < len(drafts) and drafts[a] == y[a]:
-            a += 1
+        a = next((i for i, (d, t) in enumerate(zip(drafts, y)) if d != t), len(drafts))  # accepted prefix
         return Step(drafts[:a] + [y[a]], len(drafts), a)
 
     def commit(self, step: Step) -> None:

@@ -32,11 +32,8 @@ SAMPLING_TREE_WIDTHS = (1, 3, 5, 10)  # official get_choices_list candidate_set 
 
 def tree_widths_for(confidences: list[float], widths: tuple[int, ...], topk: int) -> list[int]:
     """Children of the chain node at each depth (official ``get_choices_list``, greedy candidate set)."""
-    out = []
-    for c in confidences:
-        bin_ = next((b for b, t in enumerate(CONFIDENCE_BINS) if c > t), len(CONFIDENCE_BINS))
-        out.append(min(widths[bin_], topk))
-    return out
+    # the bin is the first threshold c exceeds: the bins descend, so it counts the thresholds c does not exceed
+    return [min(widths[sum(c <= t for t in CONFIDENCE_BINS)], topk) for c in confidences]
 
 
 def build_tree(root: int, draft_ids: list[list[int]], widths: list[int]) -> DraftTree:

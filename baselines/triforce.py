@@ -245,9 +245,7 @@ class TriForceState(StepState):
         full accept draw from p). Returns (accepted count, the next token, the probability rows p read)."""
         if self.sampling is None:
             y = rows.argmax(-1).tolist()
-            a = 0
-            while a < len(proposed) and proposed[a] == y[a]:
-                a += 1
+            a = next((i for i, (d, t) in enumerate(zip(proposed, y)) if d != t), len(proposed))
             return a, y[a], []
         s, g, ps = self.sampling, self.generator, []
         for a, t in enumerate(proposed):

@@ -192,8 +192,7 @@ class StreamingDraft:
             return
         if self.pristine is None:  # delta was 0 so far: the sinks are still as written at positions 0..start-1
             self.pristine = [k[:, :, : self.start].clone() for k in self.kv.keys]
-        rotary = self.engine.model.rotary
-        freqs = delta * rotary.inv_freq  # float32 [D/2]
+        freqs = delta * self.engine.model.rotary.inv_freq  # float32 [D/2]
         emb = torch.cat((freqs, freqs))
         for k, k0 in zip(self.kv.keys, self.pristine):
             k[:, :, : self.start] = apply_rotary(k0.float(), emb.cos(), emb.sin()).to(k.dtype)
