@@ -114,15 +114,14 @@ class _QuantSpecState(StepState):
 
     def __init__(self, cfg: QuantSpecDecoder, engine: Engine, prompt_ids: list[int], kv: QuantKVCache, eos_ids):
         self.cfg, self.engine, self.kv, self.eos_ids = cfg, engine, kv, eos_ids
-        self.full = kv.full
         self.mlps = cfg._draft_mlps(engine)
         self.prompt = list(prompt_ids)
         self.N = len(self.prompt)  # committed tokens with KV; cur sits at position N
         self.fp_tokens: list[int] = []  # committed full-precision tokens after the prefill and each commit
 
     def _verify_cache(self):
-        if self.full is not None:
-            return self.full
+        if self.kv.full is not None:
+            return self.kv.full
         self.kv.view = "int8"
         return self.kv
 
@@ -132,7 +131,7 @@ class _QuantSpecState(StepState):
         self.kv.prefill_to(self.N)
         logits = self.engine.forward(self._verify_cache(), self.prompt, idx, idx, causal_plan(0), logits="last",
                                      eager=True, kind="prefill")
-        if self.full is not None:
+        if self.kv.full is not None:
             self.kv.quantize_full_prefix()
         self.cur = int(logits[0, -1].argmax())
         self.fp_tokens.append(self.N - self.kv.nq)

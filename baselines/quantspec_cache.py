@@ -117,8 +117,7 @@ class QuantKVCache:
             return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
 
         self.k_hi, self.v_hi = planes(B, H, T, D // 2), planes(B, H, T, D // 2)  # [B, Hkv, T, D/2]
-        self.k_lo = planes(B, H, T, D // 2) if lower else None
-        self.v_lo = planes(B, H, T, D // 2) if lower else None
+        self.k_lo, self.v_lo = (planes(B, H, T, D // 2), planes(B, H, T, D // 2)) if lower else (None, None)
         self.k_min, self.k_scale = floats(B, H, T // G, D), floats(B, H, T // G, D)  # per channel per group
         self.v_min, self.v_scale = floats(B, H, T, 1), floats(B, H, T, 1)  # per token
         self.buf_len = 2 * G + scratch  # committed fp tokens stay < 2G between steps, plus a step's tokens
