@@ -175,8 +175,7 @@ class _LongSpecState(StepState):
     def prefill(self) -> int:
         cfg, P = self.cfg, len(self.prompt)
         last = self.engine.prefill(self.cache, self.prompt)[0, -1]
-        samp = self.samp
-        cur = int(last.argmax()) if samp is None else int(samp.select(last, self.generator, self.prompt))
+        cur = int(last.argmax()) if self.samp is None else int(self.samp.select(last, self.generator, self.prompt))
         # the draft's prompt "prefill": k/v of the last `window` prompt tokens (nothing else is ever read)
         self.ring.reset()
         start = max(0, P - cfg.window)

@@ -178,8 +178,7 @@ def dense_forward(layer: GlideLayer, emb, cos, sin, target_k, target_v, window: 
     Returns:
         [B, T, dim] hidden states (``lm_head`` -> logits predicting token i + 1).
     """
-    T = emb.shape[1]
-    idx = torch.arange(T, device=emb.device)
+    idx = torch.arange(emb.shape[1], device=emb.device)
     k, v = layer.self_kv(emb, cos, sin)
     d = idx[:, None] - idx[None, :]
     return layer(emb, cos, sin, k, v, (d >= 0) & (d <= window), target_k, target_v, d >= shift)
@@ -269,11 +268,8 @@ def check_draft_weights(ckpt: Path, src: Source) -> None:
 def release_key(name: str) -> str | None:
     """A released weight's name as a Glide layer parameter (``model.`` / ``glide.`` prefix dropped), or None for
     the rotary buffers older transformers saved (unused: the target's rotary is used)."""
-    for prefix in RELEASE_PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    return None if "rotary_emb" in name else name
+    prefix = next((p for p in RELEASE_PREFIXES if name.startswith(p)), "")
+    return None if "rotary_emb" in name else name[len(prefix) :]
 
 
 def _draft_source(path) -> Source:

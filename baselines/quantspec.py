@@ -67,8 +67,7 @@ class QuantSpecDecoder(Decoder):
             raise ConfigError("method=quantspec decodes greedily (the paper's setting); use sampling=greedy")
 
     def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
-        heads = hf_config.num_attention_heads
-        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         if head_dim % 2:
             raise ConfigError(f"method=quantspec needs an even head_dim (two 4-bit codes per byte); the model has "
                               f"{head_dim}")
@@ -115,26 +114,24 @@ class _QuantSpecState(StepState):
 
     def __init__(self, cfg: QuantSpecDecoder, engine: Engine, prompt_ids: list[int], kv: QuantKVCache, eos_ids):
         self.cfg, self.engine, self.kv, self.eos_ids = cfg, engine, kv, eos_ids
-        self.full = kv.full
         self.mlps = cfg._draft_mlps(engine)
         self.prompt = list(prompt_ids)
         self.N = len(self.prompt)  # committed tokens with KV; cur sits at position N
         self.fp_tokens: list[int] = []  # committed full-precision tokens after the prefill and each commit
 
     def _verify_cache(self):
-        if self.full is not None:
-            return self.full
+        if self.kv.full is not None:
+            return self.kv.full
         self.kv.view = "int8"
         return self.kv
 
     def prefill(self) -> int:
         """Full-precision attention over the prompt, then its KV goes to the planes and the buffer."""
-        N, prompt = self.N, self.prompt
-        idx = list(range(N))
-        self.kv.prefill_to(N)
-        logits = self.engine.forward(self._verify_cache(), prompt, idx, idx, causal_plan(0), logits="last",
+        idx = list(range(self.N))
+        self.kv.prefill_to(self.N)
+        logits = self.engine.forward(self._verify_cache(), self.prompt, idx, idx, causal_plan(0), logits="last",
                                      eager=True, kind="prefill")
-        if self.full is not None:
+        if self.kv.full is not None:
             self.kv.quantize_full_prefix()
         self.cur = int(logits[0, -1].argmax())
         self.fp_tokens.append(self.N - self.kv.nq)
@@ -158,9 +155,7 @@ class _QuantSpecState(StepState):
         pos = list(range(N, N + len(feed)))
         out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all", eager=True)
         y = out[0].argmax(-1).tolist()
-        a = 0
-        while a < len(drafts) and drafts[a] == y[a]:
-            a += 1
+        a = next((i for i, (d, t) in enumerate(zip(drafts, y)) if d != t), len(drafts))  # accepted prefix
         return Step(drafts[:a] + [y[a]], len(drafts), a)
 
     def commit(self, step: Step) -> None:

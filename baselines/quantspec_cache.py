@@ -117,8 +117,7 @@ class QuantKVCache:
             return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
 
         self.k_hi, self.v_hi = planes(B, H, T, D // 2), planes(B, H, T, D // 2)  # [B, Hkv, T, D/2]
-        self.k_lo = planes(B, H, T, D // 2) if lower else None
-        self.v_lo = planes(B, H, T, D // 2) if lower else None
+        self.k_lo, self.v_lo = (planes(B, H, T, D // 2), planes(B, H, T, D // 2)) if lower else (None, None)
         self.k_min, self.k_scale = floats(B, H, T // G, D), floats(B, H, T // G, D)  # per channel per group
         self.v_min, self.v_scale = floats(B, H, T, 1), floats(B, H, T, 1)  # per token
         self.buf_len = 2 * G + scratch  # committed fp tokens stay < 2G between steps, plus a step's tokens
@@ -244,18 +243,15 @@ class QuantKVCache:
         qg = q.view(B, Hkv, Hq // Hkv, Q, D)
         pos = torch.arange(P, P + Q, device=q.device)
         nq_q = ((pos - G).div(G, rounding_mode="floor") * G).clamp_min(0)  # [Q] nq(p) per query
-
-        def nq_at(p: int) -> int:  # nq_q on the host: the bounds below read no device value
-            return max(0, (p - G) // G * G)
-
-        if nq_at(P) < self.nq or nq_at(P + Q - 1) > self.nq + G:
+        last_nq = quantized_count(P + Q - 1, G)  # nq_q on the host: the bounds below read no device value
+        if quantized_count(P, G) < self.nq or last_nq > self.nq + G:
             raise RuntimeError(f"quantspec: stored planes ({self.nq}) out of step with positions {P}..{P + Q - 1}")
         acc = None
         for lo in range(0, self.nq, self.chunk):  # stored quantized tokens, seen by every query
             kc, vc = self._dequant(layer, lo, min(self.nq, lo + self.chunk), lower)
             acc = _merge(acc, reference_attention_lse(qg, kc, vc, None, scale))
         ahead = nq_q > self.nq  # [Q] queries that read the next group quantized too
-        any_ahead = nq_at(P + Q - 1) > self.nq  # nq(p) grows with p
+        any_ahead = last_nq > self.nq  # nq(p) grows with p
         if any_ahead:
             kf, vf = self._fake(*self._fp(layer, self.nq, self.nq + G), lower)
             acc = _merge(acc, reference_attention_lse(qg, kf, vf, ahead[:, None].expand(Q, G), scale))

@@ -32,11 +32,8 @@ SAMPLING_TREE_WIDTHS = (1, 3, 5, 10)  # official get_choices_list candidate_set 
 
 def tree_widths_for(confidences: list[float], widths: tuple[int, ...], topk: int) -> list[int]:
     """Children of the chain node at each depth (official ``get_choices_list``, greedy candidate set)."""
-    out = []
-    for c in confidences:
-        bin_ = next((b for b, t in enumerate(CONFIDENCE_BINS) if c > t), len(CONFIDENCE_BINS))
-        out.append(min(widths[bin_], topk))
-    return out
+    # the bin is the first threshold c exceeds: the bins descend, so it counts the thresholds c does not exceed
+    return [min(widths[sum(c <= t for t in CONFIDENCE_BINS)], topk) for c in confidences]
 
 
 def build_tree(root: int, draft_ids: list[list[int]], widths: list[int]) -> DraftTree:
@@ -197,18 +194,14 @@ class _SwiftState(StepState):
 
     def prefill(self) -> int:
         last = self.engine.prefill(self.cache, self.prompt)[0, -1]
-        samp = self.samp
-        self.cur = int(last.argmax()) if samp is None else int(samp.select(last, self.generator, self.prompt))
+        self.cur = int(last.argmax()) if self.samp is None else int(self.samp.select(last, self.generator, self.prompt))
         self.history = [self.cur]  # every generated token, uncut (the optimisation window reads its head)
         return self.cur
 
     def _draft(self, hist: list[int] | None):
-        """Official ``swift_draft``: the top-k ids of each step ([D][topk]), the top-1 confidences [D] and, when
-        sampling, the q rows [D][V] (greedy: none).
-
-        Sampling (official ``sample``): each step draws up to ``topk`` ids WITHOUT replacement from the draft's
-        processed distribution q (fewer when q's support is smaller) and feeds the first; the confidence is the raw
-        draft probability of the fed id (official ``argmax_prob``)."""
+        """Official ``swift_draft``: per step the top-k ids ([D][topk]), the fed id's raw draft probability (its
+        confidence, official ``argmax_prob``; [D]) and, when sampling, the q rows ([D][V]). Sampling (official
+        ``sample``) draws up to ``topk`` ids without replacement from q (at most its support size), feeds the first."""
         cfg, engine, cache, N, sampling = self.cfg, self.engine, self.cache, self.N, self.samp
         ids, conf, qs, fed = [], [], [], []
         tok = [self.cur]  # host value: uploaded with the step's positions and slots
@@ -228,9 +221,8 @@ class _SwiftState(StepState):
                 qs.append(q)
                 tok = drawn[:1]
                 fed.append(int(tok))
-            c = float(torch.exp(logits[tok[0]] - torch.logsumexp(logits, -1)))  # the greedy draft step's one sync
-            conf.append(c)
-            if c < cfg.stop_threshold or N - self.P + s + 2 >= self.max_new:
+            conf.append(float(torch.exp(logits[tok[0]] - torch.logsumexp(logits, -1))))  # the greedy step's one sync
+            if conf[-1] < cfg.stop_threshold or N - self.P + s + 2 >= self.max_new:
                 break
         return (ids if sampling is not None else torch.stack(ids).tolist()), conf, qs
 

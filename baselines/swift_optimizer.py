@@ -60,8 +60,7 @@ class LayerSetOptimizer:
         self.attn = frozenset(odd if attn is None else attn)
         self.mlp = frozenset(odd if mlp is None else mlp)
         self.best_score = 0.0  # official statistics["origin_score"]
-        self.opt_iter = 0
-        self.tolerance_iter = 0
+        self.opt_iter = self.tolerance_iter = 0
         self.active = self.dims > 0  # a 2-layer model has nothing to search
         self.history: list[dict] = []  # one entry per iteration: the candidate, its score, kept or not
         self.rng = np.random.RandomState(self.seed)
@@ -98,8 +97,7 @@ class LayerSetOptimizer:
     def propose(self) -> dict:
         """The next candidate: ``{"kind": "bayes"|"random", "attn", "mlp", "point"}``."""
         if self.bayes and (self.opt_iter + 1) % self.bayes_interval == 0:
-            point = self._optimizer().suggest()
-            point = {key: float(v) for key, v in point.items()}
+            point = {key: float(v) for key, v in self._optimizer().suggest().items()}
             ranked = sorted(point, key=point.get, reverse=True)[: self.n_skip]  # the k largest coordinates
             attn, mlp = self._sets([int(key[1:]) for key in ranked])
             return {"kind": "bayes", "attn": attn, "mlp": mlp, "point": point}

@@ -239,15 +239,12 @@ class TriForceState(StepState):
     def _accept(self, rows: torch.Tensor, proposed: list[int], qs: list, before: list[int]):
         """One level's verification of ``proposed`` against ``rows`` ([len(proposed) + 1, V] logits, row i
         predicting ``proposed[i]``; ``before``: the tokens since the last commit before ``proposed[0]``).
-
-        Greedy: the longest argmax-matching prefix and the argmax after it. Sampling: standard speculative sampling
-        with proposal rows ``qs`` (accept with min(1, p/q), else draw from norm(max(0, p - q)) and stop; after a
-        full accept draw from p). Returns (accepted count, the next token, the probability rows p read)."""
+        Greedy: the longest argmax-matching prefix and the argmax after it. Sampling: speculative sampling with
+        proposal rows ``qs`` (accept with min(1, p/q), else draw from norm(max(0, p - q)) and stop; after a full
+        accept draw from p). Returns (accepted count, the next token, the probability rows p read)."""
         if self.sampling is None:
             y = rows.argmax(-1).tolist()
-            a = 0
-            while a < len(proposed) and proposed[a] == y[a]:
-                a += 1
+            a = next((i for i, (d, t) in enumerate(zip(proposed, y)) if d != t), len(proposed))
             return a, y[a], []
         s, g, ps = self.sampling, self.generator, []
         for a, t in enumerate(proposed):

@@ -119,11 +119,9 @@ class StreamingDraft:
 
     def _forward(self, tokens: list[int], p0: int, logits, pad: int = 0):
         """Run ``tokens`` at positions p0.. (p0 >= D), KV into scratch; they see committed slots and scratch < p0.
-
-        With ``pad`` under ``engine.static_shapes`` (``logits="last"`` only): forwards of exactly ``pad`` tokens,
-        each piece of ``tokens`` followed by padding, whose KV lands in scratch past the real tokens' (no forward
-        reads it before real tokens overwrite it; a commit moves real tokens only). Returns the last real token's
-        logits, [1, 1, V]."""
+        With ``pad`` under ``engine.static_shapes`` (``logits="last"`` only): pieces of ``tokens`` padded to ``pad``
+        tokens, the padding's KV in scratch past the real tokens' (no forward reads it before real tokens overwrite
+        it; a commit moves real tokens only). Returns the last real token's logits, [1, 1, V]."""
         if not (pad and self.engine.static_shapes):
             return self._run(tokens, p0, logits)
         assert logits == "last", logits
@@ -192,8 +190,7 @@ class StreamingDraft:
             return
         if self.pristine is None:  # delta was 0 so far: the sinks are still as written at positions 0..start-1
             self.pristine = [k[:, :, : self.start].clone() for k in self.kv.keys]
-        rotary = self.engine.model.rotary
-        freqs = delta * rotary.inv_freq  # float32 [D/2]
+        freqs = delta * self.engine.model.rotary.inv_freq  # float32 [D/2]
         emb = torch.cat((freqs, freqs))
         for k, k0 in zip(self.kv.keys, self.pristine):
             k[:, :, : self.start] = apply_rotary(k0.float(), emb.cos(), emb.sin()).to(k.dtype)
