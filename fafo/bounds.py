@@ -8,11 +8,11 @@ A bound sits next to its field (kvpress-style hyperparameter dataclasses)::
     pooling: str = one_of(("max", "avg"), "max")
 
 and one checker, :func:`check_bounds`, refuses a value outside it (and anything but true or false in a ``bool``
-field) with the line every setting gives
-(``method.n=0 must be an integer >= 1``, ``method.pooling='min' must be one of max, avg``). It runs on the config node before a dataclass is built
-(:func:`fafo.bench.setup.check_fields`) and again from the dataclasses' own ``__post_init__`` / ``Task.samples`` for
-objects built in Python. Cross-field rules (``min_ngram <= max_ngram``, a budget that is a multiple of the chunk
-size) stay in the classes' ``__post_init__``.
+field) with the line every setting gives (``method.n=0 must be an integer >= 1``, ``method.pooling='min' must be
+one of max, avg``). It runs on the config node before a dataclass is built (:func:`fafo.bench.setup.check_fields`)
+and again from the dataclasses' own ``__post_init__`` / ``Task.samples`` for objects built in Python. Cross-field
+rules (``min_ngram <= max_ngram``, a budget that is a multiple of the chunk size) stay in the classes'
+``__post_init__``.
 
 A subclass that redeclares a field only to change its default keeps the bound declared higher up (the nearest
 declaration with a bound in the MRO wins).

@@ -1,6 +1,6 @@
 """What a first GPU run depends on, checked on the CPU: the single fused vanilla step on every attention path,
-host-to-device copies and device-to-host reads per decode step, isolation between the methods of one process, warm-up that leaves no
-compilation in timed rows, and the main comparison compiled and in bfloat16."""
+host-to-device copies and device-to-host reads per decode step, isolation between the methods of one process,
+warm-up that leaves no compilation in timed rows, and the main comparison compiled and in bfloat16."""
 
 import dataclasses
 import json

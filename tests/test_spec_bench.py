@@ -39,7 +39,8 @@ def test_prompts_model_template_and_vicuna(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({}, "task.data_path"), ({"categories": ["poetry"]}, "task.categories"), ({"template": "llama"}, "^task.template='llama' must be one of model, vicuna"),
+    ({}, "task.data_path"), ({"categories": ["poetry"]}, "task.categories"),
+    ({"template": "llama"}, "^task.template='llama' must be one of model, vicuna"),
 ])
 def test_bad_settings_are_one_clear_error(tmp_path, kwargs, match):
     data = write_question_jsonl(tmp_path / "question.jsonl")
