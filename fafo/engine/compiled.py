@@ -27,9 +27,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fafo.engine.attention import AttentionPlan, _flex, generate_step_mask, length_block_mask
+from fafo.engine.attention import AttentionPlan
+from fafo.engine.block_masks import buffer_block_mask, causal_block_mask
 from fafo.engine.cache import KVCache
+from fafo.engine.flex_masks import LiveLength
 from fafo.engine.kernels import gathered_mask
+from fafo.engine.torch_compat import no_duck_shapes, raise_recompile_limit
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -61,32 +64,6 @@ class CompileOptions:
         return "flex" if device.type == "cuda" else "sdpa"
 
 
-class _Length:
-    """A live length below a static capacity: a ``[1]`` tensor plus BlockMasks over the capacity that read it.
-
-    The masks' active KV block counts are written in place with the length, so one BlockMask per query count
-    serves every step of every generation.
-    """
-
-    def __init__(self, capacity: int, device):
-        self.capacity = capacity
-        self.length = torch.zeros(1, dtype=torch.long, device=device)
-        self._masks: dict[int, object] = {}
-
-    def set(self, length: int) -> "_Length":
-        self.length.fill_(length)
-        for bm in self._masks.values():
-            bm.kv_num_blocks.fill_(-(-length // bm.BLOCK_SIZE[1]))
-        return self
-
-    def block_mask(self, n_queries: int):
-        if n_queries not in self._masks:
-            bm = self._masks[n_queries] = length_block_mask(self.length, n_queries, self.capacity)
-            live = int(self.length)  # once per query count, never per step
-            bm.kv_num_blocks.fill_(-(-live // bm.BLOCK_SIZE[1]))
-        return self._masks[n_queries]
-
-
 class CompiledStep:
     """The engine's compiled decode forward (same arguments as :meth:`Transformer.forward`).
 
@@ -99,19 +76,15 @@ class CompiledStep:
     def __init__(self, model, options: CompileOptions, device: torch.device):
         self.options = options
         self.attention = options.attention_for(device)
-        # past the limit dynamo would silently run eager and the timings would lie: fail loudly instead
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        raise_recompile_limit(32)  # past the limit dynamo would silently run eager: fail loudly instead
         self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False,
                                 fullgraph=True)  # a graph break would run part of a step eagerly: an error
         # live lengths as dynamic sizes (sdpa, no CUDA graphs: those would record one graph per length)
         self.live_lengths = self.attention == "sdpa" and not options.cudagraphs
-        if self.live_lengths:  # the prefix and the region may be equal: two symbols, not one (no duck sizing)
-            import torch.fx.experimental._config as fx_config
-
-            fx_config.use_duck_shape = False
+        if self.live_lengths:  # the prefix and the region may be equal: two symbols, not one
+            no_duck_shapes()
         self._live: dict[tuple, torch.Tensor] = {}
-        self._lengths: dict[tuple, _Length] = {}
+        self._lengths: dict[tuple, LiveLength] = {}
         self._causal: dict[tuple, object] = {}
         self._step_buffers: dict[tuple, tuple[torch.Tensor, object]] = {}
 
@@ -175,32 +148,26 @@ class CompiledStep:
         torch._dynamo.mark_dynamic(view, 0, min=2, max=capacity - 2)  # + 1 (the token itself) < capacity
         return view
 
-    def _length(self, kind: str, capacity: int, dev) -> _Length:
+    def _length(self, kind: str, capacity: int, dev) -> LiveLength:
         key = (kind, capacity, str(dev))
         if key not in self._lengths:
-            self._lengths[key] = _Length(capacity, dev)
+            self._lengths[key] = LiveLength(capacity, dev)
         return self._lengths[key]
 
     def _step_block_mask(self, plan: AttentionPlan, Q: int, dev):
         if plan.step_block_mask is not None:
             return plan.step_block_mask
-        _, create_block_mask, _ = _flex()
         key = (Q, str(dev))
         if plan.step_mask is None:
             if key not in self._causal:
-                self._causal[key] = create_block_mask(_causal, None, None, Q, Q, device=dev)
+                self._causal[key] = causal_block_mask(Q, dev)
             return self._causal[key]
-        if key not in self._step_buffers:  # built all-True so no block is ever marked empty or full
+        if key not in self._step_buffers:  # every block active and partial: any tree fits the same mask
             buf = torch.ones(Q, Q, dtype=torch.bool, device=dev)
-            bm = create_block_mask(generate_step_mask(buf), None, None, Q, Q, device=dev, separate_full_blocks=False)
-            self._step_buffers[key] = (buf, bm)
+            self._step_buffers[key] = (buf, buffer_block_mask(buf))
         buf, bm = self._step_buffers[key]
         buf.copy_(plan.step_mask)
         return bm
-
-
-def _causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
 
 
 def reset_compiled_state() -> None:
