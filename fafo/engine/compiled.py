@@ -8,9 +8,11 @@ on (the gpt-fast recipe, adapted to block-sparse attention):
   steps never read the dead tail, and a long static cache costs nothing;
 * ``flex`` (CUDA's default) and CUDA graphs: the cache is read over its whole static capacity; how many slots are
   live is a ``[1]`` length tensor read by the mask_mod (or an additive mask), and the BlockMask's active KV block
-  count is updated in place, so the kernel skips the dead tail of the cache without a rebuild or a recompile;
+  count is updated in place, so the kernel skips the dead tail of the cache without a rebuild or a recompile
+  (every block partial: :mod:`fafo.engine.block_masks`); each flex call is issued to a Triton kernel that exists
+  for its shape (:mod:`fafo.engine.flex_routing`);
 * step masks come prebuilt from the decoder (FAFO, Lookahead), or are built here once per step length (causal) or
-  over a persistent ``[Q, Q]`` buffer the step's mask is copied into (SWIFT's trees);
+  over a persistent ``[Q, Q]`` buffer the step's mask is copied into (SWIFT's and the tree methods' trees);
 * every decode forward has a shape that depends only on the method's hyperparameters (:attr:`Engine.static_shapes`:
   the engine pads a step to the size the decoder names, :mod:`fafo.engine.static_shapes`), so one generation
   compiles a fixed set of graphs and every later sample, of any length, reuses them as long as the cache is not
@@ -47,7 +49,7 @@ class CompileOptions:
         attention: the compiled steps' attention: ``flex`` (block-sparse over the static cache, skips its dead
             tail) or ``sdpa`` (fused kernels over exactly the live prefix, a dynamic size; with CUDA graphs over
             the whole capacity with a length mask); ``auto`` = flex on CUDA, sdpa on CPU (inductor cannot lower
-            FlexAttention's log-sum-exp output on CPU in torch 2.13).
+            FlexAttention's log-sum-exp output on CPU: torch 2.11 and 2.13, ``flex_cpu.py: lower_cpu``).
     """
 
     mode: str = "default"

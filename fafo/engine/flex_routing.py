@@ -22,8 +22,9 @@ each reading the whole cache alone, a slow vanilla that would inflate every spee
 
 :func:`flex_route` is the engine's rule, applied to every call of a compiled step:
 
-1. ``Q >= 128`` (or shapes that are not static): torch's own choice, the main template, with cdiv(Q, 128) x Hq
-   programs; nothing to change.
+1. ``Q >= 128``: torch's own choice, the main template, with cdiv(Q, 128) x Hq programs. Shapes that are not
+   static (eager steps on CUDA, compiled once with dynamic shapes): the main template, forced, so the choice does
+   not depend on which sizes dynamo specialised.
 2. A group that is not a power of two is **padded** with zero query heads to ``G' = next_power_of_2(G)``, and the
    padded rows of the output are dropped. Padding rather than folding the heads into the rows (q as
    ``[B, Hkv, G * Q, D]``, an MHA call): folding keeps the decoding kernel only while ``G * Q < 128`` (Q <= 18 at
@@ -34,7 +35,8 @@ each reading the whole cache alone, a slow vanilla that would inflate every spee
 3. ``BLOCK_M``: torch's default where it divides the mask's query block; otherwise the query block itself (128),
    which every power-of-two group up to 128 divides. Each program is then exactly the program of a default call
    with ``Q * G = 128`` (e.g. Q = 32 at G = 4), and ``cdiv(Q * G, 128)`` of them cover the rows, each with its
-   split over the keys, instead of the main template's Hq programs without one.
+   split over the keys, instead of the main template's Hq programs without one. (Chosen from the kernels'
+   sources; not yet timed on a GPU.)
 4. Where neither fits (a query block that is not a power of two), the main template is forced
    (:func:`fafo.engine.torch_compat.main_template_option`).
 
