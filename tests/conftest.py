@@ -42,6 +42,37 @@ DECODING_MODELS = ["llama_mha", "llama_gqa", "qwen2_gqa"]
 LOSSLESS_MODELS = ["llama_mha", "llama_gqa", "qwen2_gqa", "llama_mha_rep", "qwen2_gqa_rep"]
 
 
+# The compat tier (make test-compat: the oldest supported torch and transformers) runs the fast tier plus these
+# slow tests: the compiled CPU paths (the path CUDA runs: aot_eager + FlexAttention; inductor code generation) and
+# the CLI as a subprocess. Every test marked compat_env is in it too.
+COMPAT_SLOW = (
+    "tests/test_compiled.py::test_compiled_flex_is_token_identical_and_compiles_once",
+    "tests/test_compiled.py::test_live_length_is_read_from_tensors",
+    "tests/test_compiled.py::test_runner_compiles_in_warmup_only",
+    "tests/test_attention_paths.py::test_compiled_sdpa_reads_only_the_live_prefix_and_compiles_once",
+    "tests/test_attention_paths.py::test_cli_runs_fafo_on_each_path",
+    "tests/test_runner.py::test_cli_prints_one_error_line_and_exits_2",
+    "tests/test_gpu_readiness.py::test_main_comparison_compiled_is_token_identical_without_compiling_while_timed",
+)
+COMPAT_PYTHON = "FAFO_COMPAT_PYTHON"  # the compat environment's interpreter, set by make test-compat
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the compat tier's slow tests; deselect (not skip) the tests that need the compat environment where
+    ``FAFO_COMPAT_PYTHON`` is unset, so that each tier's count says what it ran."""
+    chosen = set(COMPAT_SLOW)
+    for item in items:
+        if item.nodeid.split("[")[0] in chosen or item.get_closest_marker("compat_env"):
+            item.add_marker(pytest.mark.compat)
+    if os.environ.get(COMPAT_PYTHON):
+        return
+    keep = [item for item in items if not item.get_closest_marker("compat_env")]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("compat_env")])
+        items[:] = keep
+
+
 @pytest.fixture(scope="session")
 def ckpt_root(tmp_path_factory):
     return tmp_path_factory.mktemp("ckpts")
