@@ -53,8 +53,9 @@ COMPAT_DOWNLOADS ?= $(HOME)/.cache/fafo-bench/compat-downloads
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STACK := torch==2.11.0 transformers==5.17.0
 IMAGE_PACKAGES := numpy pandas matplotlib tqdm pyyaml packaging requests jinja2 safetensors tokenizers \
-	huggingface-hub accelerate scipy scikit-learn colorama pytest
-COMPAT_STAMP := $(COMPAT_VENV)/.stack-$(subst ==,-,$(subst $(eval) ,_,$(COMPAT_STACK)))
+	huggingface-hub accelerate scipy scikit-learn colorama pyarrow pytest
+# the environment is rebuilt when the stack or the package list changes
+COMPAT_STAMP := $(COMPAT_VENV)/.stack-$(word 1,$(shell printf '%s' '$(COMPAT_STACK) $(IMAGE_PACKAGES)' | sha1sum))
 COMPAT_ENV = HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONPATH=$(CURDIR):$(abspath $(COMPAT_VENV))/site \
 	FAFO_COMPAT_PYTHON=$(abspath $(COMPAT_PY)) FAFO_GPU_WHEELS=$(abspath $(COMPAT_VENV))/wheels
 

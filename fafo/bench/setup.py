@@ -295,9 +295,9 @@ def check_config(cfg: DictConfig, overrides=()) -> None:
     """Checks of the whole config that need no model: keys added by ``+`` overrides, wandb.mode, model.max_len,
     output_dir."""
     check_added_keys(overrides)
-    from fafo.bench.wandb_log import wandb_mode
+    from fafo.bench.wandb_log import check_wandb
 
-    wandb_mode(cfg)  # an unknown mode, or online without wandb installed; offline without it: one note
+    check_wandb(cfg)  # an unknown mode, or online without wandb installed
     max_len = cfg.model.get("max_len")
     if max_len is not None and (not _is_int(max_len) or max_len < 1):
         raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots; above the "

@@ -20,18 +20,23 @@ MODES = ("offline", "online", "disabled")
 _noted: set[str] = set()  # the note on a missing wandb is printed once per process (compare runs several methods)
 
 
-def wandb_mode(cfg: DictConfig) -> str:
-    """The mode a run logs with: ``wandb.mode``, or ``disabled`` when it is ``offline`` and wandb is not installed.
-
-    ConfigError for an unknown mode and for ``online`` without wandb (a sync that was asked for cannot happen).
-    """
+def check_wandb(cfg: DictConfig) -> str:
+    """``wandb.mode``, checked before a model loads: ConfigError for an unknown mode and for ``online`` without
+    wandb installed (a sync that was asked for cannot happen)."""
     mode = cfg.get("wandb", {}).get("mode", "disabled")
     if mode not in MODES:
         raise ConfigError(f"wandb.mode={mode!r} is not a wandb mode; use one of {', '.join(MODES)}")
-    if mode == "disabled" or available("wandb"):
-        return mode
     if mode == "online":
         require("wandb", "wandb.mode=online")
+    return mode
+
+
+def wandb_mode(cfg: DictConfig) -> str:
+    """The mode a run logs with: ``wandb.mode``, or ``disabled`` (and one note) when it is ``offline`` and wandb is
+    not installed."""
+    mode = check_wandb(cfg)
+    if mode == "disabled" or available("wandb"):
+        return mode
     if mode not in _noted:
         _noted.add(mode)
         print(f"note: wandb is not installed, so W&B logging is off (wandb.mode={mode}); to log: "
