@@ -23,6 +23,10 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$root/.venv/bin/python" ]; then PYTHON="$root/.venv/bin/python"; else PYTHON=python3; fi
 fi
+if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+  echo "error: $PYTHON has no pip; set PYTHON to an interpreter with pip (or run make install first)" >&2
+  exit 2
+fi
 wanted=(hydra-core omegaconf antlr4-python3-runtime gguf bayesian-optimization "$@")
 limit=$((5 * 1024 * 1024))
 
