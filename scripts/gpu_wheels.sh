@@ -45,7 +45,7 @@ for whl in "$dir"/*.whl; do
     *) echo "error: $(basename "$whl") is not a pure-Python (py3-none-any) wheel; it would not install on" \
             "another Python or platform" >&2; status=1 ;;
   esac
-  total=$((total + $(stat -c %s "$whl")))
+  total=$((total + $(wc -c < "$whl")))
 done
 (cd "$dir" && ls -l -- *.whl | awk '{printf "%9d  %s\n", $5, $NF}')
 echo "$(ls "$dir"/*.whl | wc -l) wheels, $total bytes ($(awk -v b="$total" 'BEGIN{printf "%.2f", b/1048576}') MiB) in $dir"
