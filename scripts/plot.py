@@ -40,6 +40,7 @@ import generic_table
 import make_tables as mt
 from fafo.bench import report
 from fafo.bench import report_format as rf
+from fafo.extras import available, install_hint
 
 METRICS = [("speedup", "speedup over vanilla (×), 95 % CI"),
            ("tau", "τ (tokens per verification step, prefill excluded)")]
@@ -186,6 +187,10 @@ def sweep_table(data: list[dict], key: str) -> str:
 def log_wandb(fig_path: Path, name: str, data: list[dict], axis: str, mode: str, project: str) -> None:
     if mode == "disabled":
         return
+    if not available("wandb"):  # offline without wandb (online was refused before plotting)
+        print(f"note: wandb is not installed, so the plot is not logged to W&B; to log: {install_hint('wandb')}",
+              file=sys.stderr)
+        return
     import wandb
 
     run = wandb.init(project=project, name=f"plot-{name}", job_type="plots", mode=mode,
@@ -211,6 +216,8 @@ def main(argv=None) -> int:
                     choices=["offline", "online", "disabled"], help="W&B logging (default $WANDB_MODE or offline)")
     ap.add_argument("--wandb-project", default="fafo-bench")
     args = ap.parse_args(argv)
+    if args.wandb_mode == "online" and not available("wandb"):
+        ap.error(f"--wandb-mode online needs the wandb package; {install_hint('wandb')}")
     if args.x:
         (fig, data), name, axis = plot_sweep(args.roots, args.x, args.logx), f"runs_by_{args.x}", args.x
         print(sweep_table(data, args.x))

@@ -292,13 +292,12 @@ def check_added_keys(overrides) -> None:
 
 
 def check_config(cfg: DictConfig, overrides=()) -> None:
-    """Checks of the whole config that need no model: keys added by ``+`` overrides, model.max_len, output_dir."""
+    """Checks of the whole config that need no model: keys added by ``+`` overrides, wandb.mode, model.max_len,
+    output_dir."""
     check_added_keys(overrides)
-    from fafo.bench.wandb_log import MODES
+    from fafo.bench.wandb_log import check_wandb
 
-    mode = cfg.get("wandb", {}).get("mode", "disabled")
-    if mode not in MODES:
-        raise ConfigError(f"wandb.mode={mode!r} is not a wandb mode; use one of {', '.join(MODES)}")
+    check_wandb(cfg)  # an unknown mode, or online without wandb installed
     max_len = cfg.model.get("max_len")
     if max_len is not None and (not _is_int(max_len) or max_len < 1):
         raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots; above the "
