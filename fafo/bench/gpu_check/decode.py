@@ -9,8 +9,10 @@ stage 1. Targets (from gpt-fast, about 69 % of an A100's roofline): >= 70 % at 5
 
 from __future__ import annotations
 
+import csv
 import statistics
 import time
+from pathlib import Path
 
 from fafo.bench.engine_timing import bytes_per_forward, hf_ms_per_token, ours_ms_per_token
 from fafo.bench.gpu_check.big_model import random_prompt
@@ -31,7 +33,7 @@ def time_variant(fn, prompt, new, rounds: int, warm: int) -> tuple[float, float,
     return warm_s, statistics.median(ms for ms, _ in runs), runs[0][1]
 
 
-def decode_stage(budget, result, settings, state) -> None:
+def decode_stage(budget, result, settings, state, out: Path) -> None:
     engine = state.big_engine(settings)
     bandwidth = state.copy_bandwidth(settings.device)
     vocab, new = engine.model.args.vocab_size, settings.decode_new
@@ -58,6 +60,10 @@ def decode_stage(budget, result, settings, state) -> None:
             "bytes_per_token": read, "roofline_ms": round(floor_ms, 4), "roofline_fraction": round(floor_ms / ms, 4),
             "warmup_s": round(warm_s, 1), "compile": compile_label,
             "tokens_equal_ours": "" if same is None else f"{sum(a == b for a, b in zip(tokens, same))}/{len(same)}"})
+        with open(out / "decode.csv", "w", newline="") as f:  # after each row: a later timeout keeps them
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(state.decode_rows)
     summarize(result, state.decode_rows, settings, bandwidth)
 
 

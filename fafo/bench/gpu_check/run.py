@@ -24,7 +24,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="cuda, cuda:N or cpu (toy sizes; default: cuda when available)")
     p.add_argument("--quick", action="store_true", help="fewer cases and curve points (the test suite's CPU run)")
     p.add_argument("--budget-s", type=float, default=None,
-                   help="total seconds, shared by the stages in proportion to their default budgets (450 s)")
+                   help="total seconds, shared by the stages in proportion to their default budgets (430 s)")
     p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES), help="run only these stages")
     p.add_argument("--groups", type=int, nargs="+", choices=GROUPS, default=None, help="GQA groups of stage 2")
     p.add_argument("--methods", nargs="+", default=None, help="methods of stages 2 and 4 (conf/method names)")
@@ -49,7 +49,7 @@ def stage_functions():
 
     return {"preflight": lambda b, r, s, st, out: preflight_stage(b, r, s, st),
             "correctness": lambda b, r, s, st, out: correctness_stage(b, r, s, out),
-            "decode": lambda b, r, s, st, out: decode_stage(b, r, s, st),
+            "decode": decode_stage,
             "curve": curve_stage, "methods": methods_stage,
             "cli": lambda b, r, s, st, out: cli_stage(b, r, s, out)}
 

@@ -84,15 +84,16 @@ def _alarm(signum, frame):
     raise StageTimeout()
 
 
-def run_stage(result: StageResult, fn, deadline: float, *args) -> StageResult:
-    """Run ``fn(budget, result, *args)`` until ``deadline`` (a ``time.perf_counter`` value)."""
+def run_stage(result: StageResult, fn, deadline: float, *args, grace: float = GRACE_S) -> StageResult:
+    """Run ``fn(budget, result, *args)`` until ``deadline`` (a ``time.perf_counter`` value); past it by
+    ``grace`` seconds the stage is interrupted."""
     budget = Budget(result, deadline)
     if budget.left() <= 1.0:
         result.status, result.summary = "skipped", "no time left"
         return result
     t0 = time.perf_counter()
     previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, budget.left() + GRACE_S)
+    signal.setitimer(signal.ITIMER_REAL, budget.left() + grace)
     try:
         fn(budget, result, *args)
         result.status = "failed" if result.failed_checks or result.errors else \
