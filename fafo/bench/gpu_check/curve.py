@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from fafo.bench.cost_curve import CostCurve, write_device_csv
-from fafo.bench.engine_timing import (bytes_per_forward, device_name, device_slug, fill_cache, forward_step, step_times, timed,
-                                      warm_calls)
+from fafo.bench.engine_timing import (bytes_per_forward, device_name, device_slug, fill_cache, forward_step,
+                                      step_times, timed, warm_calls)
 from fafo.bench.gpu_check.big_model import random_prompt
 from fafo.bench.gpu_check.methods import build_method, selected
 from fafo.engine.compiled import reset_compiled_state
