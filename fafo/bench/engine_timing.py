@@ -106,18 +106,15 @@ def bytes_per_forward(engine: Engine, context: int) -> int:
 
 
 def forward_step(engine: Engine, cache, n_tokens: int, context: int, seed: int = 0):
-    """A callable running one decode-shaped forward of ``n_tokens`` after ``context`` cached tokens (inputs
-    uploaded once): ``n_tokens = 1`` is vanilla's step (its KV written at slot ``context``, last logits);
-    more tokens verify a chain (their KV written after the prefix, logits of every row)."""
+    """A callable running one decode-shaped forward of ``n_tokens`` after ``context`` cached tokens, from host
+    values as decoders pass them (uploaded in the forward's one packed copy): ``n_tokens = 1`` is vanilla's step
+    (its KV written at slot ``context``, the last logits); more tokens verify a chain (their KV written after the
+    prefix, logits of every row)."""
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(3, engine.model.args.vocab_size, (n_tokens,), generator=gen).tolist()
     positions = list(range(context, context + n_tokens))
-    logits = "last" if n_tokens == 1 else "all"
-    plan = causal_plan(context)
-    if n_tokens == 1:  # host values, as vanilla passes them: the engine recognises its single-kernel step
-        return lambda: engine.forward(cache, tokens, positions, positions, plan, logits=logits)
-    dev = engine.tensor(tokens), engine.tensor(positions)
-    return lambda: engine.forward(cache, dev[0], dev[1], dev[1], plan, logits=logits)
+    logits, plan = ("last" if n_tokens == 1 else "all"), causal_plan(context)
+    return lambda: engine.forward(cache, tokens, positions, positions, plan, logits=logits)
 
 
 def fill_cache(cache) -> None:

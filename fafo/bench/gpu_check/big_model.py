@@ -51,9 +51,15 @@ class CheckState:
 
 
 def capacity(settings) -> int:
-    """Cache slots for every decode context (+ its new tokens) and every curve context (+ its largest step)."""
+    """Cache slots for every decode context (+ its new tokens), every curve context (+ its largest step) and the
+    timed methods' prompt (+ new tokens and their scratch)."""
+    from fafo.bench.gpu_check.methods import most_extra_slots, selected
+
+    methods = selected(settings.timed_methods or settings.methods)
     return max(max(settings.decode_contexts) + settings.decode_new,
-               max(settings.curve_contexts) + max(settings.curve_steps))
+               max(settings.curve_contexts) + max(settings.curve_steps),
+               settings.method_prompt + settings.method_new
+               + most_extra_slots(methods, settings.method_new, small=False))
 
 
 def random_prompt(n: int, vocab: int, period: int = 0, seed: int = 0) -> list[int]:

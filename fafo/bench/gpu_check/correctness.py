@@ -1,10 +1,11 @@
 """Stage 2: compiled steps token-identical to eager, for vanilla and every draftless method, on small random
 models of GQA groups 1, 3, 4 and 7.
 
-Per case (a group and a method), as the runner does it: the engine is compiled with the device's defaults, the
-cache sized once for the largest prompt, the method warmed on the first prompt (twice under CUDA graphs: a graph
-records on its second call), then two more prompts of other lengths and acceptance are generated. Every
-generation is compared with eager vanilla greedy on the same weights and dtype. Checked:
+Per model, one engine compiled with the device's defaults and its cache sized once for the largest prompt and
+method (compiled graphs are specialised to it; the methods of a model share the graphs of equal step shapes).
+Per case (a model and a method), as the runner does it: the method warmed on the first prompt (twice under CUDA
+graphs: a graph records on its second call), then two more prompts of other lengths and acceptance generated.
+Every generation is compared with eager vanilla greedy on the same weights and dtype (``sdpa``). Checked:
 
 * tokens identical; in float16 a first mismatch is classified by :class:`~fafo.bench.mismatch.MismatchJudge`
   (``tie``: the two tokens' float32 logits within 0.1; ``divergence``: a bug);
@@ -25,7 +26,7 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
-from fafo.bench.gpu_check.methods import build_method, selected
+from fafo.bench.gpu_check.methods import build_method, most_extra_slots, selected, steps_as_the_runner
 from fafo.bench.mismatch import MismatchJudge
 from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
 from fafo.engine.engine import Engine
@@ -52,31 +53,29 @@ COLUMNS = ["group", "method", "family", "compiled", "max_rows", "rows_x_group", 
 
 
 class GroupModel:
-    """One tiny model: its checkpoint, an eager engine (the reference), a compiled one, and the references."""
+    """One tiny model: an eager engine and its vanilla tokens (the references), a compiled engine."""
 
-    def __init__(self, group: int, settings, root: Path):
+    def __init__(self, group: int, settings, root: Path, methods: list[str]):
+        from baselines.vanilla import VanillaDecoder
+
         spec = {**GROUP_MODELS[group], "intermediate_size": 128, "num_hidden_layers": 2}
         self.group, self.family = group, spec["family"]
         path = tiny_checkpoint(spec, cache_dir=root)
         kw = dict(device=settings.device, dtype=settings.dtype)
         self.eager = Engine.from_pretrained(str(path), backend="sdpa", **kw)
-        self.compiled = Engine.from_pretrained(str(path), backend="sdpa", **kw)
         ckpt = SimpleNamespace(path=path, config=load_hf_config(path), tokenizer=self.eager.tokenizer)
         self.judge = MismatchJudge(self.eager, ckpt, context=1024)
         self.prompts = [self.eager.tokenizer(p).input_ids for p in PROMPTS]
-        self._refs: dict[tuple[int, int], list[int]] = {}
-
-    def reference(self, i: int, max_new: int) -> list[int]:
-        from baselines.vanilla import VanillaDecoder
-
-        if (i, max_new) not in self._refs:
-            self._refs[i, max_new] = VanillaDecoder().generate(self.eager, self.prompts[i], max_new).tokens
-        return self._refs[i, max_new]
+        self.refs = [VanillaDecoder().generate(self.eager, p, settings.max_new).tokens for p in self.prompts]
+        self.compiled = Engine.from_pretrained(str(path), backend="sdpa", **kw)
+        self.compiled.enable_compile(settings.compile)
+        extra = most_extra_slots(methods, settings.max_new, small=True)
+        self.compiled.cache(max(map(len, self.prompts)) + settings.max_new + extra)
 
 
-def compare(model: GroupModel, i: int, tokens: list[int], max_new: int) -> tuple[str, str]:
+def compare(model: GroupModel, i: int, tokens: list[int]) -> tuple[str, str]:
     """(``identical`` | ``tie`` | ``divergence``, a note on the first mismatch)."""
-    ref = model.reference(i, max_new)
+    ref = model.refs[i]
     if tokens == ref:
         return "identical", ""
     at = next((j for j, (a, b) in enumerate(zip(tokens, ref)) if a != b), min(len(tokens), len(ref)))
@@ -88,29 +87,25 @@ def compare(model: GroupModel, i: int, tokens: list[int], max_new: int) -> tuple
 def run_case(model: GroupModel, name: str, settings) -> dict:
     t0 = time.perf_counter()
     engine, max_new = model.compiled, settings.max_new
-    reset_compiled_state()
-    engine.release()
     method = build_method(name, small=True)
     compiled = not method.eager_forwards
-    if compiled:
-        engine.enable_compile(settings.compile)
-    engine.cache(max(map(len, model.prompts)) + max_new + method.extra_slots(max_new))
     method.setup(engine)
     rows: list[int] = []
     record = engine.ledger.record
     engine.ledger.record = lambda kind, n: (kind == "prefill" or rows.append(n), record(kind, n))[1]
     skips0, graphs0 = cudagraph_skips(), compile_stats()["graphs"]
-    kinds, notes = [], []
+    kinds = []
     try:
-        rounds = 2 if compiled and settings.compile.cudagraphs else 1
-        for r in range(rounds):
-            gen = method.generate(engine, model.prompts[0], max_new)
-            if r == 0:
-                kinds.append(compare(model, 0, gen.tokens, max_new))
-        graphs_warm = compile_stats()["graphs"]
-        for i in range(1, len(model.prompts)):
-            kinds.append(compare(model, i, method.generate(engine, model.prompts[i], max_new).tokens, max_new))
-        recompiles = compile_stats()["graphs"] - graphs_warm
+        with steps_as_the_runner(engine, method):
+            rounds = 2 if compiled and settings.compile.cudagraphs else 1
+            for r in range(rounds):
+                gen = method.generate(engine, model.prompts[0], max_new)
+                if r == 0:
+                    kinds.append(compare(model, 0, gen.tokens))
+            graphs_warm = compile_stats()["graphs"]
+            for i in range(1, len(model.prompts)):
+                kinds.append(compare(model, i, method.generate(engine, model.prompts[i], max_new).tokens))
+            recompiles = compile_stats()["graphs"] - graphs_warm
     finally:
         del engine.ledger.record
     notes = [note for _, note in kinds if note]
@@ -132,24 +127,38 @@ def correctness_stage(budget, result, settings, out: Path) -> None:
     methods = selected(settings.methods)
     cases = [(g, m) for g in settings.groups for m in methods]
     rows: list[dict] = []
-    models: dict[int, GroupModel] = {}
+    models: dict[int, GroupModel | str] = {}  # the current group's model, or why it could not be built
+    reset_compiled_state()
     try:
         with tempfile.TemporaryDirectory(prefix="fafo-gpu-check-") as root:
             for group, name in budget.each(cases, label=lambda c: f"group {c[0]} {c[1]}"):
                 try:
                     if group not in models:
-                        models.clear()  # one model on the device at a time
-                        models[group] = GroupModel(group, settings, Path(root))
+                        models.clear()  # one model on the device at a time, its graphs forgotten with it
+                        reset_compiled_state()
+                        try:
+                            models[group] = GroupModel(group, settings, Path(root), methods)
+                        except Exception:  # noqa: BLE001 - once per group, then each of its cases says so
+                            models[group] = f"the model or its eager reference failed: {last_line()}"
+                            result.errors.append(f"group {group}, model and eager reference:\n"
+                                                 + traceback.format_exc())
+                    if isinstance(models[group], str):
+                        rows.append({"group": group, "method": name, "status": "error", "note": models[group]})
+                        continue
                     rows.append(run_case(models[group], name, settings))
                 except Exception:  # noqa: BLE001 - the case is recorded as an error, the next one runs
                     result.errors.append(f"group {group} {name}:\n{traceback.format_exc()}")
-                    rows.append({"group": group, "method": name, "status": "error",
-                                 "note": traceback.format_exc().strip().splitlines()[-1][:200]})
+                    rows.append({"group": group, "method": name, "status": "error", "note": last_line()})
     finally:
         models.clear()
         reset_compiled_state()
         write_rows(out / "correctness.csv", rows)
         summarize(result, rows, len(cases))
+
+
+def last_line() -> str:
+    """The last line of the exception being handled (its type and message)."""
+    return traceback.format_exc().strip().splitlines()[-1][:200]
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:

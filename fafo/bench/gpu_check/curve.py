@@ -4,7 +4,8 @@
   per step: a step size is one graph, the context only a tensor value), warmed, median of several calls;
 * methods: each draftless method at its preset's shapes generates after a prompt (a random run repeated, so the
   n-gram methods have matches to draft from), compiled as the runner does, warmed, then one generation is split
-  into time inside its forwards and host time around them (:func:`~fafo.bench.engine_timing.step_times`).
+  into time inside its forwards and host time around them (:func:`~fafo.bench.engine_timing.step_times`). The
+  methods share the engine, its cache and the graphs of equal step shapes (vanilla's is the curve's 1-token one).
 
 Both go to ``<gpu>.csv`` (:func:`~fafo.bench.cost_curve.write_device_csv`), which ``bench.cost_curve`` reads.
 """
@@ -20,7 +21,7 @@ from fafo.bench.cost_curve import CostCurve, write_device_csv
 from fafo.bench.engine_timing import (bytes_per_forward, device_name, device_slug, fill_cache, forward_step,
                                       step_times, timed, warm_calls)
 from fafo.bench.gpu_check.big_model import random_prompt
-from fafo.bench.gpu_check.methods import build_method, selected
+from fafo.bench.gpu_check.methods import build_method, selected, steps_as_the_runner
 from fafo.engine.compiled import reset_compiled_state
 
 CURVE_COLUMNS = ["context", "step_tokens", "median_ms", "min_ms", "first_call_s", "gb_per_s", "roofline_fraction"]
@@ -60,17 +61,13 @@ def methods_stage(budget, result, settings, state, out: Path) -> None:
     new = settings.method_new
     for name in budget.each(selected(settings.timed_methods or settings.methods)):
         t0 = time.perf_counter()
-        reset_compiled_state()
-        engine.release()
         method = build_method(name, small=False)
-        if not method.eager_forwards:
-            engine.enable_compile(settings.compile)
-        engine.cache(len(prompt) + new + method.extra_slots(new))
         method.setup(engine)
-        for _ in range(2 if settings.cuda else 1):  # compiles, then records CUDA graphs
-            method.generate(engine, prompt, new)
-        warm_s = time.perf_counter() - t0
-        t = step_times(method, engine, prompt, new)
+        with steps_as_the_runner(engine, method):
+            for _ in range(2 if settings.cuda else 1):  # compiles, then records CUDA graphs
+                method.generate(engine, prompt, new)
+            warm_s = time.perf_counter() - t0
+            t = step_times(method, engine, prompt, new)
         steps = method.forward_tokens()
         state.method_rows.append({
             "method": name, "forward_tokens": "+".join(map(str, steps)) if steps else "varies",

@@ -9,6 +9,7 @@ compression takes effect on prompts of a hundred tokens; on the 7B-shaped model 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from importlib.util import find_spec
 
 
@@ -71,6 +72,18 @@ def build_method(name: str, small: bool):
     return METHODS[name](small)
 
 
+def most_extra_slots(names, max_new: int, small: bool) -> int:
+    """The most cache slots beyond prompt + new tokens any of the methods needs (one that cannot even be built
+    here is left out: its own case reports why)."""
+    extra = 0
+    for name in names:
+        try:
+            extra = max(extra, build_method(name, small).extra_slots(max_new))
+        except Exception:  # noqa: BLE001 - e.g. a missing package; raised again, and recorded, when it runs
+            pass
+    return extra
+
+
 def selected(names) -> list[str]:
     """The methods to run, in the check's order (all when ``names`` is empty)."""
     if not names:
@@ -79,3 +92,19 @@ def selected(names) -> list[str]:
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; use any of {', '.join(METHODS)}")
     return [n for n in METHODS if n in names]
+
+
+@contextmanager
+def steps_as_the_runner(engine, method):
+    """The engine as the runner runs ``method``: with its compiled steps, unless the method's forwards cannot run
+    compiled (``Decoder.eager_forwards``, e.g. SWIFT's layer-skipped drafts: the runner then times it eagerly);
+    the compiled steps are kept for the next method."""
+    if not method.eager_forwards or engine.compiled is None:
+        yield
+        return
+    saved = engine.compiled, engine.static_shapes
+    engine.compiled, engine.static_shapes = None, False
+    try:
+        yield
+    finally:
+        engine.compiled, engine.static_shapes = saved

@@ -1,8 +1,9 @@
 """Stage 1: what the machine is, and whether its first kernels run.
 
 Versions (Python, torch, CUDA, transformers, the GPU and its driver), which optional packages are importable, the
-device-to-device copy bandwidth (the roofline of stage 3), and one compiled FlexAttention call over one of the
-engine's block masks (a live length read from a tensor, as compiled decode steps use it), checked against SDPA.
+device-to-device copy bandwidth (the roofline of stage 3), and one compiled FlexAttention call through a BlockMask
+whose mask_mod reads a live length from a tensor (torch's own API: the engine's masks are stage 2's business),
+checked against SDPA.
 """
 
 from __future__ import annotations
@@ -47,20 +48,17 @@ def versions(device: torch.device) -> dict:
 
 
 def flex_probe(settings) -> dict:
-    """One compiled FlexAttention call (8 query heads over 2 KV heads, 4 queries, 1024 slots of which 700 live)
-    through the engine's length BlockMask, against SDPA over the live slots."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from fafo.engine.attention import length_block_mask
+    """One BlockMask (4 queries over 1024 slots, the first 700 live: a mask_mod reading the length from a tensor,
+    as compiled decode steps do) and one compiled FlexAttention call (8 query heads over 2 KV heads) through it,
+    against SDPA over the live slots."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     dev, dtype = settings.device, torch.float16 if settings.cuda else torch.float32
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, h, n, 64, generator=gen).to(dev, dtype) for h, n in ((8, 4), (2, 1024), (2, 1024)))
-    length = torch.tensor([1024], device=dev)
+    length = torch.tensor([700], device=dev)
     t0 = time.perf_counter()
-    mask = length_block_mask(length, 4, 1024)
-    length.fill_(700)
-    mask.kv_num_blocks.fill_(-(-700 // mask.BLOCK_SIZE[1]))  # as compiled steps move a live length
+    mask = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx < length[0], None, None, 4, 1024, device=dev)
     build_s = time.perf_counter() - t0
     fn = torch.compile(flex_attention, backend=settings.compile.backend, dynamic=False, fullgraph=True)
     t0 = time.perf_counter()

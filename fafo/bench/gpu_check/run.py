@@ -14,6 +14,8 @@ import torch
 from fafo.bench.gpu_check.settings import GROUPS, STAGES, settings_for
 from fafo.bench.gpu_check.stages import StageResult, run_stage
 
+GRAPH_LIMIT = 256  # graphs of one compiled forward: the curve's step sizes and every method's shapes
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m fafo.bench.gpu_check",
@@ -58,6 +60,10 @@ def run_check(args: argparse.Namespace, argv: list[str]) -> list[StageResult]:
     from fafo.bench.gpu_check.big_model import CheckState
     from fafo.bench.gpu_check.report import STAGE_TITLES, write_report
 
+    import torch._dynamo.config as dynamo_config
+
+    # the methods of a model share one compiled engine and its graphs (compiled steps fail past the limit)
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, GRAPH_LIMIT)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "disabled")
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
