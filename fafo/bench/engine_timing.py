@@ -191,7 +191,8 @@ class ForwardTimer:
             if kwargs.get("kind") != "prefill":
                 self.seconds += time.perf_counter() - t0
                 self.calls += 1
-                self.max_rows = max(self.max_rows, kwargs.get("pad_to") or n_rows(tokens))
+                padded = kwargs.get("pad_to") if self.engine.static_shapes else None
+                self.max_rows = max(self.max_rows, padded or n_rows(tokens))
             return out
 
         self.engine.forward = forward

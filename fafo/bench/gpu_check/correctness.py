@@ -68,9 +68,16 @@ class GroupModel:
         self.prompts = [self.eager.tokenizer(p).input_ids for p in PROMPTS]
         self.refs = [VanillaDecoder().generate(self.eager, p, settings.max_new).tokens for p in self.prompts]
         self.compiled = Engine.from_pretrained(str(path), backend="sdpa", **kw)
+        self.slots = max(map(len, self.prompts)) + settings.max_new + most_extra_slots(methods, settings.max_new,
+                                                                                          small=True)
+        self.compile(settings)
+
+    def compile(self, settings) -> None:
+        """Compiled steps from scratch (also after a failed case: no state of it reaches the next one)."""
+        reset_compiled_state()
+        self.compiled.release()
         self.compiled.enable_compile(settings.compile)
-        extra = most_extra_slots(methods, settings.max_new, small=True)
-        self.compiled.cache(max(map(len, self.prompts)) + settings.max_new + extra)
+        self.compiled.cache(self.slots)
 
 
 def compare(model: GroupModel, i: int, tokens: list[int]) -> tuple[str, str]:
@@ -135,7 +142,6 @@ def correctness_stage(budget, result, settings, out: Path) -> None:
                 try:
                     if group not in models:
                         models.clear()  # one model on the device at a time, its graphs forgotten with it
-                        reset_compiled_state()
                         try:
                             models[group] = GroupModel(group, settings, Path(root), methods)
                         except Exception:  # noqa: BLE001 - once per group, then each of its cases says so
@@ -146,9 +152,13 @@ def correctness_stage(budget, result, settings, out: Path) -> None:
                         rows.append({"group": group, "method": name, "status": "error", "note": models[group]})
                         continue
                     rows.append(run_case(models[group], name, settings))
+                    budget.note = f"{rows[-1]['status']} (max rows {rows[-1]['max_rows']}) {rows[-1]['note']}"[:200]
                 except Exception:  # noqa: BLE001 - the case is recorded as an error, the next one runs
                     result.errors.append(f"group {group} {name}:\n{traceback.format_exc()}")
                     rows.append({"group": group, "method": name, "status": "error", "note": last_line()})
+                    budget.note = f"error: {last_line()}"
+                    if isinstance(models.get(group), GroupModel):
+                        models[group].compile(settings)
     finally:
         models.clear()
         reset_compiled_state()
@@ -170,14 +180,15 @@ def write_rows(path: Path, rows: list[dict]) -> None:
 
 def summarize(result, rows: list[dict], n_cases: int) -> None:
     bad = [r for r in rows if r["status"] in ("FAIL", "error")]
-    ties = sum(r.get("ties", 0) for r in rows)
-    ok = sum(r["status"] in ("ok", "tie") for r in rows)
+    identical = sum(r["status"] == "ok" for r in rows)
+    tied = sum(r["status"] == "tie" for r in rows)
     result.failed_checks += [f"group {r['group']} {r['method']}: {r['status']} {r.get('note', '')}".strip()
                              for r in bad]
     recompiled = sum(1 for r in rows if r.get("recompiles"))
     skipped = sum(1 for r in rows if r.get("cudagraph_skips"))
     widest = max(rows, key=lambda r: r.get("rows_x_group") or 0, default=None)
-    result.summary = (f"{ok}/{n_cases} cases token-identical" + (f" ({ties} fp16 ties)" if ties else "")
+    result.summary = (f"{identical}/{n_cases} cases token-identical"
+                      + (f", {tied} identical but for fp16 ties" if tied else "")
                       + f", {len(bad)} failed, {recompiled} recompiled, {skipped} with CUDA-graph skips"
                       + (f"; widest step {widest['max_rows']} rows x group {widest['group']}" if widest and
                          widest.get("max_rows") else ""))

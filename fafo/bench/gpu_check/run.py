@@ -64,8 +64,11 @@ def run_check(args: argparse.Namespace, argv: list[str]) -> list[StageResult]:
 
     # the methods of a model share one compiled engine and its graphs (compiled steps fail past the limit)
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, GRAPH_LIMIT)
+    import transformers
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "disabled")
+    transformers.utils.logging.disable_progress_bar()  # "Writing model shards" of every tiny model
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
     start = time.perf_counter()
     settings = settings_for(args.device, args.quick, args.budget_s, args.backend, args.groups, args.methods)

@@ -11,6 +11,7 @@ no ``except Exception`` in library code swallows it).
 from __future__ import annotations
 
 import signal
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class Budget:
     def __init__(self, result: StageResult, deadline: float):
         self.result, self.deadline = result, deadline
         self.current: str | None = None
+        self.note = ""  # what the item in progress found, printed with its time
         self._left_labels: list[str] = []
 
     def left(self) -> float:
@@ -71,6 +73,9 @@ class Budget:
             t0 = time.perf_counter()
             yield item
             longest = max(longest, time.perf_counter() - t0)
+            print(f"[gpu_check] {self.result.name}: {labels[i]}: {self.note or 'done'} in "
+                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+            self.note = ""
         self.current, self._left_labels = None, []
 
     def interrupted(self) -> None:
