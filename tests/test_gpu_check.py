@@ -115,6 +115,9 @@ def test_cuda_without_a_gpu_is_one_clear_error(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         parse_args(["--out", "x", "--device", "cuda"])
     assert "no CUDA device is visible" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--device", "cpu", "--methods", "vanilla", "medusa"])
+    assert "--methods: medusa not a draftless method" in capsys.readouterr().err
 
 
 def test_engine_stages_import_no_hydra():

@@ -38,6 +38,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f"(CUDA build: {torch.version.cuda or 'none'}); use --device cpu for the toy-size run")
     if args.budget_s is not None and args.budget_s <= 0:
         p.error("--budget-s must be > 0")
+    from fafo.bench.gpu_check.methods import METHODS
+
+    unknown = [m for m in args.methods or [] if m not in METHODS]
+    if unknown:
+        p.error(f"--methods: {', '.join(unknown)} not a draftless method of the check; use any of {', '.join(METHODS)}")
     return args
 
 
