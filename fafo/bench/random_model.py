@@ -73,9 +73,11 @@ def random_engine(config, device="cpu", dtype: str | torch.dtype = "float32", ba
 def transformers_twin(engine: Engine, attn_implementation: str = "sdpa"):
     """A transformers ``*ForCausalLM`` of the engine's config whose parameters ARE the engine's tensors (same
     names, loaded with ``assign=True``): no copy, identical weights. Greedy ``generate`` needs no EOS."""
+    import copy
+
     import transformers
 
-    config = engine.model.hf_config
+    config = copy.deepcopy(engine.model.hf_config)  # the engine's own config stays as it is
     config._attn_implementation = attn_implementation
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=engine.dtype)

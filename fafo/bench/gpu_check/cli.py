@@ -42,8 +42,15 @@ def cli_stage(budget, result, settings, out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="fafo-gpu-check-cli-") as tmp:
         cmd = command(settings, tmp)
         result.sections.append("```\n" + " ".join(cmd[1:]) + "\n```")
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
-                              timeout=max(5.0, budget.left()))
+        try:
+            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
+                                  timeout=max(5.0, budget.left()))
+        except subprocess.TimeoutExpired as exc:  # out of time: named, not failed
+            log = [x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (exc.stdout, exc.stderr)]
+            (out / "cli.log").write_text(log[0] + "\n--- stderr ---\n" + log[1])
+            result.skipped.append(f"the comparison (stopped after {exc.timeout:.0f} s; its output: cli.log)")
+            result.summary = "out of time"
+            return
         (out / "cli.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
         tables = sorted(Path(tmp).rglob("compare.csv"))
         if proc.returncode != 0 or not tables:
