@@ -45,10 +45,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fafo.engine.model as model_module  # noqa: E402
 from fafo.bench.cost_curve import CostCurve  # noqa: E402
-from fafo.bench.engine_timing import (bytes_per_forward, copy_bandwidth, device_name, fill_cache,  # noqa: E402
-                                      forward_step, hf_ms_per_token, ours_ms_per_token, timed, warm_calls)
+from fafo.bench.engine_timing import (AttentionTimer, bytes_per_forward, copy_bandwidth, device_name,  # noqa: E402
+                                      fill_cache, forward_step, hf_ms_per_token, ours_ms_per_token, timed,
+                                      warm_calls)
 from fafo.bench.fumble_attention import FUMBLE_COLUMNS, SCATTERS, fumble  # noqa: E402
 from fafo.bench.random_model import SHAPES, llama_config, random_engine, transformers_twin  # noqa: E402
 from fafo.bench.timing import load_average, sync  # noqa: E402
@@ -229,26 +229,6 @@ def vs_hf(args) -> list[dict]:
             print(f"threads {torch.get_num_threads()} prompt {prompt_len:>5} {name:<10} {med[name]:8.2f} ms/token "
                   f"(ours is {med[name] / med['ours']:.2f}x faster than this)  load {load_average()}", flush=True)
     return rows
-
-
-class AttentionTimer:
-    """Wraps the model's ``attend`` and sums the wall time spent in it (CPU: ops run in order)."""
-
-    def __init__(self):
-        self.seconds, self._orig = 0.0, model_module.attend
-
-    def __enter__(self):
-        def timed_attend(*a, **kw):
-            t0 = time.perf_counter()
-            out = self._orig(*a, **kw)
-            self.seconds += time.perf_counter() - t0
-            return out
-
-        model_module.attend = timed_attend
-        return self
-
-    def __exit__(self, *exc):
-        model_module.attend = self._orig
 
 
 def fafo_step(args) -> list[dict]:

@@ -7,7 +7,8 @@
   step, its KV written after the prefix; ``Q > 1``: a verification of ``Q`` chained tokens), warmed before timing;
 * vanilla greedy decode per token, ours and transformers' ``generate``, prefill excluded alike;
 * a method's decode step split into time inside its forwards (device time, synchronised) and the host time around
-  them (wall time minus time inside forwards): what a faster device cannot shrink.
+  them (wall time minus time inside forwards): what a faster device cannot shrink;
+* the share of an eager step spent inside the model's ``attend``.
 
 Every timing synchronises the device and uses ``time.perf_counter``; compilation and CUDA-graph recording happen
 in warm-up calls that are not timed.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+import fafo.engine.model as model_module
 from fafo.bench.timing import SyncClock, sync
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
@@ -158,6 +160,27 @@ def hf_ms_per_token(hf, prompt: list[int], new_tokens: int, cache: str = "static
                           logits_processor=transformers.LogitsProcessorList([first]), **kw)
     tokens = out[0, len(prompt):].tolist()  # reads the device: the generation has finished
     return (time.perf_counter() - first.at) * 1e3 / (new_tokens - 1), tokens
+
+
+class AttentionTimer:
+    """Wraps the model's ``attend`` and sums the wall time spent in it (eager steps on a CPU, where ops run in
+    order: the share of a step spent in attention)."""
+
+    def __init__(self):
+        self.seconds, self._orig = 0.0, model_module.attend
+
+    def __enter__(self):
+        def timed_attend(*a, **kw):
+            t0 = time.perf_counter()
+            out = self._orig(*a, **kw)
+            self.seconds += time.perf_counter() - t0
+            return out
+
+        model_module.attend = timed_attend
+        return self
+
+    def __exit__(self, *exc):
+        model_module.attend = self._orig
 
 
 @dataclass
