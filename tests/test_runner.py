@@ -121,13 +121,13 @@ def test_reference_timing_is_interleaved_unless_a_stored_one_qualifies(tmp_path)
                   / sum(float(r["total_s"]) for r in rows if r["repeat"] == k) for k in "012"]
     assert summary["speedup_min"] == pytest.approx(min(per_repeat))
     assert summary["speedup_max"] == pytest.approx(max(per_repeat))
-    lo, hi = summary["speedup_ci95"]
-    assert lo <= summary["speedup"] <= hi
+    lo, hi = summary["speedup_range"]  # 2 samples: the per-sample range, never a "95 %" interval
+    assert lo <= summary["speedup"] <= hi and "speedup_ci95" not in summary and summary["interval"] == "range"
     assert all(int(r["threads"]) >= 1 and r["load"] != "" for r in rows)
     assert {"threads", "load_start", "load_end", "cpu_name"} <= set(summary)
     # three repeats within the spread bound: reused by a later run that asks for it, and reported as such
     summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
-                              "bench.max_spread=1000", *reuse), tmp_path / "e").run()
+                              "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "e").run()
     assert {r["ref_source"] for r in read_rows(tmp_path / "e")} == {"stored"}
     assert summary["ref_sources"] == {"stored": 6}
 
