@@ -19,7 +19,7 @@ from fafo.bench.setup import build, method_node
 from fafo.decoding import Decoder
 
 from tests.helpers import CONF, PRESETS, REPO, compose_with, import_script, run_cli, sweep_jobs
-from tests.report_runs import synthetic_table2, synthetic_table11
+from tests.report_runs import synthetic_table2, synthetic_table11, write_paper_run
 
 PAPER = REPO / "results" / "paper"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -61,8 +61,26 @@ def test_every_paper_table_and_figure_has_a_preset_and_published_numbers():
             assert r["speedup"] and r["tau"] or r["note"], f"{item}: an empty cell must say why in `note`: {r}"
 
 
+def fake_run(root: Path, i: int, model: str, method: str, task: str, resolved: dict) -> None:
+    """A finished run as the runner leaves it (config.yaml, summary.json, one row per Spec-Bench subtask)."""
+    from fafo.bench.metrics import summarize
+    from tasks.spec_bench import SUBTASKS
+
+    base = {"model": model, "method": method, "task": task, "turn": 0, "repeat": 0, "status": "ok",
+            "prompt_tokens": 20, "new_tokens": 11, "forwards": 5, "target_forwards": 6, "prefill_s": 0.1,
+            "decode_s": 0.4, "total_s": 0.5, "ref_new_tokens": 11, "ref_total_s": 1.0, "ref_decode_s": 0.9,
+            "ref_source": "interleaved", "exact_match": "True", "first_mismatch": -1, "peak_mem_mb": 1.0}
+    cats = list(SUBTASKS) if task == "spec_bench" else ["chat"]
+    samples = [{**base, "sample_id": f"q{j}", "category": c} for j, c in enumerate(cats)]
+    summary = {"model": model, "method": method, "task": task, **summarize(samples, n_boot=0)}
+    write_paper_run(root, f"job{i}", summary, resolved, samples=samples)
+
+
 @pytest.mark.parametrize("preset", PRESETS)
-def test_preset_composes_and_its_sweep_covers_the_published_table(preset):
+def test_preset_composes_and_its_sweep_covers_the_published_table(preset, tmp_path):
+    """Every job composes, every published cell is produced by the sweep, and make_tables puts exactly that run
+    beside it (on a fake results tree of the sweep: one finished run per job): the run chosen by the preset's rule
+    (QuantSpec: the full-precision reference), at the paper's own key (QuantSpec's 32k/128k cells)."""
     base = compose_with(f"experiment={preset}")
     assert base.paper.table == preset and base.bench.output_dir == f"results/runs/{preset}"
     assert base.bench.reference_dir == "results/runs/_reference"  # one vanilla reference store for every table
@@ -73,14 +91,17 @@ def test_preset_composes_and_its_sweep_covers_the_published_table(preset):
     paper = mt.load_paper(preset)
     axes = list(dict.fromkeys(r["axis"] for r in paper)) if paper else mt.TABLE_AXES.get(preset, [""])
     got, dirs = {}, set()
-    for job in jobs:
+    for i, job in enumerate(jobs):
         cfg = compose_with(f"experiment={preset}", *job)
         model, method, task, resolved = run_label(cfg)
         dirs.add(cfg.hydra.sweep.subdir)
+        fake_run(tmp_path, i, model, method, task, resolved)
         for axis in axes:
-            # Spec-Bench's subtasks (axis category) all come from one run, split by make_tables
-            value = mt.norm_value(mt.AXES[axis](resolved)) if axis and axis != "category" else ""
-            got[(model, method, task, value)] = resolved
+            # Spec-Bench's subtasks (axis category) all come from one run, split by make_tables; a run whose own
+            # size is not the paper's key records the paper's (paper.cell)
+            value = mt.norm_value((resolved.get("paper", {}).get("cell") or {}).get(axis) or mt.AXES[axis](resolved)) \
+                if axis and axis != "category" else ""
+            got.setdefault((model, method, task, value), resolved)
     assert len(dirs) == len(jobs), f"{preset}: two jobs of the sweep would write the same run directory"
     for row in paper:  # every published cell is produced by exactly the sweep's configs
         if "no fafo-bench method" in row["note"]:  # other papers' baselines, shown for reference
@@ -90,6 +111,20 @@ def test_preset_composes_and_its_sweep_covers_the_published_table(preset):
         assert key in got, f"{preset}: no job of the sweep produces the paper's cell {key}"
         if preset == "table4":  # each model samples with its own generation_config.json, as the paper says
             assert got[key]["sampling"]["from_generation_config"] is True and "sampling T=" in row["setting"]
+    table = mt.make_table([tmp_path], preset)  # the fake tree, as make_tables reads a real one
+    rule = (OmegaConf.to_container(base.paper).get("match") or {})
+    for row in paper:
+        if "no fafo-bench method" in row["note"]:
+            continue
+        col = (row["task"], row["axis"], mt.norm_value(row["value"]))
+        cell = table.cells.get(((row["model"], row["method"]), col))
+        assert cell is not None and cell.ours is not None, f"{preset}: the table has no run beside {row}"
+        assert not mt.mismatches(cell.ours, rule), (preset, cell.ours.rel, rule)
+    if preset == "quantspec_table3":  # both references run; the paper's (fp) is beside it, int8 in its own row
+        assert rule == {"bench.reference.kv": "fp"}
+        assert ("llama-2-7b-32k-instruct", "quantspec [bench.reference.kv=int8]") in table.rows
+        cell = table.cells[(("llama-2-7b-32k-instruct", "quantspec"), ("multi_lexsum", "context", "32768"))]
+        assert cell.run_value == "32000" and cell.paper["speedup"] == "2.08"
     if preset == "figure1":
         assert {(k[1], k[3]) for k in got} == {(m, g) for m in ("fafo-stream", "lookahead")
                                                for g in ("5", "10", "15", "20", "30", "40", "60", "80")}

@@ -2,11 +2,14 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from baselines.vanilla import VanillaDecoder
@@ -130,6 +133,15 @@ def test_reference_timing_is_interleaved_unless_a_stored_one_qualifies(tmp_path)
                               "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "e").run()
     assert {r["ref_source"] for r in read_rows(tmp_path / "e")} == {"stored"}
     assert summary["ref_sources"] == {"stored": 6}
+    # the key holds the thread count (and the host and the engine's commit): other threads, no reuse
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
+                        "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "f").run()
+    finally:
+        torch.set_num_threads(threads)
+    assert {r["ref_source"] for r in read_rows(tmp_path / "f")} == {"interleaved"}
 
 
 @pytest.mark.parametrize("override,setting", [
@@ -241,3 +253,51 @@ def test_a_second_writer_of_the_same_run_directory_is_refused(tmp_path):
         RecordWriter(tmp_path / "run")
     first.close()
     RecordWriter(tmp_path / "run").close()  # free again once the first job is done
+
+
+def eos_first(checkpoint, tmp_path, sample: str = "chat-01") -> Path:
+    """A copy of a tiny model whose EOS is the first token it answers ``sample`` with: that answer is one token."""
+    src, dst = checkpoint("llama_mha"), tmp_path / "eos_first"
+    shutil.copytree(src, dst)
+    probe = tmp_path / "probe"
+    Runner(make_cfg(tmp_path, f"model.path={dst}", "bench.max_new_tokens=2", f"task.ids=[{sample}]",
+                    "bench.warmup=0"), probe).run(report=False)
+    first = json.loads((probe / "outputs.jsonl").read_text().splitlines()[0])["tokens"][0]
+    (dst / "generation_config.json").write_text(json.dumps({"eos_token_id": first}))
+    return dst
+
+
+def test_a_one_token_answer_is_recorded_without_a_speedup(checkpoint, tmp_path):
+    """An answer that is one EOS: the run (progress bar on) completes, the row has no speedup, the summary counts
+    it apart and every speedup comes from the other samples alone."""
+    model = eos_first(checkpoint, tmp_path)
+    cfg = make_cfg(tmp_path, f"model.path={model}", "method=prompt_lookup", "bench.max_new_tokens=8",
+                   "task.ids=[chat-01,code-01,struct-01]", "bench.progress=true")
+    summary = Runner(cfg, tmp_path / "run").run()
+    rows = {r["sample_id"]: r for r in read_rows(tmp_path / "run")}
+    one = rows["chat-01"]
+    assert one["status"] == "ok" and one["new_tokens"] == "1" and one["forwards"] == "0"
+    assert one["speedup"] == one["speedup_e2e"] == one["speedup_decode"] == "" and one["tau"] == ""
+    long = [r for r in rows.values() if int(r["new_tokens"]) > 1]
+    assert summary["n_no_decode"] == len(rows) - len(long) >= 1 and "chat-01/0" in summary["no_decode"]
+    if long:  # the speedup is the other samples' alone
+        want = (sum(int(r["new_tokens"]) for r in long) / sum(float(r["total_s"]) for r in long)) / \
+            (sum(int(r["ref_new_tokens"]) for r in long) / sum(float(r["ref_total_s"]) for r in long))
+        assert summary["speedup_e2e"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_whose_first_answer_is_eos_runs_through_the_cli_and_tables(checkpoint, tmp_path):
+    model = eos_first(checkpoint, tmp_path)
+    out = tmp_path / "runs"
+    proc = run_cli(f"model.path={model}", "method=prompt_lookup", "bench.max_new_tokens=8", "bench.progress=true",
+                   "task.ids=[chat-01,code-01]", f"bench.output_dir={out}", "wandb.mode=disabled", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (summary_path,) = out.glob("**/summary.json")
+    rows = {r["sample_id"]: r for r in read_rows(summary_path.parent)}
+    assert rows["chat-01"]["new_tokens"] == "1" and rows["chat-01"]["speedup"] == ""
+    assert "n_no_decode" in proc.stdout and "no decode step" in proc.stdout
+    tables = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tables.py"), str(out)], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    assert "∅1" in tables.stdout and "no decode step" in tables.stdout

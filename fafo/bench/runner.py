@@ -259,13 +259,13 @@ class Runner:
         before = [d.snapshot() for d in (self.method, self.reference)]  # warm-up leaves no learnt state behind
         runs = [(self.method, self.method_eager), (self.reference, False)] + \
             ([(self.reference, True)] if self.method_eager else [])  # the eager vanilla timed beside an eager method
-        total = 0.0
+        total, tokens = 0.0, self.bench.get("warmup_tokens", 64)
         for _ in range(rounds):
             for decoder, eager in runs:
                 self.memory.reset()
                 self.clock.start()
                 with self._backend(eager):
-                    decoder.generate(self.engine, prompt, min(self.max_new_tokens(sample), 64), self.eos,
+                    decoder.generate(self.engine, prompt, min(self.max_new_tokens(sample), tokens), self.eos,
                                      self.sampling, self.sampling.generator(0, self.device))
                 self.clock.stop()
                 total += self.clock.total_s

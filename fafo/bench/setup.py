@@ -106,7 +106,7 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 
 
 def check_bench(bench: DictConfig) -> None:
-    positive = {"repeats": 1, "warmup": 0, "seed": 0, "bootstrap": 0}
+    positive = {"repeats": 1, "warmup": 0, "warmup_tokens": 1, "seed": 0, "bootstrap": 0}
     for key, low in positive.items():
         value = bench.get(key, low)
         if not _is_int(value) or value < low:
