@@ -6,12 +6,14 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from baselines.prompt_lookup import PromptLookupDecoder
 from baselines.vanilla import VanillaDecoder
 from fafo.bench.records import SAMPLE_COLUMNS
 from fafo.bench.runner import Runner
@@ -301,3 +303,48 @@ def test_a_checkpoint_whose_first_answer_is_eos_runs_through_the_cli_and_tables(
                             text=True, cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert tables.returncode == 0, tables.stderr[-2000:]
     assert "∅1" in tables.stdout and "no decode step" in tables.stdout
+
+
+@dataclass
+class EagerLookup(PromptLookupDecoder):
+    """Prompt Lookup declaring forwards that cannot run compiled (as a method with its own caches would)."""
+
+    eager_forwards: ClassVar[str] = "a test method's own eager forwards"
+
+
+ONE_BASELINE = ["model=tiny_llama", "bench.max_new_tokens=8", "task.ids=[chat-01,code-01]", "bench.compile=true",
+                "bench.compile_backend=aot_eager"]
+
+
+def test_a_method_that_cannot_compile_races_the_compiled_vanilla(tmp_path):
+    """One baseline: an eager method's speedup is against the compiled vanilla every other method races, with its
+    speedup against an eager vanilla timed beside it."""
+    cfg = make_cfg(tmp_path, *ONE_BASELINE)
+    OmegaConf.update(cfg, "method._target_", "tests.test_runner.EagerLookup")
+    OmegaConf.update(cfg, "method.name", "eager-lookup", force_add=True)
+    summary = Runner(cfg, tmp_path / "run").run(report=False)
+    rows = read_rows(tmp_path / "run")
+    assert summary["reference_backend"] == "compiled" and summary["method_backend"] == "eager"
+    assert summary["compile"] is not None and "test method's own eager forwards" in summary["timing_note"]
+    assert summary["compiled_graphs"] >= 1 and summary["n_compiled"] == 0  # vanilla's steps compiled in warm-up
+    assert all(float(r["eager_ref_total_s"]) > 0 and float(r["ref_total_s"]) > 0 for r in rows)
+    want = (sum(int(r["new_tokens"]) for r in rows) / sum(float(r["total_s"]) for r in rows)) / \
+        (sum(int(r["ref_new_tokens"]) for r in rows) / sum(float(r["eager_ref_total_s"]) for r in rows))
+    assert summary["speedup_vs_eager"] == pytest.approx(want, rel=1e-9) and summary["exact_match_rate"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_comparison_with_an_eager_method_has_one_baseline(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli(*ONE_BASELINE, "compare.methods=[vanilla,lookahead,prompt_lookup]", "bench.progress=false",
+                   "+compare.overrides.prompt_lookup=['method._target_=tests.test_runner.EagerLookup']",
+                   f"bench.output_dir={out}", "hydra.run.dir=" + str(out / "cmp"), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in (out / "cmp").glob("*/summary.json")}
+    assert {s["reference_backend"] for s in summaries.values()} == {"compiled"}  # the same vanilla for every row
+    assert {n: s["method_backend"] for n, s in summaries.items()} == {
+        "vanilla": "compiled", "lookahead": "compiled", "prompt_lookup": "eager"}
+    assert all(s["aa_speedup"] is not None for n, s in summaries.items() if n != "vanilla")  # A/A beside each
+    md = (out / "cmp" / "compare.md").read_text()
+    assert "every speedup is against the same compiled vanilla (one baseline per table)" in md
+    assert "prompt-lookup ran eagerly (x" in md and "| prompt-lookup (eager) |" in md

@@ -142,3 +142,30 @@ def test_busy_machine_warning_and_machine_record():
     assert "on the GPU" in busy_warning({"load": 0.0, "cpu_count": 2, "gpu_others_mb": 5000.0}, 0.75)
     state = machine_state(torch.device("cpu"))
     assert state["threads"] == torch.get_num_threads() and state["cpu_count"] >= 1 and state["load"] is not None
+
+
+def test_cuda_peak_of_a_generation_counts_its_own_compiled_steps_only(monkeypatch):
+    """On CUDA a replay allocates nothing and every decoder's graphs share one pool (torch/_inductor/
+    cudagraph_trees.py, CUDAGraphTreeManager / CUDAGraphNode.run_graph): each decoder's peak takes its own warm-up
+    peak (its steps allocated their intermediates then), never the pool's free part, which another decoder's
+    intermediates would inflate."""
+    import torch
+
+    from fafo.bench.timing import PeakMemory
+
+    allocated = {"peak": 0}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: allocated.update(peak=0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated["peak"])
+    memory, mb = PeakMemory(torch.device("cuda")), 2**20
+
+    def generation(key, peak_mb, warm=False):
+        memory.reset()
+        allocated["peak"] = peak_mb * mb
+        if warm:
+            memory.warm(key)
+        return memory.peak_mb(None, {}, key)
+
+    generation("method", 900, warm=True)  # recording its graphs: weights + cache + its 400 MB of intermediates
+    generation("vanilla", 600, warm=True)  # vanilla's: 100 MB of intermediates
+    assert generation("method", 500) == 900 and generation("vanilla", 500) == 600  # replays: 500 MB live
+    assert generation("vanilla", 700) == 700  # a longer prompt's eager prefill beyond the warm-up peak counts
