@@ -362,7 +362,7 @@ def footnotes(table: Table) -> list[str]:
     n_numbers = sum(1 for c in published if any(num(x) is not None for x in _pair(c.paper)))
     n_both = sum(1 for c in published if c.ours is not None)
     notes.append(f"{n_both} of {len(published)} published cells have a run ({n_numbers} of them have published "
-                 "numbers); ours = this harness as speedup× [95 % CI] (tau), paper = results/paper, Δ = ours - paper "
+                 "numbers); ours = this harness as speedup× interval (tau), paper = results/paper, Δ = ours - paper "
                  "(speedup, tau); n = samples[/turns] covered (failed rows); Vanilla MB = vanilla's own peak, "
                  "Overhead MB = method peak - vanilla peak; Exact: mismatches classified in fp32 as tie / div.")
     runs = [c.ours.summary for c in table.cells.values() if c.ours is not None]

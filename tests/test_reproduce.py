@@ -19,7 +19,7 @@ from fafo.bench.setup import build, method_node
 from fafo.decoding import Decoder
 
 from tests.helpers import CONF, PRESETS, REPO, compose_with, import_script, run_cli, sweep_jobs
-from tests.report_runs import synthetic_table2, synthetic_table11, write_paper_run
+from tests.report_runs import paper_summary, synthetic_table2, synthetic_table11, write_paper_run
 
 PAPER = REPO / "results" / "paper"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -346,3 +346,26 @@ def test_make_tables_handles_every_published_table_without_runs(tmp_path):
         md = mt.to_markdown(table)
         assert md.count("\n|") == len(table.rows) + 2  # header, rule and one line per row
         assert mt.to_latex(table).count(r"\\") >= len(table.rows) + 2
+
+
+def test_table3_heads_with_end_to_end_and_shows_decode_beside_and_triforce_tau_is_marked(tmp_path):
+    """Table 3's headline is the paper's one metric (tokens per second, end to end) with decode-only next to it;
+    TriForce's tau on prompts its retrieval budget holds whole is not set against the paper's."""
+    summary = paper_summary("llama3.1-8b-instruct", "fafo-stream", "longbench_multi_news", 1.4, 2.5, 1.0, 1.0, 12, 12)
+    summary |= {"speedup_kind": "e2e", "speedup_e2e": 1.4, "speedup_decode": 1.9, "speedup_decode_ci95": [1.7, 2.1]}
+    write_paper_run(tmp_path / "t3", "a", summary, {"paper": {"table": "table3"}})
+    table = mt.make_table([tmp_path / "t3"])
+    head, line = mt.header(table), mt.body(table)[0]
+    row = dict(zip(head, line))
+    assert row["Multi-News ours"].startswith("1.40×") and row["Multi-News speedup_decode"] == "1.90× [1.70–2.10]"
+    assert "beside each column: speedup_decode" in mt.to_markdown(table)
+    tri = paper_summary("llama2-7b-chat", "triforce-official", "mt_bench", 0.3, 6.9, 1.0, 1.0, 80, 160)
+    write_paper_run(tmp_path / "t1", "a", {**tri, "flag_counts": {"retrieval_covers_prompt": 160}},
+                    {"paper": {"table": "table1"}})
+    table = mt.make_table([tmp_path / "t1"])
+    row = dict(zip(mt.header(table), next(line for line in mt.body(table) if line[1] == "TriForce")))
+    assert row["MT-Bench Δ"] == "+0.09 (n/c)"  # speedup 0.30 - 0.21; tau not comparable
+    assert "n/c = not comparable: triforce-official: TriForce's retrieval budget holds the whole prompt in 160" \
+        in mt.to_markdown(table)
+    (long,) = [r for r in mt.long_rows(table) if r["run_dir"]]
+    assert long["d_tau"] == "" and long["tau_comparable"] is False
