@@ -161,7 +161,8 @@ def body(table: GenericTable) -> list[list[str]]:
 
 def to_markdown(table: GenericTable) -> str:
     notes = ["cells: speedup over vanilla × interval (tau/tau_all; tau_all where recorded); n: samples[/turns] of "
-             "the row's runs (failed rows, ‡ flagged, ∅ no decode step); Exact: exact-match rate over the row's (sample, turn)s (mismatches "
+             "the row's runs (failed rows, ‡ flagged, ∅ no decode step); Exact: exact-match rate over the row's "
+             "(sample, turn)s (mismatches "
              "classified in fp32 as tie / div); Peak MB: max over the row's runs, Vanilla MB: vanilla's own peak, "
              "Overhead MB: method - vanilla; tok/s: the row's new tokens / total time; verify ms: time per "
              "verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",

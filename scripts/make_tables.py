@@ -24,10 +24,11 @@ paper's run had (QuantSpec: ``bench.reference.kv: fp``, the full-precision vanil
 that differs goes to its own row (``quantspec [bench.reference.kv=int8]``), never beside the paper's number. Among
 runs that match, the most complete is shown (finished, most (sample, turn)s), and the footnote counts the others.
 A run whose own axis value is not the paper's key (QuantSpec's 32k cell runs 32000 prompt tokens) records the
-paper's key as ``paper.cell`` ({axis: value}) and is shown there, its own value in the CSV's ``run_value``. Runs from no paper
-preset (or ``--by KEY``) get the generic table of ``scripts/generic_table.py``. Writes ``<table>.csv`` (one line
-per cell, every number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and
-prints the Markdown.
+paper's key as ``paper.cell`` ({axis: value}) and is shown there, its own value in the CSV's ``run_value``.
+
+Runs from no paper preset (or ``--by KEY``) get the generic table of ``scripts/generic_table.py``. Writes
+``<table>.csv`` (one line per cell, every number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default
+``<first root>/tables``) and prints the Markdown.
 """
 
 from __future__ import annotations

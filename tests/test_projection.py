@@ -9,7 +9,8 @@ import pytest
 
 from fafo.bench import timing
 from fafo.bench.cost_curve import CostCurve
-from fafo.bench.projection import compact, main as check_main, project, vanilla_log
+from fafo.bench.projection import compact, project, vanilla_log
+from fafo.bench.projection import main as check_main
 from fafo.bench.runner import Runner
 from fafo.engine.ledger import ForwardLedger, ForwardRecord
 from tests.helpers import make_cfg, read_rows

@@ -103,9 +103,8 @@ def test_intervals_are_labelled_by_what_they_are_at_each_sample_count():
     is exactly that range, so calling it 95 % would be false); 1: none."""
     import numpy as np
 
-    from fafo.bench.metrics import MIN_BOOTSTRAP, interval, interval_kind, sample_range
+    from fafo.bench.metrics import MIN_BOOTSTRAP, interval, interval_kind, sample_range, summarize
     from tests.report_runs import make_rows
-    from fafo.bench.metrics import summarize
 
     def ratio(a):
         return a["ref"].sum(-1) / a["method"].sum(-1)

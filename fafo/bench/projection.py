@@ -244,13 +244,15 @@ def main(argv=None) -> int:
     if not results:
         print(f"error: no summary.json under {', '.join(map(str, args.run_dirs))}", file=sys.stderr)
         return 2
-    print(f"| method | measured speedup_decode | projected ({results[0]['cost_curve_device']}) | error | beyond curve |")
+    device = results[0]["cost_curve_device"]
+    print(f"| method | measured speedup_decode | projected ({device}) | error | beyond curve |")
     print("|---|---:|---:|---:|---:|")
     bad = []
     for r in results:
         err = r.get("projection_error")
-        print(f"| {r['method']} | {_fmt(r.get('projection_measured'), '.3f')}x | {_fmt(r.get('projected_speedup'), '.3f')}x"
-              f" | {_fmt(None if err is None else 100 * err, '+.1f')} % | {r.get('projection_beyond_curve', '-')} |")
+        measured, projected = _fmt(r.get("projection_measured"), ".3f"), _fmt(r.get("projected_speedup"), ".3f")
+        print(f"| {r['method']} | {measured}x | {projected}x | {_fmt(None if err is None else 100 * err, '+.1f')} % "
+              f"| {r.get('projection_beyond_curve', '-')} |")
         if args.within is not None and (err is None or abs(err) > args.within):
             bad.append(r["method"])
     if bad:

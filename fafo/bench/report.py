@@ -351,9 +351,9 @@ def baseline_note(summaries) -> list[str]:
                 "(runs of different bench.compile settings)"]
     line = f"every speedup is against the same {backends.pop()} vanilla (one baseline per table)"
     if eager:
-        line += "; " + ", ".join(f"{s.get('method')} ran eagerly (x{s['speedup_vs_eager']:.2f} against an eager vanilla "
-                                  "timed beside it)" if s.get("speedup_vs_eager") is not None else
-                                  f"{s.get('method')} ran eagerly" for s in eager)
+        line += "; " + ", ".join(
+            f"{s.get('method')} ran eagerly (x{s['speedup_vs_eager']:.2f} against an eager vanilla timed beside it)"
+            if s.get("speedup_vs_eager") is not None else f"{s.get('method')} ran eagerly" for s in eager)
     return [line]
 
 

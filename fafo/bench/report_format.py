@@ -96,8 +96,9 @@ def fmt_n(s: dict, dash: str = DASH) -> str:
     return text + (f" ‡{flagged:.0f}" if flagged else "") + (f" ∅{short:.0f}" if short else "")
 
 
-MARKS_NOTE = ("‡k = k (sample, turn)s flagged: their repeats (method or vanilla) disagree by more than bench.max_spread; "
-              "∅k = k (sample, turn)s with no decode step (an answer of one token), left out of the speedups")
+MARKS_NOTE = ("‡k = k (sample, turn)s flagged: their repeats (method or vanilla) disagree by more than "
+              "bench.max_spread; ∅k = k (sample, turn)s with no decode step (an answer of one token), left out of the "
+              "speedups")
 
 
 def fmt_exact(s: dict, dash: str = DASH) -> str:
@@ -233,4 +234,5 @@ def tex(s: str, dash: str = DASH) -> str:
         s = s.replace(a, b)
     s = s.replace("\0", r"\textbackslash{}")
     s = s.replace("×", r"$\times$").replace("Δ", r"$\Delta$").replace(dash, "--").replace("*", r"$^*$")
-    return s.replace("–", "--").replace("†", r"$^\dagger$").replace("‡", r"$^\ddagger$").replace("∅", r"$\emptyset$")
+    s = s.replace("–", "--").replace("†", r"$^\dagger$").replace("‡", r"$^\ddagger$")
+    return s.replace("∅", r"$\emptyset$")

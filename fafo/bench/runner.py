@@ -41,7 +41,7 @@ from fafo.bench.naming import Job, run_names, split_hydra
 from fafo.bench.preempt import sample_done
 from fafo.bench.projection import compact, summary_fields
 from fafo.bench.records import RecordWriter, check_lock_free, first_mismatch, write_json_atomic
-from fafo.bench.reference import ReferenceStore, reference_key, timing_reusable
+from fafo.bench.reference import ReferenceStore, ReferenceTimings, reference_key
 from fafo.bench.plan import check_run
 from fafo.bench.setup import (build, check_bench, check_config, check_region_fits, cpu_name,
                               environment, method_node, resolve_compile, resolve_device, resolve_dtype,
@@ -175,11 +175,12 @@ class Runner:
         self.clock, self.memory = SyncClock(self.device), PeakMemory(self.device)
         self.judge = MismatchJudge(self.engine, self.ckpt, self.context, self.bench.get("tie_margin", 0.1),
                                    self.bench.get("tie_check", "cpu"))
-        self.store = ReferenceStore(self.bench.reference_dir)  # always written; read for reuse when asked
+        self.references = ReferenceTimings(  # always written; read for reuse when asked
+            ReferenceStore(self.bench.reference_dir), self.bench.reuse_reference,
+            self.bench.get("reuse_max_spread", 1.1), self.bench.get("busy_load", 0.75))
         records = RecordWriter(self.run_dir)
         if records.repairs:
             print(f"records repaired in {self.run_dir}: " + "; ".join(records.repairs), file=sys.stderr, flush=True)
-        self.reuse_refused: dict = {"n": 0, "examples": []}  # stored timings bench.reuse_reference could not use
         logger = WandbLogger(self.cfg, self.run_dir, "/".join(self.names.values()))
         machine = {"threads": self.machine["threads"], "load_start": self.machine["load"],
                    "cpu_name": cpu_name(), "cpu_count": self.machine["cpu_count"],
@@ -217,10 +218,10 @@ class Runner:
                   file=sys.stderr, flush=True)
         summary = self._summary(records.rows, warmup_s, load_s)
         summary.update(machine, load_end=load_average(), repaired=records.repairs, records_check=problems or "ok",
-                       ref_reuse_refused=self.reuse_refused, **self.plan.summary_fields())
-        if self.reuse_refused["n"]:
-            print(f"note: {self.reuse_refused['n']} stored reference timings were not reused and were timed again "
-                  f"beside the method ({self.reuse_refused['examples'][0]})", file=sys.stderr, flush=True)
+                       ref_reuse_refused=self.references.refused, **self.plan.summary_fields())
+        if self.references.refused["n"]:
+            print(f"note: {self.references.refused['n']} stored reference timings were not reused and were timed "
+                  f"again beside the method ({self.references.refused['examples'][0]})", file=sys.stderr, flush=True)
         if summary.get("ref_sources", {}).get("stored"):
             print(f"warning: {summary['ref_sources']['stored']} rows use a stored reference timing "
                   "(bench.reuse_reference=true), not one taken beside the method", file=sys.stderr, flush=True)
@@ -373,7 +374,7 @@ class Runner:
         seed_index = int(hashlib.sha1(f"{sample.id}/{turn}".encode()).hexdigest()[:8], 16)
         key = self._reference_key(prompt, max_new)
         graphs = compile_stats()["graphs"]
-        ref = ref or self._stored_reference(key)
+        ref = ref or self.references.start(key)
         if ref.get("stored_ok"):  # bench.reuse_reference=true and the stored timing passed timing_reusable
             ref_total, ref_decode, ref_source = _median(ref["total_s"]), _median(ref["decode_s"]), "stored"
             ref_peak = ref.get("peak_mem_mb")
@@ -385,7 +386,9 @@ class Runner:
             ref["peak_mem_mb"] = ref_peak
             ref_total, ref_decode, ref_source = t_ref["total_s"], t_ref["decode_s"], "interleaved"
             if len(ref["total_s"]) >= self.bench.repeats:
-                self._store_reference(key, ref)
+                self.references.keep(key, ref, {"device": self.env["device_name"], "load": load_average(),
+                                                "cpu_count": self.machine["cpu_count"],
+                                                "threads": torch.get_num_threads()})
         beside = {}
         if self.method_eager:  # the same backend as the method, timed beside it (speedup_vs_eager)
             _, t_eager, _, _ = self._generate(self.reference, prompt, max_new, seed_index, eager=True)
@@ -425,34 +428,6 @@ class Runner:
                   "accepted": gen.accepted, "extras": gen.extras, "forward_log": log,
                   "ref_forward_log": ref.get("forward_log")}
         return row, output, ref
-
-    def _stored_reference(self, key: str) -> dict:
-        """The reference state of one (sample, turn): a stored timing when it may be reused, else a fresh one."""
-        fresh = {"tokens": None, "total_s": [], "decode_s": [], "stored": self.store.get(key)}
-        stored = fresh["stored"]
-        if not self.bench.reuse_reference or stored is None:
-            return fresh
-        ok, why = timing_reusable(stored, self._reuse_spread(), self.bench.get("busy_load", 0.75))
-        if not ok:
-            self.reuse_refused["n"] += 1
-            self.reuse_refused["examples"] = (self.reuse_refused["examples"] + [why])[:3]
-            return fresh
-        return {**stored, "stored_ok": True}
-
-    def _reuse_spread(self) -> float:
-        return self.bench.get("reuse_max_spread", 1.1)
-
-    def _store_reference(self, key: str, ref: dict) -> None:
-        """Store this run's reference when it is at least as good as what the store holds."""
-        old = ref.get("stored")
-        keep_old = old is not None and len(old.get("total_s", [])) > len(ref["total_s"]) and timing_reusable(
-            old, self._reuse_spread(), self.bench.get("busy_load", 0.75))[0]
-        if not keep_old:
-            self.store.put(key, {"tokens": ref["tokens"], "total_s": ref["total_s"], "decode_s": ref["decode_s"],
-                                 "peak_mem_mb": ref.get("peak_mem_mb"),
-                                 "device": self.env["device_name"], "load": load_average(),
-                                 "cpu_count": self.machine["cpu_count"], "threads": torch.get_num_threads(),
-                                 "time": time.time()})
 
     def _base_row(self, sample, turn, repeat) -> dict:
         return {"sample_id": str(sample.id), "turn": turn, "repeat": repeat, "category": sample.category,
