@@ -81,7 +81,8 @@ def test_the_projection_recovers_the_speedup_measured_on_the_curves_device(metho
                                                                            tmp_path):
     curve = write_curve(tmp_path / "curve.csv")
     cfg = make_cfg(tmp_path, *method, f"model.path={checkpoint('llama_mha_rep')}", "bench.max_new_tokens=24",
-                   "task.ids=[chat-01,code-01,multi-01]", f"bench.cost_curve={curve}", "bench.warmup=0")
+                   "task.ids=[chat-01,code-01,multi-01]", f"bench.cost_curve={curve}", "bench.warmup=0",
+                   "bench.repeats=2")
     summary = Runner(cfg, tmp_path / "run").run(report=False)
     assert summary["tau"] > 1  # a repetitive model: the method accepts guesses
     assert summary["projection_measured"] == pytest.approx(summary["speedup_decode"], rel=1e-9)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -91,7 +92,7 @@ class Pricer:
                 f"{tokens} tokens at context {low:.0f}-{high:.0f} (curve: steps 1-{self.max_step}, contexts {lo}-{hi})")
 
     def group_ms(self, g: list) -> float:
-        kind, tokens, region_rows, region_len, share, count, prefix_sum, pmin, pmax = g
+        _, tokens, region_rows, region_len, share, count, prefix_sum, pmin, pmax = g
         if not count:
             return 0.0
         mean_prefix = prefix_sum / count
@@ -149,9 +150,10 @@ def priced_turns(rows: list[dict], outputs: dict, curve: CostCurve, target_param
             _num(first.get("draft_model_forwards")) or 0, _num(first.get("draft_model_params")) or 0,
             target_params, prompt + n / 2)
         ref_ms = sum(pricer.group_ms(g) for g in ref_log) + (ref_n - 1) * ref_host
-        med = {k: sorted(_num(r.get(k)) for r in reps)[len(reps) // 2] for k in ("decode_s", "ref_decode_s")}
-        if None in med.values():
+        times = {k: [_num(r.get(k)) for r in reps] for k in ("decode_s", "ref_decode_s")}
+        if any(None in v for v in times.values()):
             continue
+        med = {k: statistics.median(v) for k, v in times.items()}  # over repeats, as metrics.per_turn
         out.append({"steps_tokens": n - 1, "ref_steps_tokens": ref_n - 1, "decode_s": med["decode_s"],
                     "ref_decode_s": med["ref_decode_s"], "pred_s": method_ms / 1e3, "ref_pred_s": ref_ms / 1e3,
                     "steps": steps})

@@ -20,9 +20,9 @@ import hashlib
 import json
 import math
 import random
+import socket
 import sys
 import time
-import socket
 import traceback
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -38,11 +38,11 @@ from fafo.bench.cost_curve import CostCurve
 from fafo.bench.metrics import accept_histogram, flag_counts, summarize
 from fafo.bench.mismatch import MismatchJudge
 from fafo.bench.naming import Job, run_names, split_hydra
+from fafo.bench.plan import check_run
 from fafo.bench.preempt import sample_done
 from fafo.bench.projection import compact, summary_fields
 from fafo.bench.records import RecordWriter, check_lock_free, first_mismatch, write_json_atomic
 from fafo.bench.reference import ReferenceStore, ReferenceTimings, reference_key
-from fafo.bench.plan import check_run
 from fafo.bench.setup import (build, check_bench, check_config, check_region_fits, cpu_name,
                               environment, method_node, resolve_compile, resolve_device, resolve_dtype,
                               resolve_model)
