@@ -135,21 +135,3 @@ def write_device_csv(path: str | Path, curve_rows: list[dict], method_rows: list
                 writer.writerow({**common, **row, "row": kind})
     tmp.replace(path)
     return path
-
-
-def summary_fields(decoder, curve: CostCurve | None, rows: list[dict]) -> dict:
-    """The run summary's cost fields: ``tokens_per_forward`` (a step's tokens, summed over its target forwards;
-    None where it varies), ``forward_tokens`` and, with a cost curve, ``break_even_tau`` at the run's mean
-    context (prompt + half the new tokens of its ok rows) and ``projected_speedup`` = the run's tau over it: the
-    decode speedup the curve's device would give this method's measured acceptance (host work aside)."""
-    steps = decoder.forward_tokens()
-    out = {"tokens_per_forward": sum(steps) if steps else None, "forward_tokens": list(steps) if steps else None}
-    ok = [r for r in rows if r.get("status") == "ok"]
-    if curve is not None and steps and ok:
-        context = sum(float(r["prompt_tokens"]) + float(r["new_tokens"]) / 2 for r in ok) / len(ok)
-        out.update(break_even_tau=curve.break_even_tau(steps, int(context)), cost_curve_device=curve.device)
-        forwards = sum(float(r["forwards"]) for r in ok)
-        if forwards:
-            tau = sum(float(r["new_tokens"]) - 1 for r in ok) / forwards
-            out["projected_speedup"] = curve.predicted_speedup(tau, steps, int(context))
-    return out

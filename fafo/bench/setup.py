@@ -106,17 +106,21 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 
 
 def check_bench(bench: DictConfig) -> None:
-    positive = {"repeats": 1, "warmup": 0, "seed": 0, "bootstrap": 0}
+    positive = {"repeats": 1, "warmup": 0, "warmup_tokens": 1, "seed": 0, "bootstrap": 0}
     for key, low in positive.items():
         value = bench.get(key, low)
         if not _is_int(value) or value < low:
             raise ConfigError(f"bench.{key}={value!r} must be an integer >= {low}")
     for key, low, what in (("max_spread", 1.0, "a factor (max/min of a sample's repeats), e.g. 1.5"),
+                           ("reuse_max_spread", 1.0, "a factor (max/min of a stored reference's repeats), e.g. 1.1"),
                            ("busy_load", 0.0, "a load average per CPU core, e.g. 0.75")):
         value = bench.get(key, low + 1)
         if not _is_number(value) or value <= low:
             raise ConfigError(f"bench.{key}={value!r} must be a number > {low:g}: {what}")
-    for key in ("reuse_reference", "ignore_eos", "progress"):
+    if bench.get("tie_check", "cpu") not in ("cpu", "device"):
+        raise ConfigError(f"bench.tie_check={bench.get('tie_check')!r} is not a place; use cpu (a float32 copy kept "
+                          "on the CPU) or device (loaded on the device and freed around each check)")
+    for key in ("reuse_reference", "ignore_eos", "progress", "aa_floor"):
         if not isinstance(bench.get(key, False), bool):
             raise ConfigError(f"bench.{key}={bench.get(key)!r} must be true or false")
     for key in ("max_samples", "max_new_tokens"):
