@@ -21,7 +21,6 @@ from tests.helpers import REPO
 CORE_WHEELS = {"hydra_core", "omegaconf", "antlr4_python3_runtime"}
 EXTRA_WHEELS = {"gguf", "bayesian_optimization"}  # pure Python, their dependencies on a GPU image
 LIMIT = 5 * 1024 * 1024
-GPU_CHECK = False  # true once fafo.bench.gpu_check is in the tree: then its quick CPU mode runs from the layout
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -122,7 +121,6 @@ def test_the_whole_wheel_set_imports_from_an_empty_folder(layout, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.compat_env
-@pytest.mark.skipif(not GPU_CHECK, reason="fafo.bench.gpu_check is not in the tree yet (tests/test_compat_stack.py)")
 def test_gpu_check_quick_runs_from_the_wheel_layout(layout, tmp_path):
     python, wheels = layout
     site = tmp_path / "site"
