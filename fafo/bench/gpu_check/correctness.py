@@ -97,9 +97,7 @@ def run_case(model: GroupModel, name: str, settings) -> dict:
     method = build_method(name, small=True)
     compiled = not method.eager_forwards
     method.setup(engine)
-    rows: list[int] = []
-    record = engine.ledger.record
-    engine.ledger.record = lambda kind, n: (kind == "prefill" or rows.append(n), record(kind, n))[1]
+    engine.ledger.log = []  # every forward's record: the widest step's rows
     skips0, graphs0 = cudagraph_skips(), compile_stats()["graphs"]
     kinds = []
     try:
@@ -114,7 +112,8 @@ def run_case(model: GroupModel, name: str, settings) -> dict:
                 kinds.append(compare(model, i, method.generate(engine, model.prompts[i], max_new).tokens))
             recompiles = compile_stats()["graphs"] - graphs_warm
     finally:
-        del engine.ledger.record
+        rows = [f.tokens for f in engine.ledger.log if f.kind != "prefill"]
+        engine.ledger.log = None
     notes = [note for _, note in kinds if note]
     counts = {k: sum(kind == k for kind, _ in kinds) for k in ("identical", "tie", "divergence")}
     skips = cudagraph_skips() - skips0
