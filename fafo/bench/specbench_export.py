@@ -183,7 +183,8 @@ def predictions(method: list[dict], base: list[dict], tokenizer) -> dict[str, di
         ours = speed / _mean([sum(c["new_tokens"]) / sum(c["wall_time"]) for c in bc])
         theirs = speed / _mean([sum(counted[i]) / sum(c["wall_time"]) for i, c in zip(keep, bc)])
         accepts = [n for c in mc for n in c["accept_lengths"]]
-        out[name] = {"questions": len(keep), "speedup_specbench": ours, "speed_py": theirs,
+        out[name] = {"questions": len(keep), "turns": sum(len(c["turns"]) for c in bc),
+                     "speedup_specbench": ours, "speed_py": theirs,
                      "mean_accepted": _mean(accepts), "baseline_tokens": sum(sum(c["new_tokens"]) for c in bc),
                      "speed_py_baseline_tokens": sum(sum(counted[i]) for i in keep)}
     return out
@@ -251,10 +252,13 @@ def notes(done: dict) -> list[str]:
                    "before vanilla's tokens were stored; see fafo_note): speed.py re-tokenizes the baseline's text")
     short = overall["baseline_tokens"] - overall["speed_py_baseline_tokens"]
     if short:
-        why = ("this tokenizer prepends no BOS, and speed.py subtracts one per turn" if not done["tokenizer_adds_bos"]
-               else "some turns' text re-tokenizes to another length")
+        bos = 0 if done["tokenizer_adds_bos"] else overall["turns"]
+        why = [f"{bos} for the start token speed.py subtracts and this tokenizer does not prepend (one per turn)"] \
+            if bos else []
+        if short != bos:
+            why.append(f"{short - bos:+d} where a turn's text re-tokenizes to another length".replace("+", "", 1))
         out.append(f"note: speed.py counts the baseline's {overall['baseline_tokens']} tokens as "
-                   f"{overall['speed_py_baseline_tokens']} ({why}): its speedup reads "
+                   f"{overall['speed_py_baseline_tokens']} ({'; '.join(why)}): its speedup reads "
                    f"{overall['speed_py'] / overall['speedup_specbench'] - 1:+.2%} against ours overall")
     ours, theirs = done["summary_speedup_specbench"], overall["speedup_specbench"]
     if isinstance(ours, (int, float)) and abs(ours - theirs) > 1e-9 * abs(theirs):
