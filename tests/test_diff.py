@@ -51,7 +51,8 @@ def test_the_difference_is_paired_by_sample(tmp_path):
     assert f"[{lo:+.3f}, {hi:+.3f}] 95 %  (excludes 0)" in line and f"{own['speedup_e2e']:+.3f}" in line
     tau = next(x for x in text.splitlines() if x.strip().startswith("tau "))
     assert "+0.000  [+0.000, +0.000] 95 %" in tau
-    assert "on the 12 (sample, turn)s of 12 samples both completed" in text and "config (A -> B):\n  (identical)" in text
+    assert "on the 12 (sample, turn)s of 12 samples both completed" in text
+    assert "config (A -> B):\n  (identical)" in text
     write_rows(tmp_path / "c", rows_of(4, 0)[:3])  # 3 samples: the per-sample range of the difference
     assert "per-sample range" in diff.diff(a, diff.load(tmp_path / "c"))
 
@@ -74,7 +75,8 @@ def test_cli_shows_where_two_runs_part_and_refuses_a_directory_that_is_not_a_run
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert "model.tiny.seed: 0 -> 1" in text
-    assert "  method: 0 of 3 (sample, turn)s identical" in text and "  vanilla: 0 of 3 (sample, turn)s identical" in text
+    assert "  method: 0 of 3 (sample, turn)s identical" in text
+    assert "  vanilla: 0 of 3 (sample, turn)s identical" in text
     assert text.count("      A: ") == 4 and text.count("      B: ") == 4 and "⟦" in text and "... 1 more" in text
     assert "on the 3 (sample, turn)s of 3 samples both completed" in text and "per-sample range" in text
     proc = cli(out, b)

@@ -182,8 +182,8 @@ def fetch_list(overrides: list[str]) -> dict:
 
 def describe(need: dict) -> str:
     if need["kind"] in ("checkpoint", "dataset"):
-        extra = [f"config {need['config']}" for _ in [0] if need.get("config")] + \
-            [f"split {need['split']}" for _ in [0] if need.get("split")] + [f"revision {need.get('revision') or 'main'}"]
+        extra = [f"{key} {need[key]}" for key in ("config", "split") if need.get(key)]
+        extra.append(f"revision {need.get('revision') or 'main'}")
         files = f"; files {' '.join(need['files'])}" if need.get("files") else ""
         return f"{need['hub_id']} ({', '.join(extra)}{files})"
     if need["kind"] == "package":
