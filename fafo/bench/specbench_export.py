@@ -256,7 +256,7 @@ def notes(done: dict) -> list[str]:
         why = [f"{bos} for the start token speed.py subtracts and this tokenizer does not prepend (one per turn)"] \
             if bos else []
         if short != bos:
-            why.append(f"{short - bos:+d} where a turn's text re-tokenizes to another length".replace("+", "", 1))
+            why.append(f"{short - bos} where a turn's text re-tokenizes to another length")
         out.append(f"note: speed.py counts the baseline's {overall['baseline_tokens']} tokens as "
                    f"{overall['speed_py_baseline_tokens']} ({'; '.join(why)}): its speedup reads "
                    f"{overall['speed_py'] / overall['speedup_specbench'] - 1:+.2%} against ours overall")
