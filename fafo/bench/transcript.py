@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-PROMPT_IDS_MAX = 16384  # ids stored in full up to this many prompt tokens (~100 KB of JSON)
+PROMPT_IDS_MAX = 8192  # ids stored in full up to this many prompt tokens (~50 KB of JSON a line)
 HEAD_TOKENS = 64
 TAIL_TOKENS = 192
 
