@@ -384,13 +384,16 @@ def write_outputs(table: Table, out_dir: str | Path) -> dict[str, Path]:
 
 def split_by_category(collected: Collected) -> Collected:
     """One run per (run, sample category) plus its ``overall``, for tables whose axis is ``category`` (Spec-Bench:
-    one run covers every subtask); each part is summarised from the run's ``samples.csv`` rows."""
+    one run covers every subtask; its eight MT-Bench categories form the subtask ``mt_bench``); each part is
+    summarised from the run's ``samples.csv`` rows."""
+    from tasks.spec_bench import subtask
+
     out = Collected(failed=collected.failed)
     for run in collected.runs:
         out.runs.append(replace(run, config={**run.config, "_category": "overall"}))
         rows = run.sample_rows() or []
-        for cat in dict.fromkeys(r.get("category", "") for r in rows):
-            part = [r for r in rows if r.get("category", "") == cat]
+        for cat in dict.fromkeys(subtask(r.get("category", "")) for r in rows):
+            part = [r for r in rows if subtask(r.get("category", "")) == cat]
             summary = report.resummarize(run, {report.row_key(r) for r in part})
             out.runs.append(replace(run, summary=summary, config={**run.config, "_category": cat}, rows=part))
     return out

@@ -1,13 +1,16 @@
 """Spec-Bench (Xia et al., ACL 2024 Findings, https://arxiv.org/abs/2401.07851; hemingkx/Spec-Bench): 480
-questions in 6 categories, the leaderboard workload of speculative decoding.
+questions in 6 subtasks (13 categories), the leaderboard workload of speculative decoding.
 
 Source: the release file ``data/spec_bench/question.jsonl`` (fields ``question_id`` 81-560, ``category``,
-``turns``, optional ``reference``) via ``task.data_path`` (there is no hub copy; the path is required). Rows
-81-160 are MT-Bench (8 fine categories, 2 turns each), then 80 each of ``translation``, ``summarization``,
-``qa``, ``math_reasoning`` and ``rag`` (one turn). A sample's ``category`` is its Spec-Bench subtask, the key
-of the leaderboard's columns (``evaluation/speed.py``): ``mt_bench`` (Multi-turn Conversation), ``translation``,
-``summarization``, ``qa`` (Question Answering), ``math_reasoning`` (Mathematical Reasoning), ``rag``
-(Retrieval-aug. Generation); ``task.categories`` keeps only some.
+``turns``, optional ``reference``) via ``task.data_path`` (there is no hub copy; the path is required; commit
+fd2c1cd read). Rows 81-160 are MT-Bench (2 turns each, 10 per category: ``writing``, ``roleplay``, ``reasoning``,
+``math``, ``coding``, ``extraction``, ``stem``, ``humanities``), then 80 each of ``translation``,
+``summarization``, ``qa``, ``math_reasoning`` and ``rag`` (one turn). A sample's ``category`` is the file's own,
+as Spec-Bench's ``evaluation/speed.py`` selects rows by it (``mt_bench`` is the eight MT-Bench categories
+together; a row written as ``mt_bench`` would be selected by no subtask). The leaderboard's six columns are the
+subtasks (:func:`subtask`): ``mt_bench`` (Multi-turn Conversation), ``translation``, ``summarization``, ``qa``
+(Question Answering), ``math_reasoning`` (Mathematical Reasoning), ``rag`` (Retrieval-aug. Generation);
+``task.categories`` keeps some subtasks (or single MT-Bench categories).
 
 Prompts (Spec-Bench ``evaluation/eval.py``): every turn is a chat turn, turn 2 replays the model's own turn-1
 answer; ``max_new_tokens`` 1024 per turn, greedy. ``task.template=model`` renders the tokenizer's chat template
@@ -28,6 +31,7 @@ from tasks.sources import DataTask, str_list
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SUBTASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")  # leaderboard columns
+CATEGORIES = MT_BENCH_CATEGORIES + SUBTASKS[1:]  # the release file's `category` values (speed.py selects by them)
 SUBTASK_NAMES = {"mt_bench": "Multi-turn Conversation", "translation": "Translation",
                  "summarization": "Summarization", "qa": "Question Answering",
                  "math_reasoning": "Mathematical Reasoning", "rag": "Retrieval-aug. Generation"}
@@ -37,7 +41,8 @@ TEMPLATES = ("model", "vicuna")
 
 
 def subtask(category: str) -> str:
-    """Spec-Bench's subtask of a row's ``category`` (``speed.py``: the 8 MT-Bench categories are ``mt_bench``)."""
+    """Spec-Bench's subtask of a row's ``category`` (``speed.py``: the 8 MT-Bench categories are ``mt_bench``);
+    any other category is its own."""
     return "mt_bench" if category in MT_BENCH_CATEGORIES else category
 
 
@@ -59,7 +64,7 @@ class SpecBenchTask(DataTask):
 
     Args:
         categories: keep only these subtasks (``mt_bench``, ``translation``, ``summarization``, ``qa``,
-            ``math_reasoning``, ``rag``); null keeps all six.
+            ``math_reasoning``, ``rag``) or MT-Bench categories (``writing`` ...); null keeps all.
         template: ``model`` (the tokenizer's chat template) or ``vicuna`` (FastChat's, as Spec-Bench).
     """
 
@@ -69,16 +74,19 @@ class SpecBenchTask(DataTask):
     template: str = one_of(TEMPLATES, "model", why="model: the tokenizer's chat template; vicuna: Spec-Bench's")
 
     RELEASE: ClassVar[str] = "hemingkx/Spec-Bench's data/spec_bench/question.jsonl"
+    RELEASE_URL: ClassVar[str] = ("https://raw.githubusercontent.com/hemingkx/Spec-Bench/"
+                                  "fd2c1cd7d2201ef71db4c5f4e455008f017967bf/data/spec_bench/question.jsonl")
     PATTERNS: ClassVar[tuple[str, ...]] = ("question.jsonl", "*/question.jsonl", "*/*/question.jsonl", "*.jsonl")
 
     def _categories(self) -> list[str] | None:
         if self.categories is None:
             return None
         cats = [self.categories] if isinstance(self.categories, str) else list(self.categories)
-        unknown = [c for c in cats if c not in SUBTASKS]
+        unknown = [c for c in cats if c not in SUBTASKS + MT_BENCH_CATEGORIES]
         if unknown or not cats:
             raise ConfigError(f"task.categories={cats!r} has unknown subtasks {unknown}; use some of "
-                              f"{', '.join(SUBTASKS)} (or null for all)")
+                              f"{', '.join(SUBTASKS)} or the MT-Bench categories {', '.join(MT_BENCH_CATEGORIES)} "
+                              "(or null for all)")
         return cats
 
     def validate(self) -> None:
@@ -94,10 +102,10 @@ class SpecBenchTask(DataTask):
             turns = str_list(self.value(r, i, "turns"))
             if turns is None:
                 raise self.bad_record(i, "has `turns` that is not a non-empty list of strings")
-            cat = subtask(str(self.value(r, i, "category")))
-            if cat not in SUBTASKS:
-                raise self.bad_record(i, f"has category {cat!r}, not a Spec-Bench category")
-            if keep is not None and cat not in keep:
+            cat = str(self.value(r, i, "category"))
+            if cat not in CATEGORIES:
+                raise self.bad_record(i, f"has category {cat!r}, not one of Spec-Bench's {', '.join(CATEGORIES)}")
+            if keep is not None and cat not in keep and subtask(cat) not in keep:
                 continue
             samples.append(Sample(id=str(self.value(r, i, "question_id")), category=cat, turns=turns,
                                   followup="own", references=[str(x) for x in r.get("reference") or []]))

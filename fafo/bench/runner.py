@@ -47,6 +47,7 @@ from fafo.bench.setup import (build, check_bench, check_config, check_region_fit
                               environment, method_node, resolve_compile, resolve_device, resolve_dtype,
                               resolve_model)
 from fafo.bench.timing import PeakMemory, SyncClock, busy_warning, load_average, machine_state
+from fafo.bench.transcript import prompt_fields, reference_fields
 from fafo.bench.wandb_log import WandbLogger
 from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
 from fafo.engine.engine import Engine
@@ -421,12 +422,14 @@ class Runner:
             "compiles": compile_stats()["graphs"] - graphs, "threads": torch.get_num_threads(),
             "load": load_average(), "status": "ok",
         }
+        tok = self.engine.tokenizer
         output = {"sample_id": str(sample.id), "turn": turn, "prompt_tokens": len(prompt), "tokens": gen.tokens,
-                  "text": self.engine.tokenizer.decode(gen.tokens, skip_special_tokens=True),
+                  "text": tok.decode(gen.tokens, skip_special_tokens=True),
                   "accept_lengths": gen.accept_lengths, "forwards": asdict(gen.forwards),
                   "draft_model_forwards": gen.draft_model_forwards, "drafted": gen.drafted,
                   "accepted": gen.accepted, "extras": gen.extras, "forward_log": log,
-                  "ref_forward_log": ref.get("forward_log")}
+                  "ref_forward_log": ref.get("forward_log"),  # then the prompt and vanilla's answer (transcript)
+                  **prompt_fields(tok, prompt), **reference_fields(tok, ref["tokens"])}
         return row, output, ref
 
     def _base_row(self, sample, turn, repeat) -> dict:
