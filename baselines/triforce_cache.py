@@ -72,11 +72,8 @@ class RetrievalCache:
         lo = max(lo, hi - capacity)  # older ones would be overwritten within this very copy
         if lo >= hi:
             return
-        src = torch.arange(lo, hi, device=self.kv.keys[0].device)
-        dst = self.budget - 1 - (src - self.aligned) % capacity
-        for layer in range(len(full.keys)):
-            self.kv.keys[layer].index_copy_(2, dst, full.keys[layer].index_select(2, src))
-            self.kv.values[layer].index_copy_(2, dst, full.values[layer].index_select(2, src))
+        src = torch.arange(lo, hi, device=self.kv.kv.device)
+        self.kv.copy_from(full, src, self.budget - 1 - (src - self.aligned) % capacity)
 
 
 class StreamingDraft:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fafo.engine.attention import AttentionPlan
@@ -89,11 +90,16 @@ class DraftTree:
 
     # ------------------------------------------------------------------ the verification forward
     def mask(self, device=None) -> torch.Tensor:
-        """``[len, len]`` bool: node i sees itself and its ancestors."""
-        mask = torch.eye(len(self), dtype=torch.bool)
-        for i in range(1, len(self)):  # parents precede children: a row extends its parent's row
-            mask[i] |= mask[self.parents[i]]
-        return mask.to(device)
+        """``[len, len]`` bool: node i sees itself and its ancestors (built by numpy, one step per depth)."""
+        n = len(self)
+        parents = np.asarray(self.parents)
+        mask, nodes, up = np.eye(n, dtype=bool), np.arange(n), parents.copy()
+        while (up >= 0).any():
+            seen = up >= 0
+            mask[nodes[seen], up[seen]] = True
+            up = np.where(seen, parents[np.maximum(up, 0)], -1)
+        mask = torch.from_numpy(mask)
+        return mask if device is None else mask.to(device)
 
     def inputs(self, N: int) -> tuple[list[int], list[int], torch.Tensor]:
         """The verification forward's host tokens and positions ``[len]`` and step mask ``[len, len]``, with the
@@ -145,7 +151,7 @@ def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None
     the engine pads the step to it (the caller's cache must have ``N + size`` slots)."""
     tokens, positions, mask = tree.inputs(N)  # host values: the engine uploads them in one copy
     slots = list(range(N, N + len(tree)))
-    plan = AttentionPlan(prefix=N, step_mask=mask)
+    plan = AttentionPlan(prefix=N, step_mask=mask.numpy())  # a host array: gathered on the host (Engine.forward)
     return engine.forward(cache, tokens, positions, slots, plan, logits="all", pad_to=size)[0]
 
 

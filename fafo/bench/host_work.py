@@ -1,0 +1,226 @@
+"""Host work per decoding step: what a method does around its model forwards, counted and timed.
+
+On a GPU a 7B decode forward costs a few milliseconds and each eagerly launched op 5-10 us of host time; CUDA graphs
+hide launches only inside the compiled forward. :class:`HostWork` counts, per decoding step, outside every model
+call (:func:`fafo.engine.ledger.model_call`, where it is suspended):
+
+* ``ops``: torch operators dispatched (ATen ops, views excluded): on a device each one on device data is a launch,
+  and each costs host time (on host tensors too);
+* ``h2d``: host values moved to the device (a tensor built from Python data with ``device=``, or ``.to(device)``
+  of a host tensor; :meth:`fafo.engine.engine.Engine.upload` packs a forward's inputs into one);
+* ``d2h``: device values read on the host (``.tolist()``, ``.item()``, ``int()``, ``.cpu()``...: a sync on CUDA).
+
+The CPU stands in for the device: a tensor is "on the device" when it is a weight or a cache buffer, was made with
+``device=`` or moved with ``.to(device)``, came out of a model call, or was computed from such a tensor.
+:func:`measure` runs one method on an engine and reports these per step with its host milliseconds per step
+(wall time minus time inside model calls, :attr:`fafo.decoding.Generation.host_s`, timed without the probe);
+:func:`host_table` does it for every method config at a given depth (``scripts/bench_engine.py host``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from fafo import decoding
+from fafo.engine.ledger import MODEL_TIME
+
+READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"}
+FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "randint", "rand", "randn",
+             "zeros_like", "ones_like", "empty_like", "full_like"}
+FROM_HOST = {"tensor", "as_tensor"}  # factories that copy host data
+NOT_LAUNCHES = {"aten::lift_fresh", "aten::detach", "aten::alias", "aten::_local_scalar_dense"}
+
+
+class _Ops(TorchDispatchMode):
+    """ATen operators, views and no-ops excluded, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if not func.is_view and name not in NOT_LAUNCHES:
+            self.names[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Transfers(TorchFunctionMode):
+    """Host-to-device copies and device-to-host reads, following device values through torch calls."""
+
+    def __init__(self, on_device):
+        super().__init__()
+        self.on_device = WeakIdKeyDictionary({t: True for t in on_device})
+        self.h2d = self.d2h = 0
+
+    def mark(self, values) -> None:
+        for t in tree_flatten(values)[0]:
+            if isinstance(t, torch.Tensor):
+                self.on_device[t] = True
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs, name = kwargs or {}, getattr(func, "__name__", "")
+        out = func(*args, **kwargs)
+        flat = tree_flatten((args, kwargs))[0]
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        on_device = [isinstance(x, torch.Tensor) and x in self.on_device for x in flat]
+        if name in READS and first is not None and on_device[0]:
+            self.d2h += 1
+            return out.clone() if out is first else out  # on the CPU .cpu() returns the tensor itself
+        if name in ("__setitem__", "copy_") and first is not None and not on_device[0] and any(on_device[1:]):
+            self.d2h += 1
+            return out
+        to_device = kwargs.get("device") is not None or any(isinstance(a, (torch.device, str)) for a in args[1:2])
+        if name in ("to", "as_tensor") and to_device and first is not None and not on_device[0]:
+            self.h2d += 1
+            if out is first:  # the CPU stands in for the device: a copy, as a device would make
+                out = out.clone()
+        elif name in FROM_HOST and kwargs.get("device") is not None and not isinstance(first, torch.Tensor):
+            self.h2d += 1
+        if (name in ("to", *FACTORIES) and to_device) or any(on_device):
+            self.mark(out)
+            if name.endswith("_") and first is not None:
+                self.mark(first)
+        return out
+
+
+class HostWork:
+    """Counts a generation's host work per decoding step (see the module docstring); use as a context manager
+    around ``generate``. ``engines``: the engines whose weights and caches are on the device.
+
+    After the context: :attr:`steps`, one ``{"ops", "h2d", "d2h"}`` dict per decoding step (its commit included),
+    and :attr:`names`, the operators counted in steps by name.
+    """
+
+    def __init__(self, engines):
+        seeds = [p for e in engines for p in e.model.parameters()]
+        for e in engines:
+            if e._cache is not None:
+                seeds += e._cache.tensors()
+        self._ops, self._io = _Ops(), _Transfers(seeds)
+        self.steps: list[dict] = []
+        self.names: Counter = Counter()
+        self._last = None
+
+    def _now(self) -> tuple[int, int, int, Counter]:
+        return sum(self._ops.names.values()), self._io.h2d, self._io.d2h, Counter(self._ops.names)
+
+    def around(self, call):
+        """Run one model call with the probe suspended; its outputs are device values."""
+        from torch.overrides import _pop_mode_temporarily as pop_function_mode
+        from torch.utils._python_dispatch import _pop_mode_temporarily as pop_dispatch_mode
+
+        with pop_function_mode() as f, pop_dispatch_mode() as d:
+            assert f is self._io and d is self._ops, "another probe was entered inside HostWork"
+            out = call()
+        self._io.mark(out)
+        return out
+
+    def _step(self) -> None:
+        now = self._now()
+        if self._last is not None:
+            ops, h2d, d2h, names = (a - b for a, b in zip(now, self._last))
+            self.steps.append({"ops": ops, "h2d": h2d, "d2h": d2h})
+            self.names += names
+        self._last = now
+
+    def start_steps(self) -> None:
+        """Called when the prompt is processed: steps are counted from here."""
+        self._last = self._now()
+
+    def __enter__(self) -> "HostWork":
+        self._io.__enter__()
+        self._ops.__enter__()
+        MODEL_TIME.probes.append(self)
+        decoding.STEP_HOOKS.append(self._step)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        decoding.STEP_HOOKS.remove(self._step)
+        MODEL_TIME.probes.remove(self)
+        self._ops.__exit__(*exc)
+        self._io.__exit__(*exc)
+
+    def per_step(self, key: str) -> tuple[float, int]:
+        """(mean, max) of ``key`` over the steps."""
+        values = [s[key] for s in self.steps] or [0]
+        return sum(values) / len(values), max(values)
+
+
+class _PrefillMark:
+    """A clock for ``generate`` that starts the probe's step count when the prompt is processed."""
+
+    def __init__(self, probe: HostWork):
+        self.probe = probe
+
+    def mark(self, phase: str) -> None:
+        if phase == "prefill":
+            self.probe.start_steps()
+
+
+def engines_of(method, engine) -> list:
+    """The target engine and any draft engine the method holds (TriForce's)."""
+    loaded = getattr(method, "_loaded", None)
+    draft = getattr(loaded[1], "engine", None) if isinstance(loaded, tuple) and len(loaded) > 1 else None
+    return [engine] + ([draft] if draft is not None else [])
+
+
+def count_host_work(method, engine, prompt_ids: list[int], max_new_tokens: int, warmup: bool = True) -> HostWork:
+    """One generation under :class:`HostWork` (after a warm-up generation: what is built once per shape is not
+    per-step work). Cross-request state is restored before the counted run."""
+    method.setup(engine)
+    snapshot = method.snapshot()
+    if warmup:
+        method.generate(engine, prompt_ids, max_new_tokens, engine.eos_ids)
+        method.restore(snapshot)
+    probe = HostWork(engines_of(method, engine))
+    with probe:
+        gen = method.generate(engine, prompt_ids, max_new_tokens, engine.eos_ids, clock=_PrefillMark(probe))
+    probe.generation = gen
+    method.restore(snapshot)
+    return probe
+
+
+def host_ms_per_step(method, engine, prompt_ids: list[int], max_new_tokens: int, rounds: int = 3) -> list[float]:
+    """Host milliseconds per step of ``rounds`` generations (no probe), each from the same cross-request state."""
+    snapshot, out = method.snapshot(), []
+    for _ in range(rounds):
+        gen = method.generate(engine, prompt_ids, max_new_tokens, engine.eos_ids)
+        out.append(gen.host_ms_per_step)
+        method.restore(snapshot)
+    return out
+
+
+def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: int, rounds: int = 3,
+            reference: list[int] | None = None) -> dict:
+    """One row of the host table: ops, copies and reads per step (mean and max) and host ms per step (median)."""
+    probe = count_host_work(method, engine, prompt_ids, max_new_tokens)
+    gen = probe.generation
+    ms = host_ms_per_step(method, engine, prompt_ids, max_new_tokens, rounds)
+    row = {"method": name, "layers": engine.model.args.n_layers, "steps": len(probe.steps),
+           "new_tokens": len(gen.tokens)}
+    for key in ("ops", "h2d", "d2h"):
+        row[f"{key}_mean"], row[f"{key}_max"] = probe.per_step(key)
+    row["host_ms"] = statistics.median(ms)
+    row["host_ms_runs"] = " ".join(f"{x:.3f}" for x in ms)
+    row["eager_forwards"] = type(method).eager_forwards != ""
+    row["exact"] = "" if reference is None else gen.tokens == reference
+    row["top_ops"] = " ".join(f"{n.split('::')[-1]}:{c}" for n, c in probe.names.most_common(4))
+    return row
+
+
+def host_model(layers: int, cache_dir: Path | None = None):
+    """The narrow model of the host table: ``layers`` layers, hidden 64, GQA 4/2, a repetitive random init (so
+    guesses are accepted and KV moves happen)."""
+    from fafo.engine.tiny import tiny_checkpoint
+
+    return tiny_checkpoint({"family": "llama", "num_hidden_layers": layers, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "seed": 3, "initializer_range": 0.05}, cache_dir=cache_dir)
