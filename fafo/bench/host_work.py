@@ -36,7 +36,8 @@ READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu
 FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "randint", "rand", "randn",
              "zeros_like", "ones_like", "empty_like", "full_like"}
 FROM_HOST = {"tensor", "as_tensor"}  # factories that copy host data
-NOT_LAUNCHES = {"aten::lift_fresh", "aten::detach", "aten::alias", "aten::_local_scalar_dense"}
+# not counted as ops: no-ops, and reads (counted as d2h)
+NOT_OPS = {"aten::lift_fresh", "aten::detach", "aten::alias", "aten::item", "aten::_local_scalar_dense"}
 
 
 class _Ops(TorchDispatchMode):
@@ -45,10 +46,11 @@ class _Ops(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.names: Counter = Counter()
+        self.paused = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name
-        if not func.is_view and name not in NOT_LAUNCHES:
+        if not (func.is_view or name in NOT_OPS or self.paused):
             self.names[name] += 1
         return func(*args, **(kwargs or {}))
 
@@ -56,10 +58,20 @@ class _Ops(TorchDispatchMode):
 class _Transfers(TorchFunctionMode):
     """Host-to-device copies and device-to-host reads, following device values through torch calls."""
 
-    def __init__(self, on_device):
+    def __init__(self, on_device, ops: _Ops):
         super().__init__()
         self.on_device = WeakIdKeyDictionary({t: True for t in on_device})
         self.h2d = self.d2h = 0
+        self.ops = ops
+
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        """The copy a device would make where the CPU, standing in for it, returns the tensor itself (counted as a
+        transfer, not as an op)."""
+        self.ops.paused += 1
+        try:
+            return t.clone()
+        finally:
+            self.ops.paused -= 1
 
     def mark(self, values) -> None:
         for t in tree_flatten(values)[0]:
@@ -74,15 +86,15 @@ class _Transfers(TorchFunctionMode):
         on_device = [isinstance(x, torch.Tensor) and x in self.on_device for x in flat]
         if name in READS and first is not None and on_device[0]:
             self.d2h += 1
-            return out.clone() if out is first else out  # on the CPU .cpu() returns the tensor itself
+            return self._copy(out) if out is first else out  # on the CPU .cpu() returns the tensor itself
         if name in ("__setitem__", "copy_") and first is not None and not on_device[0] and any(on_device[1:]):
             self.d2h += 1
             return out
         to_device = kwargs.get("device") is not None or any(isinstance(a, (torch.device, str)) for a in args[1:2])
         if name in ("to", "as_tensor") and to_device and first is not None and not on_device[0]:
             self.h2d += 1
-            if out is first:  # the CPU stands in for the device: a copy, as a device would make
-                out = out.clone()
+            if out is first:
+                out = self._copy(out)
         elif name in FROM_HOST and kwargs.get("device") is not None and not isinstance(first, torch.Tensor):
             self.h2d += 1
         if (name in ("to", *FACTORIES) and to_device) or any(on_device):
@@ -105,7 +117,8 @@ class HostWork:
         for e in engines:
             if e._cache is not None:
                 seeds += e._cache.tensors()
-        self._ops, self._io = _Ops(), _Transfers(seeds)
+        self._ops = _Ops()
+        self._io = _Transfers(seeds, self._ops)
         self.steps: list[dict] = []
         self.names: Counter = Counter()
         self._last = None
