@@ -218,11 +218,13 @@ class FAFOState(StepState):
             self.captured = plan.captured
             return out[0]
         f_mask, v_mask = self.masks
-        fumble = self.engine.forward(self.cache, np.concatenate([cur, streams]), P + self.rel["fumble"], None,
-                                     self.plan(f_mask, 1), logits=self.rows, kind="draft")
+        tokens_f, pos_f, tokens_v, pos_v = self.engine.upload(  # both forwards' inputs in one copy
+            np.concatenate([cur, streams]), P + self.rel["fumble"], np.concatenate([cur, cands.ravel()]),
+            P + self.rel["verify"])
+        fumble = self.engine.forward(self.cache, tokens_f, pos_f, None, self.plan(f_mask, 1), logits=self.rows,
+                                     kind="draft")
         plan = self.plan(v_mask, None, capture=True)
-        verify = self.engine.forward(self.cache, np.concatenate([cur, cands.ravel()]), P + self.rel["verify"],
-                                     self.scratch_slots, plan)
+        verify = self.engine.forward(self.cache, tokens_v, pos_v, self.scratch_slots, plan)
         self.captured = plan.captured
         return torch.cat([verify[0], fumble[0]])
 

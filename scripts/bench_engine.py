@@ -16,6 +16,8 @@
   at the end of a plain cache; ``random``: Quest-like picks anywhere): active KV blocks, BlockMask build time (a
   scattered mask would be rebuilt every step), first call (compilation) apart; both layouts are checked against
   dense SDPA. On CPU, eager ``flex_attention`` ignores block sparsity: only compiled numbers speak to the layout.
+* ``host``: each method config's work per decoding step outside its model forwards (ops, host-to-device copies,
+  device reads, host ms; :mod:`fafo.bench.host_work`) on narrow random models of ``--layers`` layers.
 
 Variants are interleaved over ``--repeats`` rounds::
 
@@ -24,6 +26,7 @@ Variants are interleaved over ``--repeats`` rounds::
     python scripts/bench_engine.py vs-hf --threads 1 2 --rounds 3
     python scripts/bench_engine.py fafo-step --threads 2 --context 1024
     python scripts/bench_engine.py fumble --scatter streaming random --plot
+    python scripts/bench_engine.py host --layers 32 64 --new-tokens 64 --threads 1
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fafo.engine.model as model_module  # noqa: E402
+from fafo.bench import host_work  # noqa: E402
 from fafo.bench.cost_curve import CostCurve  # noqa: E402
 from fafo.bench.timing import SyncClock, load_average, sync  # noqa: E402
 from fafo.engine.attention import causal_plan  # noqa: E402
@@ -55,11 +59,11 @@ from fafo.engine.engine import Engine  # noqa: E402
 from fafo.engine.tiny import default_cache_dir  # noqa: E402
 from fafo.engine.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 
-MODES = ("roofline", "vs-hf", "fafo-step", "fumble")
+MODES = ("roofline", "vs-hf", "fafo-step", "fumble", "host")
 DEFAULTS = {  # per mode: (contexts, repeats, out)
     "roofline": ([1024, 2048, 4096], 5, "engine.csv"), "vs-hf": ([1024], 3, "decode.csv"),
     "fafo-step": ([1024], 3, "decode.csv"), "fumble": ([1024, 2048, 4096, 8192, 16384, 32768], 5,
-                                                      "fumble_attention.csv")}
+                                                      "fumble_attention.csv"), "host": ([], 5, "host.csv")}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Peak HBM bandwidth in bytes/s, matched against torch.cuda.get_device_name().
 PEAK_BANDWIDTH = {
@@ -585,6 +589,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--sink", type=int, default=4, help="StreamingLLM attention-sink tokens (--scatter streaming)")
     g.add_argument("--scatter", nargs="+", choices=SCATTERS, default=["streaming"])
     g.add_argument("--no-compile", action="store_true", help="eager flex_attention / create_block_mask")
+    g = p.add_argument_group("host (fafo/bench/host_work.py; --new-tokens, --repeats)")
+    g.add_argument("--layers", type=int, nargs="+", default=[32, 64])
+    g.add_argument("--methods", nargs="+", default=None, help="method configs (default: all of conf/method)")
     args = p.parse_args(argv)
     contexts, repeats, out = DEFAULTS[args.mode]
     args.contexts = args.contexts or (CURVE_CONTEXTS if args.curve else contexts)
@@ -603,7 +610,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 RUN = {"roofline": (roofline, COLUMNS, roofline_report), "vs-hf": (vs_hf, DECODE_COLUMNS, None),
-       "fafo-step": (fafo_step, DECODE_COLUMNS, None), "fumble": (fumble, FUMBLE_COLUMNS, fumble_report)}
+       "fafo-step": (fafo_step, DECODE_COLUMNS, None), "fumble": (fumble, FUMBLE_COLUMNS, fumble_report),
+       "host": (host_work.bench, host_work.COLUMNS, host_work.report)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -29,7 +29,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from omegaconf import DictConfig
+
 from fafo import decoding
+from fafo.bench.naming import CONF
 from fafo.engine.ledger import MODEL_TIME
 
 READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"}
@@ -202,32 +205,144 @@ def count_host_work(method, engine, prompt_ids: list[int], max_new_tokens: int, 
     return probe
 
 
-def host_ms_per_step(method, engine, prompt_ids: list[int], max_new_tokens: int, rounds: int = 3) -> list[float]:
-    """Host milliseconds per step of ``rounds`` generations (no probe), each from the same cross-request state."""
-    snapshot, out = method.snapshot(), []
-    for _ in range(rounds):
-        gen = method.generate(engine, prompt_ids, max_new_tokens, engine.eos_ids)
-        out.append(gen.host_ms_per_step)
-        method.restore(snapshot)
+def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: int,
+            reference: list[int] | None = None) -> dict:
+    """One row of the host table without its timing: ops, copies and reads per step (mean and max)."""
+    probe = count_host_work(method, engine, prompt_ids, max_new_tokens)
+    gen = probe.generation
+    row = {"method": name, "layers": engine.model.args.n_layers, "steps": len(probe.steps),
+           "new_tokens": len(gen.tokens), "tau": round(gen.tau, 3)}
+    for key in ("ops", "h2d", "d2h"):
+        mean, top = probe.per_step(key)
+        row[f"{key}_mean"], row[f"{key}_max"] = round(mean, 2), top
+    row["eager_forwards"] = bool(type(method).eager_forwards) or name.startswith("longspec")
+    row["exact"] = "" if reference is None else gen.tokens == reference
+    row["top_ops"] = " ".join(f"{n.split('::')[-1]}:{c / max(len(probe.steps), 1):.1f}"
+                              for n, c in probe.names.most_common(4))
+    return row
+
+
+# ---------------------------------------------------------------------------------------------- the host table
+COLUMNS = ["method", "layers", "steps", "new_tokens", "tau", "ops_mean", "ops_max", "h2d_mean", "h2d_max",
+           "d2h_mean", "d2h_max", "host_ms", "host_ms_runs", "eager_forwards", "exact", "top_ops", "threads",
+           "load", "torch"]
+PROMPT = "The quick brown fox jumps over the lazy dog, and the lazy dog sleeps in the sun all day long. "
+# a preset's budgets below the prompt, so that every step selects, swaps and evicts (the presets' own budgets
+# exceed the table's short prompts and would leave the compressed region static)
+SMALL_BUDGETS = {"StreamingLLM": ("sink=4", "local=40"), "Quest": ("token_budget=64", "page_size=16"),
+                 "SnapKV": ("capacity=48", "window=8", "local=16")}
+
+
+def method_names() -> list[str]:
+    """Every method config (``conf/method/*.yaml``)."""
+    return sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
+
+
+def _compose(name: str, overrides) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=[f"method={name}", *overrides]).method
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[f"method={name}", *overrides]).method
+
+
+def budget_overrides(name: str) -> list[str]:
+    """Overrides that put a preset's KV budgets below the host table's prompt (compressed region, retrieval
+    cache), so its steps do the work a long context makes them do."""
+    node = _compose(name, [])
+    out = []
+    compress = node.get("compress")
+    if compress is not None:
+        out += [f"method.compress.{kv}" for kv in SMALL_BUDGETS[str(compress._target_).rsplit(".", 1)[-1]]]
+    if str(node._target_).endswith("TriForceDecoder"):
+        out.append("method.budget=64")
     return out
 
 
-def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: int, rounds: int = 3,
-            reference: list[int] | None = None) -> dict:
-    """One row of the host table: ops, copies and reads per step (mean and max) and host ms per step (median)."""
-    probe = count_host_work(method, engine, prompt_ids, max_new_tokens)
-    gen = probe.generation
-    ms = host_ms_per_step(method, engine, prompt_ids, max_new_tokens, rounds)
-    row = {"method": name, "layers": engine.model.args.n_layers, "steps": len(probe.steps),
-           "new_tokens": len(gen.tokens)}
-    for key in ("ops", "h2d", "d2h"):
-        row[f"{key}_mean"], row[f"{key}_max"] = probe.per_step(key)
-    row["host_ms"] = statistics.median(ms)
-    row["host_ms_runs"] = " ".join(f"{x:.3f}" for x in ms)
-    row["eager_forwards"] = type(method).eager_forwards != ""
-    row["exact"] = "" if reference is None else gen.tokens == reference
-    row["top_ops"] = " ".join(f"{n.split('::')[-1]}:{c}" for n, c in probe.names.most_common(4))
-    return row
+def offline_overrides(name: str, corpus: Path) -> list[str]:
+    """Overrides that let a preset run offline on the table's random model: a tiny random draft for TriForce and
+    LongSpec (their released drafts are downloads), ``corpus`` for a preset that requires one (SAM-Decoding)."""
+    node = _compose(name, [])
+    draft = node.get("draft") or {}
+    out = []
+    if draft.get("path") and "tiny" in draft:
+        out += ["method.draft.path=null", "method.draft.tiny={family: llama, hidden_size: 32, num_hidden_layers: 1}"]
+    elif draft.get("path"):
+        out += ["method.draft.path=null", "method.draft.random_seed=0"]
+    if node.get("corpus_required"):
+        out.append(f"method.corpus_path={corpus}")
+    return out
+
+
+def build_method(name: str, overrides=()):
+    """The decoder ``method=<name>`` with ``overrides`` builds, as a run would."""
+    from fafo.bench.setup import build, method_node
+
+    return build(method_node(_compose(name, overrides)), "method")
+
+
+def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt_tokens: int = 256,
+               rounds: int = 5, cache_dir: Path | None = None) -> list[dict]:
+    """The host table: per depth and method, ops / copies / reads per step (one probed generation after a
+    warm-up) and host ms per step, the median of ``rounds`` generations interleaved across the methods (a
+    shared machine's load drifts: interleaving spreads it over every method alike)."""
+    import tempfile
+
+    from baselines.vanilla import VanillaDecoder
+    from fafo.bench.timing import load_average
+    from fafo.engine.engine import Engine
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        corpus.write_text(PROMPT * 8)
+        for n_layers in layers:
+            engine = Engine.from_pretrained(str(host_model(n_layers, cache_dir)))
+            ids = engine.tokenizer(PROMPT * (prompt_tokens // 10)).input_ids[:prompt_tokens]
+            reference = VanillaDecoder().generate(engine, ids, new_tokens, engine.eos_ids).tokens
+            methods, depth_rows = {}, {}
+            for name in names:
+                m = build_method(name, [*budget_overrides(name), *offline_overrides(name, corpus)])
+                depth_rows[name] = measure(name, m, engine, ids, new_tokens, reference)
+                methods[name] = (m, m.snapshot())
+            times = {name: [] for name in names}
+            for _ in range(rounds):
+                for name, (m, snapshot) in methods.items():
+                    gen = m.generate(engine, ids, new_tokens, engine.eos_ids)
+                    times[name].append(gen.host_ms_per_step)
+                    m.restore(snapshot)
+            for name in names:
+                row = depth_rows[name]
+                row.update(host_ms=round(statistics.median(times[name]), 3),
+                           host_ms_runs=" ".join(f"{x:.3f}" for x in times[name]),
+                           threads=torch.get_num_threads(), load=load_average(), torch=torch.__version__)
+                rows.append(row)
+            for m, _ in methods.values():
+                m.release()
+            del engine
+    return rows
+
+
+def bench(args) -> list[dict]:
+    """``scripts/bench_engine.py host``: :func:`host_table` over ``--layers`` and ``--methods``."""
+    return host_table(args.layers, args.methods or method_names(), args.new_tokens, rounds=args.repeats)
+
+
+def report(args, rows: list[dict]) -> None:
+    """Print the table as markdown: one line per method, ops/copies/reads and host ms at each depth."""
+    layers = sorted({r["layers"] for r in rows})
+    by = {(r["method"], r["layers"]): r for r in rows}
+    head = ["method"] + [f"{c} @{n}" for n in layers for c in ("ops/step (max)", "H2D", "D2H", "host ms")]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for name in dict.fromkeys(r["method"] for r in rows):
+        cells = [name]
+        for n in layers:
+            r = by.get((name, n))
+            cells += ["-"] * 4 if r is None else [f"{r['ops_mean']:.0f} ({r['ops_max']})", f"{r['h2d_mean']:.1f}",
+                                                  f"{r['d2h_mean']:.1f}", f"{r['host_ms']:.2f}"]
+        print("| " + " | ".join(cells) + " |")
 
 
 def host_model(layers: int, cache_dir: Path | None = None):
