@@ -19,14 +19,15 @@ import torch
 from omegaconf import OmegaConf
 
 from baselines.longspec_draft import (WindowCache, check_shapes, load_draft, new_draft, read_draft_config,
-                                     resolve_draft, window_mask)
+                                     resolve_draft)
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
+from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
 from fafo.engine.ledger import model_call
 from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
-from fafo.tree import DraftTree, greedy_tree_step, sampled_tree_step
+from fafo.tree import DraftTree, commit_path, verify_tree
 
 
 @dataclass
@@ -125,6 +126,7 @@ class LongSpecDecoder(Decoder):
     def _commit(self, engine: Engine, ring: WindowCache, ids, first_pos: int) -> None:
         if len(ids):
             pos = torch.arange(first_pos, first_pos + len(ids), device=engine.device)
+            ids = engine.tensor(ids)  # host ids: one copy
             *_, k, v = model_call(self._rows, engine, self.layer, ids, pos, device=engine.device)
             ring.append(k, v, pos)
 
@@ -139,12 +141,14 @@ class LongSpecDecoder(Decoder):
         h = layer(*rows, torch.cat(keys_k, 2), torch.cat(keys_v, 2), torch.cat(masks, 1), tk, tv)
         return self._logp(engine, h)
 
-    def _draft_tree(self, engine: Engine, layer, ring: WindowCache, cache, catch: list[int], N: int):
+    def _draft_tree(self, engine: Engine, layer, ring: WindowCache, cache, catch: list[int], N: int,
+                    catch_ids: torch.Tensor | None = None):
         """Build the round's beam tree: one draft forward per level, the beam kept on the device (every level's
         shape is known on the host), read back once at the end. Returns (tree, catch-up k, v and positions)."""
         dev = engine.device
         c_pos = torch.arange(N - len(catch) + 1, N + 1, device=dev)  # the root is the last catch-up token
-        x, cos, sin, ck, cv = model_call(self._rows, engine, layer, catch, c_pos, device=dev)  # [1, Hkv, C, D]
+        catch_ids = engine.tensor(catch) if catch_ids is None else catch_ids  # on the device
+        x, cos, sin, ck, cv = model_call(self._rows, engine, layer, catch_ids, c_pos, device=dev)  # [1, Hkv, C, D]
         tk, tv = cache.keys[-1][:, :, :N], cache.values[-1][:, :, :N]  # the target's last layer, in place
         keys_k, keys_v, fixed_pos = [ring.k, ck], [ring.v, cv], torch.cat([ring.pos, c_pos])
         # the ring and catch-up keys a query at depth d (position N + d) sees by the window rule alone
@@ -215,31 +219,41 @@ class _LongSpecState(StepState):
 
     def prefill(self) -> int:
         cfg, P = self.cfg, len(self.prompt)
-        last = self.engine.prefill(self.cache, self.prompt)[0, -1]
+        ids, pos = self.engine.upload(self.prompt, list(range(P)))  # the draft's window reads them too
+        last = self.engine.forward(self.cache, ids, pos, pos, causal_plan(0), logits="last", kind="prefill")[0, -1]
         cur = int(last.argmax()) if self.samp is None else int(self.samp.select(last, self.generator, self.prompt))
         # the draft's prompt "prefill": k/v of the last `window` prompt tokens (nothing else is ever read)
         self.ring.reset()
         start = max(0, P - cfg.window)
-        cfg._commit(self.engine, self.ring, self.prompt[start:], start)
+        cfg._commit(self.engine, self.ring, ids[start:], start)
         self.N, self.catch = P, [cur]  # committed target KV; tokens at N-len(catch)+1..N not in the ring yet
+        self.catch_ids = None  # the catch-up tokens on the device (uploaded with the last commit)
         self.committed = [cur]
         return cur
 
     def step(self, remaining: int) -> Step:
+        """Draft and verify; ``kv`` of the step: the accepted nodes (moved by :meth:`commit`)."""
         cfg, engine, N, catch = self.cfg, self.engine, self.N, self.catch
-        tree, ck, cv, c_pos = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N)
+        tree, ck, cv, c_pos = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N, self.catch_ids)
         self.draft_forwards += len(cfg.shape)
         self.ring.append(ck, cv, c_pos)
-        pad = cfg.tree_size  # the engine pads to it under static shapes
+        logits = verify_tree(engine, self.cache, tree, N, cfg.tree_size)  # padded to it under static shapes
         if self.samp is None:
-            path, new = greedy_tree_step(engine, self.cache, tree, N, pad)
+            preds = logits.argmax(-1).tolist()  # the verification's one read
+            path = tree.accept_greedy(preds)
+            new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
         else:
             hist = self.prompt + self.committed if self.samp.uses_history else None
-            path, new = sampled_tree_step(engine, self.cache, tree, N, self.samp, self.generator, hist, pad)
+            path, new = tree.accept_sampled(logits, self.samp, self.generator, hist)
+        return Step(new, len(tree) - 1, path)
+
+    def commit(self, step: Step) -> None:
+        """The accepted path's KV move and the next round's catch-up tokens: one copy to the device."""
+        new = step.tokens
+        self.catch_ids = commit_path(self.cache, self.N, step.kv, carry=new, engine=self.engine)
         self.N += len(new)
         self.catch = new
         self.committed += new
-        return Step(new, len(tree) - 1)
 
     def draft_model(self) -> tuple[int, int]:
         """The draft layer's tree forwards (it reads the target's embedding and LM head too; only the layer's own

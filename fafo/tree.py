@@ -155,11 +155,20 @@ def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None
     return engine.forward(cache, tokens, positions, slots, plan, logits="all", pad_to=size)[0]
 
 
-def commit_path(cache, N: int, path: list[int]) -> None:
-    """Move the accepted nodes' KV from slots ``N + node`` to ``N + 1, N + 2, ...`` (no-op when in place)."""
-    if path and path != list(range(1, len(path) + 1)):
-        src, dst = upload([[N + i for i in path], list(range(N + 1, N + 1 + len(path)))], cache.keys[0].device)
-        cache.move(src, dst)
+def commit_path(cache, N: int, path: list[int], carry=None, engine: Engine | None = None):
+    """Move the accepted nodes' KV from slots ``N + node`` to ``N + 1, N + 2, ...`` (no-op when in place).
+
+    ``carry``: host values to upload in the same copy (e.g. the tokens a draft reads next), returned on the device
+    (counted in ``engine``'s ledger when given); None when there are none."""
+    moves = bool(path) and path != list(range(1, len(path) + 1))
+    if not moves and carry is None:
+        return None
+    values = ([[N + i for i in path], list(range(N + 1, N + 1 + len(path)))] if moves else []) + \
+        ([carry] if carry is not None else [])
+    out = engine.upload(*values) if engine is not None else upload(values, cache.keys[0].device)
+    if moves:
+        cache.move(out[0], out[1])
+    return out[-1] if carry is not None else None
 
 
 def greedy_tree_step(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None

@@ -91,7 +91,7 @@ def test_the_probe_counts_outside_model_calls_only(engine):
         _ = best.tolist(), int(torch.tensor(3))  # one read; a host value's is free
         cache.move(torch.tensor([0], device=eng.device), torch.tensor([2], device=eng.device))  # two copies, two ops
         probe._step()
-    assert probe.steps == [{"ops": 3, "h2d": 3, "d2h": 1}]
+    assert probe.steps == [{"ops": 3, "h2d": 3, "d2h": 1, "forward_ops": 0}]
 
 
 def test_host_time_is_measured_per_step(engine):

@@ -50,11 +50,16 @@ class _Ops(TorchDispatchMode):
         super().__init__()
         self.names: Counter = Counter()
         self.paused = 0
+        self.inside = 0  # > 0: inside a model call that is counted apart
+        self.forward_ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name
         if not (func.is_view or name in NOT_OPS or self.paused):
-            self.names[name] += 1
+            if self.inside:
+                self.forward_ops += 1
+            else:
+                self.names[name] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -111,11 +116,14 @@ class HostWork:
     """Counts a generation's host work per decoding step (see the module docstring); use as a context manager
     around ``generate``. ``engines``: the engines whose weights and caches are on the device.
 
-    After the context: :attr:`steps`, one ``{"ops", "h2d", "d2h"}`` dict per decoding step (its commit included),
-    and :attr:`names`, the operators counted in steps by name.
+    After the context: :attr:`steps`, one ``{"ops", "h2d", "d2h", "forward_ops"}`` dict per decoding step (its
+    commit included), and :attr:`names`, the operators counted in steps by name. ``forward_ops``: with
+    ``forwards=True``, the ops inside the step's model calls when they run eagerly (what a compiled forward with
+    CUDA graphs replays as one launch, and an eager one launches op by op); else 0.
     """
 
-    def __init__(self, engines):
+    def __init__(self, engines, forwards: bool = False):
+        self.forwards = forwards
         seeds = [p for e in engines for p in e.model.parameters()]
         for e in engines:
             if e._cache is not None:
@@ -126,14 +134,26 @@ class HostWork:
         self.names: Counter = Counter()
         self._last = None
 
-    def _now(self) -> tuple[int, int, int, Counter]:
-        return sum(self._ops.names.values()), self._io.h2d, self._io.d2h, Counter(self._ops.names)
+    def _now(self) -> tuple:
+        o, io = self._ops, self._io
+        return sum(o.names.values()), io.h2d, io.d2h, o.forward_ops, Counter(o.names)
 
     def around(self, call):
-        """Run one model call with the probe suspended; its outputs are device values."""
+        """Run one model call with the probe suspended (or, with ``forwards``, its ops counted apart); its
+        outputs are device values."""
         from torch.overrides import _pop_mode_temporarily as pop_function_mode
         from torch.utils._python_dispatch import _pop_mode_temporarily as pop_dispatch_mode
 
+        if self.forwards:
+            transfers = self._io.h2d, self._io.d2h
+            self._ops.inside += 1
+            try:
+                out = call()
+            finally:
+                self._ops.inside -= 1
+                self._io.h2d, self._io.d2h = transfers
+            self._io.mark(out)
+            return out
         with pop_function_mode() as f, pop_dispatch_mode() as d:
             assert f is self._io and d is self._ops, "another probe was entered inside HostWork"
             out = call()
@@ -143,8 +163,8 @@ class HostWork:
     def _step(self) -> None:
         now = self._now()
         if self._last is not None:
-            ops, h2d, d2h, names = (a - b for a, b in zip(now, self._last))
-            self.steps.append({"ops": ops, "h2d": h2d, "d2h": d2h})
+            ops, h2d, d2h, forward_ops, names = (a - b for a, b in zip(now, self._last))
+            self.steps.append({"ops": ops, "h2d": h2d, "d2h": d2h, "forward_ops": forward_ops})
             self.names += names
         self._last = now
 
@@ -189,7 +209,8 @@ def engines_of(method, engine) -> list:
     return [engine] + ([draft] if draft is not None else [])
 
 
-def count_host_work(method, engine, prompt_ids: list[int], max_new_tokens: int, warmup: bool = True) -> HostWork:
+def count_host_work(method, engine, prompt_ids: list[int], max_new_tokens: int, warmup: bool = True,
+                    forwards: bool = False) -> HostWork:
     """One generation under :class:`HostWork` (after a warm-up generation: what is built once per shape is not
     per-step work). Cross-request state is restored before the counted run."""
     method.setup(engine)
@@ -197,7 +218,7 @@ def count_host_work(method, engine, prompt_ids: list[int], max_new_tokens: int, 
     if warmup:
         method.generate(engine, prompt_ids, max_new_tokens, engine.eos_ids)
         method.restore(snapshot)
-    probe = HostWork(engines_of(method, engine))
+    probe = HostWork(engines_of(method, engine), forwards)
     with probe:
         gen = method.generate(engine, prompt_ids, max_new_tokens, engine.eos_ids, clock=_PrefillMark(probe))
     probe.generation = gen
@@ -215,6 +236,8 @@ def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: in
     for key in ("ops", "h2d", "d2h"):
         mean, top = probe.per_step(key)
         row[f"{key}_mean"], row[f"{key}_max"] = round(mean, 2), top
+    inside = count_host_work(method, engine, prompt_ids, max_new_tokens, warmup=False, forwards=True)
+    row["forward_ops"] = round(inside.per_step("forward_ops")[0], 1)
     row["eager_forwards"] = bool(type(method).eager_forwards) or name.startswith("longspec")
     row["exact"] = "" if reference is None else gen.tokens == reference
     row["top_ops"] = " ".join(f"{n.split('::')[-1]}:{c / max(len(probe.steps), 1):.1f}"
@@ -224,7 +247,8 @@ def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: in
 
 # ---------------------------------------------------------------------------------------------- the host table
 COLUMNS = ["method", "layers", "steps", "new_tokens", "tau", "ops_mean", "ops_max", "h2d_mean", "h2d_max",
-           "d2h_mean", "d2h_max", "host_ms", "host_ms_runs", "eager_forwards", "exact", "top_ops", "threads",
+           "d2h_mean", "d2h_max", "host_ms", "host_ms_runs", "forward_ops", "eager_forwards", "exact", "top_ops",
+           "threads",
            "load", "torch"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and the lazy dog sleeps in the sun all day long. "
 # a preset's budgets below the prompt, so that every step selects, swaps and evicts (the presets' own budgets

@@ -270,8 +270,11 @@ def appends_one_token_host(tokens, slots, plan: AttentionPlan) -> bool:
     if isinstance(slots, torch.Tensor) or isinstance(tokens, torch.Tensor) or slots is None:
         return False
     slots = [slots] if isinstance(slots, int) else slots
-    n = 1 if isinstance(tokens, int) else len(tokens[0]) if tokens and isinstance(tokens[0], (list, tuple)) \
-        else len(tokens)
+    if isinstance(tokens, np.ndarray):
+        n = tokens.shape[-1] if tokens.ndim else 1
+    else:
+        n = 1 if isinstance(tokens, int) else len(tokens[0]) if tokens and isinstance(tokens[0], (list, tuple)) \
+            else len(tokens)
     return (n == 1 and len(slots) == 1 and int(slots[0]) == plan.prefix and plan_is_plain_causal(plan))
 
 
