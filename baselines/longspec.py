@@ -157,12 +157,13 @@ class LongSpecDecoder(Decoder):
         oldest = (depths + (N - self.window)).clamp_(min=0)  # the oldest position each level's queries see
         fixed = fixed_pos >= oldest[:, None]  # [levels + 1, K_fixed] (empty ring slots hold position -1)
         rows, masks = (x[:, -1:], cos[:, :, -1:], sin[:, :, -1:]), [fixed[:1]]
-        scores, picks, ancestors = self._const("zero", dev), [], None
+        scores, picks, ancestors, sizes = self._const("zero", dev), [], None, []
         for depth, width in enumerate(self.shape, start=1):
             logp = model_call(self._forward, engine, layer, rows, keys_k, keys_v, masks, tk, tv, device=dev)
             V = logp.shape[-1]
             top = (scores[:, None] + logp).reshape(-1).topk(min(width, scores.numel() * V))  # [n, V] beams
             picks.append(top.indices)
+            sizes.append(top.indices.numel())
             scores = top.values
             if depth == len(self.shape):
                 break  # the last level is verified, never run through the draft
@@ -172,7 +173,7 @@ class LongSpecDecoder(Decoder):
             keys_k.append(rows[3])
             keys_v.append(rows[4])
             rows = rows[:3]
-            ancestors = self._ancestors(ancestors, parents, depth, dev)  # [n, tree nodes so far]
+            ancestors = self._ancestors(ancestors, parents, sizes, dev)  # [n, tree nodes so far]
             masks = [fixed[depth].expand(len(toks), -1), ancestors]
         return self._tree(catch[-1], torch.cat(picks).tolist(), V), ck, cv, c_pos  # the round's one tree read
 
@@ -185,13 +186,14 @@ class LongSpecDecoder(Decoder):
                                  "eye": lambda: torch.eye(n, dtype=torch.bool, device=dev)}[name]()
         return self._consts[key]
 
-    def _ancestors(self, previous: torch.Tensor | None, parents: torch.Tensor, depth: int, dev) -> torch.Tensor:
-        """Each new node's ancestors-or-self among the tree's nodes below the root (level by level, in beam order):
-        its parent's row, then itself; a tree key further than the window from it is hidden."""
+    def _ancestors(self, previous: torch.Tensor | None, parents: torch.Tensor, sizes: list[int], dev) -> torch.Tensor:
+        """Each new node's ancestors-or-self among the tree's nodes below the root (level by level, in beam order,
+        ``sizes`` nodes per level): its parent's row, then itself; a tree key further than the window is hidden."""
+        depth = len(sizes)
         eye = self._const("eye", dev, parents.numel())
         out = eye if previous is None else torch.cat([previous[parents], eye], dim=1)
         if depth - 1 > self.window:  # a tree key at depth j < depth - window is out of the window (rare)
-            levels = np.repeat(np.arange(1, depth + 1), self.shape[:depth])
+            levels = np.repeat(np.arange(1, depth + 1), sizes)
             out = out & torch.from_numpy(levels >= depth - self.window).to(dev)
         return out
 

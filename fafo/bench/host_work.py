@@ -12,9 +12,11 @@ call (:func:`fafo.engine.ledger.model_call`, where it is suspended):
 
 The CPU stands in for the device: a tensor is "on the device" when it is a weight or a cache buffer, was made with
 ``device=`` or moved with ``.to(device)``, came out of a model call, or was computed from such a tensor.
-:func:`measure` runs one method on an engine and reports these per step with its host milliseconds per step
-(wall time minus time inside model calls, :attr:`fafo.decoding.Generation.host_s`, timed without the probe);
-:func:`host_table` does it for every method config at a given depth (``scripts/bench_engine.py host``).
+:func:`measure` runs one method on an engine and reports these per step; :func:`host_table` does it for every
+method config at given depths (``scripts/bench_engine.py host``) with each method's host milliseconds per step
+(wall time minus time inside model calls, :attr:`fafo.decoding.Generation.host_s`, timed without the probe). The
+probe suspends itself with torch's ``_pop_mode_temporarily`` helpers (``torch.overrides`` and
+``torch.utils._python_dispatch``, the same in torch 2.11 and 2.13).
 """
 
 from __future__ import annotations
@@ -24,12 +26,11 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
-
-from omegaconf import DictConfig
 
 from fafo import decoding
 from fafo.bench.naming import CONF
@@ -238,7 +239,7 @@ def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: in
         row[f"{key}_mean"], row[f"{key}_max"] = round(mean, 2), top
     inside = count_host_work(method, engine, prompt_ids, max_new_tokens, warmup=False, forwards=True)
     row["forward_ops"] = round(inside.per_step("forward_ops")[0], 1)
-    row["eager_forwards"] = bool(type(method).eager_forwards) or name.startswith("longspec")
+    row["eager_forwards"] = bool(type(method).eager_forwards)  # its forwards cannot run compiled
     row["exact"] = "" if reference is None else gen.tokens == reference
     row["top_ops"] = " ".join(f"{n.split('::')[-1]}:{c / max(len(probe.steps), 1):.1f}"
                               for n, c in probe.names.most_common(4))
@@ -248,8 +249,7 @@ def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: in
 # ---------------------------------------------------------------------------------------------- the host table
 COLUMNS = ["method", "layers", "steps", "new_tokens", "tau", "ops_mean", "ops_max", "h2d_mean", "h2d_max",
            "d2h_mean", "d2h_max", "host_ms", "host_ms_runs", "forward_ops", "eager_forwards", "exact", "top_ops",
-           "threads",
-           "load", "torch"]
+           "threads", "load", "torch"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and the lazy dog sleeps in the sun all day long. "
 # a preset's budgets below the prompt, so that every step selects, swaps and evicts (the presets' own budgets
 # exceed the table's short prompts and would leave the compressed region static)
