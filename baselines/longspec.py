@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from baselines.longspec_draft import (WindowCache, check_shapes, load_draft, new_draft, read_draft_config,
                                      resolve_draft)
@@ -24,7 +23,7 @@ from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
 from fafo.engine.ledger import model_call
-from fafo.bounds import at_least, check_bounds, one_of
+from fafo.bounds import at_least, check_bounds, one_of, plain
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 from fafo.tree import DraftTree, commit_path, verify_tree
@@ -61,7 +60,7 @@ class LongSpecDecoder(Decoder):
         self.tree_shape = shape
         if not isinstance(self.draft, Mapping):
             raise ConfigError(f"method.draft={self.draft!r} must be a mapping with path (or random_seed)")
-        self.draft = OmegaConf.to_container(OmegaConf.create(dict(self.draft)), resolve=True)
+        self.draft = plain(dict(self.draft))
         unknown = set(self.draft) - {"path", "revision", "random_seed"}
         if unknown or bool(self.draft.get("path")) == (self.draft.get("random_seed") is not None):
             raise ConfigError(f"method.draft={self.draft} needs exactly one of path (a LongSpec draft: hub id or "

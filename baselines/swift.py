@@ -23,6 +23,7 @@ from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
+from fafo.extras import require
 from fafo.sampling import Sampling
 from fafo.tree import DraftTree, commit_path, greedy_tree_step, verify_tree
 
@@ -135,6 +136,8 @@ class SwiftDecoder(Decoder):
                 setattr(self, name, sorted(set(v)))
         if type(self.seed) is not int:
             raise ConfigError(f"method.seed={self.seed!r} must be an integer")
+        if self.bayes:  # before a model loads (the optimiser imports it on first use)
+            require("bayes_opt", "method.bayes=true", "method.bayes=false: random search only")
         self.optimizer: LayerSetOptimizer | None = None  # the run's search state, built by setup
         self._model = None
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fafo.extras import require
+
 
 @dataclass
 class LayerSetOptimizer:
@@ -64,7 +66,7 @@ class LayerSetOptimizer:
         self.active = self.dims > 0  # a 2-layer model has nothing to search
         self.history: list[dict] = []  # one entry per iteration: the candidate, its score, kept or not
         self.rng = np.random.RandomState(self.seed)
-        self._bo = None  # built on first use (imports scikit-learn)
+        self._bo = None  # built on first use (imports bayes_opt, an optional extra, and scikit-learn)
 
     @property
     def skip(self) -> tuple[frozenset, frozenset]:
@@ -73,6 +75,7 @@ class LayerSetOptimizer:
 
     def _optimizer(self):
         if self._bo is None:
+            require("bayes_opt", "method.bayes=true", "method.bayes=false: random search only")
             from bayes_opt import BayesianOptimization, acquisition
 
             pbounds = {f"x{i}": (0.0, 1.0) for i in range(self.dims)}

@@ -15,14 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import OmegaConf
 
 from baselines.triforce_cache import RetrievalCache, StreamingDraft
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
 from fafo.engine.rope import rope_parameters
-from fafo.bounds import at_least, check_bounds, one_of
+from fafo.bounds import at_least, check_bounds, one_of, plain
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
@@ -68,7 +67,7 @@ class TriForceDecoder(Decoder):
             return
         if not isinstance(self.draft, Mapping):
             raise ConfigError(f"method.draft={self.draft!r} must be null or a mapping with path or tiny")
-        self.draft = OmegaConf.to_container(OmegaConf.create(dict(self.draft)), resolve=True)
+        self.draft = plain(dict(self.draft))
         unknown = set(self.draft) - {"path", "revision", "tiny"}
         if unknown or bool(self.draft.get("path")) == bool(self.draft.get("tiny")):
             raise ConfigError(f"method.draft={self.draft} needs exactly one of path (hub id or directory) or "
@@ -89,6 +88,8 @@ class TriForceDecoder(Decoder):
     def _draft_checkpoint(self, weights: bool = True):
         """The draft's checkpoint (``weights=False``: its config and tokenizer only, as ``bench.plan`` reads)."""
         if self._ckpt is None or (weights and not self._ckpt[1]):
+            from omegaconf import OmegaConf
+
             from fafo.bench.setup import resolve_model
 
             try:

@@ -21,6 +21,7 @@ declaration with a bound in the MRO wins).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from fafo.errors import ConfigError
@@ -101,3 +102,17 @@ def check_bounds(obj: Any, prefix: str) -> None:
     for f in dataclasses.fields(cls):
         if f.init and f.type in ("bool", bool) and not isinstance(getattr(obj, f.name), bool):
             raise ConfigError(f"{prefix}.{f.name}={getattr(obj, f.name)!r} must be true or false")
+
+
+def plain(value: Any) -> Any:
+    """A config value as plain Python containers: an OmegaConf node converted (interpolations resolved), mappings
+    and lists converted item by item, anything else as is. Decoders built from YAML or in Python see the same."""
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value

@@ -2,7 +2,8 @@
 
 Rows are (model, method); one column group per task, or with ``--by KEY`` (any config key, e.g.
 ``method.compress.local`` or ``bench.max_new_tokens``; else a summary key such as ``dtype``) per value of that key
-(per task and value when the runs cover several tasks). Each cell is ``speedup× [95 % CI] (tau/tau_all)``; each
+(per task and value when the runs cover several tasks). Each cell is ``speedup× interval (tau/tau_all)`` (the
+interval as :func:`fafo.bench.report_format.fmt_interval` writes it: 95 % bootstrap or per-sample range); each
 row ends with its coverage (samples/turns and failed rows), exact-match rate (over its (sample, turn)s, mismatches
 classified as fp32 tie / divergence), peak memory (max over its runs) beside vanilla's own and the overhead,
 tokens/s (its new tokens over its total time), time per verification forward and acceptance histogram. The methods
@@ -27,9 +28,10 @@ from fafo.bench.report import Collected, Run
 CELL_KEYS = ["speedup", "tau", "exact_match_rate", "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns"]
 LONG_COLUMNS = ["table", "model", "method", "column", "task", "by", "value", "speedup", "tau", "exact_match_rate",
                 "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns", "status", "run_dir", "checkpoint", "n_params",
-                "speedup_kind", "speedup_ci95_lo", "speedup_ci95_hi", "tau_all", "n_failed", "ref_peak_mem_mb",
-                "mem_overhead_mb", "verify_ms", "n_mismatch_tie", "n_mismatch_divergence", "accept_hist",
-                "common_samples"]
+                "speedup_kind", "speedup_ci95_lo", "speedup_ci95_hi", "speedup_range_lo", "speedup_range_hi",
+                "tau_all", "n_failed", "n_flagged", "n_no_decode", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms",
+                "n_mismatch_tie", "n_mismatch_divergence", "speedup_decode", "speedup_vs_eager", "aa_speedup",
+                "projected_speedup", "projection_error", "accept_hist", "common_samples"]
 TAIL = ["n (failed)", "Exact", "Peak MB", "Vanilla MB", "Overhead MB", "tok/s", "verify ms", "Accept hist"]
 
 
@@ -158,8 +160,9 @@ def body(table: GenericTable) -> list[list[str]]:
 
 
 def to_markdown(table: GenericTable) -> str:
-    notes = ["cells: speedup over vanilla × [95 % CI] (tau/tau_all; tau_all where recorded); n: samples[/turns] of "
-             "the row's runs (failed rows); Exact: exact-match rate over the row's (sample, turn)s (mismatches "
+    notes = ["cells: speedup over vanilla × interval (tau/tau_all; tau_all where recorded); n: samples[/turns] of "
+             "the row's runs (failed rows, ‡ flagged, ∅ no decode step); Exact: exact-match rate over the row's "
+             "(sample, turn)s (mismatches "
              "classified in fp32 as tie / div); Peak MB: max over the row's runs, Vanilla MB: vanilla's own peak, "
              "Overhead MB: method - vanilla; tok/s: the row's new tokens / total time; verify ms: time per "
              "verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",

@@ -9,15 +9,26 @@
 Reads every run under the given roots (:func:`fafo.bench.report.collect`: a run killed or still running is
 summarised from its ``samples.csv`` rows and marked partial ``*``) and the published numbers in
 ``results/paper/<table>.csv``. Rows are (model, method); columns are tasks or, for ablations, the values of the
-table's axis (``k``, ``n``, ``budget``, ``guesses``...). Each column shows ours as ``speedup× [95 % CI] (tau)``,
-our coverage ``n`` (samples[/turns], failed rows), the paper's and ours minus the paper's; each row ends with our
+table's axis (``k``, ``n``, ``budget``, ``guesses``...). Each column shows ours as ``speedup× interval (tau)`` (a
+95 % bootstrap interval ``[lo–hi]`` from 10 samples, else the per-sample range ``{lo–hi}``, none for one sample),
+our coverage ``n`` (samples[/turns], failed rows, ``‡`` flagged, ``∅`` no decode step), the paper's and ours minus
+the paper's (``n/c`` where ours does not measure what the paper's does); a preset's ``paper.beside`` adds columns
+of other speedups next to the headline (Table 3: decode-only beside end-to-end); each row ends with our
 peak memory (the paper's where it has one), vanilla's own peak, the overhead and our exact-match rate (mismatches
 classified in fp32 as tie / divergence); the footnotes define the speedup and tau shown. The methods of one model
 in one column are compared on the (sample, turn)s all of them cover (recomputed, marked †, counted in a footnote);
-runs whose samples carry categories get a per-category table; a cell without a run prints "—". Runs from no paper
-preset (or ``--by KEY``) get the generic table of ``scripts/generic_table.py``. Writes ``<table>.csv`` (one line
-per cell, every number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default ``<first root>/tables``) and
-prints the Markdown.
+runs whose samples carry categories get a per-category table; a cell without a run prints "—".
+
+One run per published cell, chosen by rule: a preset's ``paper.match`` ({config key: value}) names what the
+paper's run had (QuantSpec: ``bench.reference.kv: fp``, the full-precision vanilla its speedups are over); a run
+that differs goes to its own row (``quantspec [bench.reference.kv=int8]``), never beside the paper's number. Among
+runs that match, the most complete is shown (finished, most (sample, turn)s), and the footnote counts the others.
+A run whose own axis value is not the paper's key (QuantSpec's 32k cell runs 32000 prompt tokens) records the
+paper's key as ``paper.cell`` ({axis: value}) and is shown there, its own value in the CSV's ``run_value``.
+
+Runs from no paper preset (or ``--by KEY``) get the generic table of ``scripts/generic_table.py``. Writes
+``<table>.csv`` (one line per cell, every number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default
+``<first root>/tables``) and prints the Markdown.
 """
 
 from __future__ import annotations
@@ -35,66 +46,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from fafo.bench import report  # noqa: E402
 from fafo.bench import report_format as rf  # noqa: E402
+from fafo.bench.paper import (AXES, AXIS_LABELS, CONF_EXPERIMENT, TABLE_AXES, TITLES,  # noqa: E402,F401
+                               mismatches, not_comparable, preset, titles)
 from fafo.bench.report import Collected, Run, collect, dotted  # noqa: E402
 from fafo.bench.report_format import DASH, norm_value, num  # noqa: E402
 
 PAPER_DIR = REPO / "results" / "paper"
-
-
-# ------------------------------------------------------------------ axes: where a run's ablation value lives
-
-
-def _budget(cfg):
-    sink, local = dotted(cfg, "method.compress.sink"), dotted(cfg, "method.compress.local")
-    return None if sink is None or local is None else sink + local
-
-
-def _guesses(cfg):
-    if dotted(cfg, "guesses") is not None:
-        return dotted(cfg, "guesses")
-    return dotted(cfg, "method.n") if dotted(cfg, "method.n") is not None else dotted(cfg, "method.guess_set")
-
-
-def _gen_len(cfg):
-    return dotted(cfg, "bench.max_new_tokens") or dotted(cfg, "task.max_new_tokens")
-
-
-AXES = {  # axis name (results/paper/*.csv `axis`) -> its value in a run's resolved config.yaml
-    "k": lambda c: dotted(c, "method.k"),
-    "n": lambda c: dotted(c, "method.n"),
-    "budget": _budget,  # Init+Local tokens
-    "guesses": _guesses,
-    "input_tokens": lambda c: dotted(c, "task.input_tokens"),
-    "prefix_tokens": lambda c: dotted(c, "task.prefix_tokens"),
-    "context": lambda c: dotted(c, "task.prefix_tokens") or dotted(c, "task.input_tokens"),
-    "temperature": lambda c: dotted(c, "sampling.temperature"),
-    "gen_len": _gen_len,
-    "gamma1": lambda c: dotted(c, "method.gamma1"),
-    "gamma2": lambda c: dotted(c, "method.gamma2"),
-    "category": lambda c: dotted(c, "_category"),  # set by split_by_category (Spec-Bench subtasks)
-}
-AXIS_LABELS = {"k": "k (tokens per guess stream)", "n": "n (guess streams)", "budget": "Init+Local tokens",
-               "guesses": "number of n-gram guesses", "input_tokens": "input length (tokens)",
-               "prefix_tokens": "prefix length (tokens)", "context": "context length (tokens)",
-               "temperature": "temperature", "gen_len": "output length (tokens)", "gamma1": "gamma1",
-               "gamma2": "gamma2", "category": "Spec-Bench subtask"}
-TABLE_AXES = {"figure1": ["guesses"]}  # tables without a CSV (no published numbers)
-CONF_EXPERIMENT = REPO / "conf" / "experiment"
-TITLES = {  # tables without a preset; a preset's title is its `paper.title` (titles())
-    "triforce_table2": "TriForce Table 2: A100 on-chip, Llama2-7B-128K, PG-19 122K, by temperature",
-    "triforce_table7": "TriForce Table 7: speedup by output length",
-    "triforce_table8": "TriForce Table 8: gamma1 / gamma2 ablation",
-}
-
-
-def titles() -> dict[str, str]:
-    """Every table's title: the preset's ``paper.title`` (conf/experiment/<table>.yaml), else :data:`TITLES`."""
-    out = dict(TITLES)
-    for path in sorted(CONF_EXPERIMENT.glob("*.yaml")):
-        title = dotted(report.load_yaml(path), "paper.title")
-        if title:
-            out[path.stem] = str(title)
-    return out
 
 
 # ------------------------------------------------------------------ reading (fafo/bench/report.py)
@@ -131,6 +88,7 @@ class Cell:
     ours: Run | None = None
     paper: dict | None = None
     duplicates: int = 0
+    run_value: str = ""  # the run's own axis value where it is shown under the paper's key (paper.cell)
 
 
 @dataclass
@@ -146,20 +104,24 @@ class Table:
     failed: list[tuple[str, str]]
     has_paper_peak: bool
     coverage: list[str] = field(default_factory=list)  # footnotes of the columns compared on common samples
+    beside: list[str] = field(default_factory=list)    # other summary speedups shown next to each column's own
+    rule: dict = field(default_factory=dict)           # paper.match: what the run beside a published cell had
 
     def cell(self, row, col) -> Cell:
         return self.cells.get((row, col)) or Cell()
 
 
-def _run_cols(run: Run, axes: list[str]) -> list[tuple[str, str, str]]:
+def _run_cols(run: Run, axes: list[str]) -> list[tuple[str, str, str, str]]:
+    """(task, axis, the paper's key, the run's own value) of each column the run belongs to."""
     task = str(run.summary.get("task", ""))
     if not axes:
-        return [(task, "", "")]
+        return [(task, "", "", "")]
     cols = []
     for axis in axes:
-        value = norm_value(AXES[axis](run.config)) if axis in AXES else ""
-        if value:
-            cols.append((task, axis, value))
+        own = norm_value(AXES[axis](run.config)) if axis in AXES else ""
+        key = norm_value(dotted(run.config, f"paper.cell.{axis}")) or own
+        if key:
+            cols.append((task, axis, key, own))
     return cols
 
 
@@ -171,6 +133,8 @@ def _sort_key(col):
 
 def build_table(name: str, collected: Collected, paper: list[dict], only_paper_rows: bool = False) -> Table:
     axes = list(dict.fromkeys(p["axis"] for p in paper if p.get("axis"))) or TABLE_AXES.get(name, [])
+    spec = dotted(preset(name), "paper") or {}
+    rule, beside = spec.get("match") or {}, list(spec.get("beside") or [])
     rows, cols, cells, row_names, col_names = [], [], {}, {}, {}
     for p in paper:
         row = (p["model"], p["method"])
@@ -185,22 +149,25 @@ def build_table(name: str, collected: Collected, paper: list[dict], only_paper_r
     extra_rows, extra_cols = [], []
     for run in sorted(collected.runs, key=lambda r: r.order):
         row = (str(run.summary.get("model", "?")), str(run.summary.get("method", "?")))
+        if off := mismatches(run, rule):  # not the paper's setting: a row of its own, never beside its number
+            row = (row[0], f"{row[1]} [{', '.join(off)}]")
         if only_paper_rows and row not in row_names:
             continue
         if row not in row_names:
             extra_rows.append(row)
             row_names[row] = row
-        for col in _run_cols(run, axes):
+        for *col, own in _run_cols(run, axes):
+            col = tuple(col)
             if col not in col_names:
                 extra_cols.append(col)
                 col_names[col] = col[0]
             cell = cells.setdefault((row, col), Cell())
             if cell.ours is None:
-                cell.ours = run
+                cell.ours, cell.run_value = run, own if own != col[2] else ""
                 continue
             cell.duplicates += 1  # keep the most complete run: finished, most (sample, turn)s, then the path
             if (run.complete, run.weight, run.rel) > (cell.ours.complete, cell.ours.weight, cell.ours.rel):
-                cell.ours = run
+                cell.ours, cell.run_value = run, own if own != col[2] else ""
     rows += sorted(extra_rows)
     cols += sorted(extra_cols, key=_sort_key)
     tasks = {c[0] for c in cols}
@@ -213,7 +180,8 @@ def build_table(name: str, collected: Collected, paper: list[dict], only_paper_r
             col_names[col] = f"{col_names[col]} {label}" if len(tasks) > 1 else label
     title = titles().get(name, name)
     has_peak = any(num(p.get("peak_mem_mb")) is not None for p in paper)
-    table = Table(name, title, axes, rows, cols, cells, row_names, col_names, collected.failed, has_peak)
+    table = Table(name, title, axes, rows, cols, cells, row_names, col_names, collected.failed, has_peak,
+                  beside=beside, rule=rule)
     return align_columns(table)
 
 
@@ -238,16 +206,26 @@ def _pair(p: dict | None) -> tuple:  # (speedup, tau) of a summary or a publishe
 
 
 def _diff(cell: Cell) -> list:
-    """Ours minus the paper's (speedup, tau); None where either is missing."""
+    """Ours minus the paper's (speedup, tau); None where either is missing or ours is not comparable."""
     ours = _pair(cell.ours.summary if cell.ours is not None else None)
-    return [None if num(a) is None or num(b) is None else num(a) - num(b) for a, b in zip(ours, _pair(cell.paper))]
+    diff = [None if num(a) is None or num(b) is None else num(a) - num(b) for a, b in zip(ours, _pair(cell.paper))]
+    if cell.ours is not None and not_comparable(cell.ours.summary):
+        diff[1] = None
+    return diff
 
 
 def fmt_diff(cell: Cell) -> str:
     ds = _diff(cell)
-    if ds[0] is None and ds[1] is None:
+    nc = cell.ours is not None and cell.paper is not None and not_comparable(cell.ours.summary)
+    tau = "n/c" if nc else DASH if ds[1] is None else f"{ds[1]:+.2f}"
+    if ds[0] is None and tau == DASH:
         return DASH
-    return f"{DASH if ds[0] is None else f'{ds[0]:+.2f}'} ({DASH if ds[1] is None else f'{ds[1]:+.2f}'})"
+    return f"{DASH if ds[0] is None else f'{ds[0]:+.2f}'} ({tau})"
+
+
+def fmt_beside(cell: Cell, key: str) -> str:
+    """Another speedup of the cell's run (``paper.beside``) with its interval."""
+    return DASH if cell.ours is None else rf.fmt_speedup(cell.ours.summary, key)
 
 
 def row_runs(table: Table, row) -> list[Run]:
@@ -277,6 +255,7 @@ def header(table: Table) -> list[str]:
     for col in table.cols:
         name = table.col_names[col]
         head += [f"{name} ours", f"{name} n", f"{name} paper", f"{name} Δ"]
+        head += [f"{name} {key}" for key in table.beside]
     head += ["Peak MB"] + (["Peak MB paper"] if table.has_paper_peak else []) + ["Vanilla MB", "Overhead MB", "Exact"]
     return head
 
@@ -293,6 +272,7 @@ def body(table: Table) -> list[list[str]]:
             cell = table.cell(row, col)
             n = rf.fmt_n(cell.ours.summary) if cell.ours is not None else DASH
             line += [rf.fmt_run(cell.ours), n, rf.fmt_pair(*_pair(cell.paper)), fmt_diff(cell)]
+            line += [fmt_beside(cell, key) for key in table.beside]
         stats = row_stats(table, row)
         line += [rf.fmt(stats["peak_mem_mb"], ".0f")]
         line += [rf.fmt(stats["paper_peak_mem_mb"], ".0f")] if table.has_paper_peak else []
@@ -307,11 +287,24 @@ def footnotes(table: Table) -> list[str]:
     n_numbers = sum(1 for c in published if any(num(x) is not None for x in _pair(c.paper)))
     n_both = sum(1 for c in published if c.ours is not None)
     notes.append(f"{n_both} of {len(published)} published cells have a run ({n_numbers} of them have published "
-                 "numbers); ours = this harness as speedup× [95 % CI] (tau), paper = results/paper, Δ = ours - paper "
+                 "numbers); ours = this harness as speedup× interval (tau), paper = results/paper, Δ = ours - paper "
                  "(speedup, tau); n = samples[/turns] covered (failed rows); Vanilla MB = vanilla's own peak, "
                  "Overhead MB = method peak - vanilla peak; Exact: mismatches classified in fp32 as tie / div.")
     runs = [c.ours.summary for c in table.cells.values() if c.ours is not None]
     notes += report.definitions(runs)
+    if table.beside:
+        notes.append("beside each column: " + ", ".join(f"{key} ({report.SPEEDUP_DEFS.get(key.split('_', 1)[-1], key)})"
+                                                        for key in table.beside))
+    if table.rule:
+        rule = ", ".join(f"{k}={v}" for k, v in table.rule.items())
+        notes.append(f"beside a published cell: the run with {rule} (the paper's setting); runs with another value "
+                     "are rows of their own, marked with it")
+    moved = sorted({f"{c.ours.rel}: {c.run_value}" for c in table.cells.values() if c.ours is not None and c.run_value})
+    if moved:
+        notes.append("shown under the paper's key (paper.cell), run at its own value: " + "; ".join(moved))
+    nc = sorted({f"{c.ours.summary.get('method')}: {why}" for c in table.cells.values()
+                 if c.ours is not None and c.paper is not None and (why := not_comparable(c.ours.summary))})
+    notes += [f"n/c = not comparable: {why}" for why in nc]
     notes += table.coverage
     partial = sorted(c.ours.rel for c in table.cells.values() if c.ours is not None and not c.ours.complete)
     if partial:
@@ -337,12 +330,13 @@ def to_markdown(table: Table) -> str:
 def to_latex(table: Table) -> str:
     n_tail = 4 + table.has_paper_peak
     lead = ["Model", "Method"] + (["Tokens/fwd"] if has_tokens(table) else [])
-    spec = "l" * len(lead) + "rrrr" * len(table.cols) + "r" * n_tail
-    top = [""] * len(lead) + [rf"\multicolumn{{4}}{{c}}{{{rf.tex(table.col_names[c])}}}" for c in table.cols]
+    w = 4 + len(table.beside)  # columns per column group
+    spec = "l" * len(lead) + "r" * w * len(table.cols) + "r" * n_tail
+    top = [""] * len(lead) + [rf"\multicolumn{{{w}}}{{c}}{{{rf.tex(table.col_names[c])}}}" for c in table.cols]
     top += [""] * n_tail
     first = len(lead) + 1
-    rules = " ".join(rf"\cmidrule(lr){{{first + 4 * i}-{first + 3 + 4 * i}}}" for i in range(len(table.cols)))
-    sub = lead + ["ours", "n", "paper", r"$\Delta$"] * len(table.cols)
+    rules = " ".join(rf"\cmidrule(lr){{{first + w * i}-{first + w - 1 + w * i}}}" for i in range(len(table.cols)))
+    sub = lead + (["ours", "n", "paper", r"$\Delta$"] + [rf.tex(k) for k in table.beside]) * len(table.cols)
     sub += ["Peak MB"] + (["Peak MB (paper)"] if table.has_paper_peak else []) + ["Vanilla MB", "Overhead MB", "Exact"]
     return rf.latex(table.title, spec, [" & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\"], body(table))
 
@@ -350,8 +344,10 @@ def to_latex(table: Table) -> str:
 LONG_COLUMNS = ["table", "model", "method", "paper_model", "paper_method", "column", "task", "axis", "value",
                 "speedup", "tau", "paper_speedup", "paper_tau", "d_speedup", "d_tau", "peak_mem_mb",
                 "paper_peak_mem_mb", "exact_match_rate", "n_samples", "n_turns", "status", "run_dir", "paper_note",
-                "speedup_kind", "speedup_ci95_lo", "speedup_ci95_hi", "tau_all", "n_failed", "ref_peak_mem_mb",
-                "mem_overhead_mb", "verify_ms", "n_mismatch_tie", "n_mismatch_divergence", "common_samples"]
+                "speedup_kind", "speedup_ci95_lo", "speedup_ci95_hi", "speedup_range_lo", "speedup_range_hi", "tau_all",
+                "n_failed", "n_flagged", "n_no_decode", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms",
+                "n_mismatch_tie", "n_mismatch_divergence", "speedup_decode", "speedup_vs_eager", "aa_speedup",
+                "projected_speedup", "projection_error", "common_samples", "run_value", "tau_comparable"]
 
 
 def long_rows(table: Table) -> list[dict]:
@@ -375,7 +371,8 @@ def long_rows(table: Table) -> list[dict]:
                 "exact_match_rate": rf.rounded(s.get("exact_match_rate")),
                 "n_samples": s.get("n_samples", ""), "n_turns": s.get("n_turns", ""), "status": status,
                 "run_dir": cell.ours.rel if cell.ours is not None else "", "paper_note": p.get("note", ""),
-                **rf.csv_extras(cell.ours),
+                **rf.csv_extras(cell.ours), "run_value": cell.run_value,
+                "tau_comparable": "" if cell.ours is None else not not_comparable(s),
             })
     return out
 

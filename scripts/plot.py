@@ -18,8 +18,9 @@ numeric when every value is a number, else categorical; runs that recorded a ``b
 (``bench.cost_curve``) show it dashed on the tau panel (above it a method beats vanilla on the curve's device).
 It prints the points as a Markdown table and writes ``runs_by_<KEY>.png`` / ``.pdf``.
 
-Every point of ours carries its 95 % bootstrap interval as an error bar (where the run recorded one) and its
-coverage ``n`` (samples[/turns], failed rows) beside it; the figure names the speedup and tau it shows with their
+Every point of ours carries its interval as an error bar (a 95 % bootstrap interval from 10 samples, the range of
+the per-sample values below, none for one sample; the caption says which) and its coverage ``n`` (samples[/turns],
+failed rows) beside it; the figure names the speedup and tau it shows with their
 definitions, and the methods of one column are compared on their common samples (see ``fafo/bench/report.py``).
 """
 
@@ -40,16 +41,19 @@ import generic_table
 import make_tables as mt
 from fafo.bench import report
 from fafo.bench import report_format as rf
+from fafo.extras import available, install_hint
 
-METRICS = [("speedup", "speedup over vanilla (×), 95 % CI"),
+METRICS = [("speedup", "speedup over vanilla (×)"),
            ("tau", "τ (tokens per verification step, prefill excluded)")]
 
 
 def _point(summary: dict, metric: str, x) -> tuple:
-    """(x, y, (lo, hi) or None, n text) of one run's metric."""
-    ci = summary.get(f"{metric}_ci95")
-    ci = (float(ci[0]), float(ci[1])) if rf.fmt_ci(ci) else None
-    return x, rf.num(summary.get(metric)), ci, rf.fmt_n(summary)
+    """(x, y, (lo, hi) or None, n text) of one run's metric: its 95 % interval, else its per-sample range."""
+    for kind in ("ci95", "range"):
+        ci = summary.get(f"{metric}_{kind}")
+        if rf.fmt_ci(ci):
+            return x, rf.num(summary.get(metric)), (float(ci[0]), float(ci[1])), rf.fmt_n(summary)
+    return x, rf.num(summary.get(metric)), None, rf.fmt_n(summary)
 
 
 def _draw(ax, points, color, label):
@@ -175,16 +179,20 @@ def plot_sweep(roots, key: str, logx: bool = False):
 def sweep_table(data: list[dict], key: str) -> str:
     """The points of a sweep, one line per run: tau beside its break-even tau, speedup with its interval and kind."""
     lines = [[entry["label"], value, rf.fmt(s.get("tau"), ".2f"), rf.fmt(s.get("break_even_tau"), ".2f"),
-              rf.fmt(s.get("speedup"), ".2f"), rf.fmt_ci(s.get("speedup_ci95")) or rf.DASH,
+              rf.fmt(s.get("speedup"), ".2f"), rf.fmt_interval(s, "speedup") or rf.DASH,
               s.get("speedup_kind") or rf.DASH, rf.fmt(s.get("tau_all"), ".2f"), rf.fmt_n(s)]
              for entry in data for value, s in ((v, run.summary) for v, run in entry["runs"])]
-    head = ["series", key, "tau", "break-even tau", "speedup", "95% CI", "speedup kind", "tau_all", "n (failed)"]
+    head = ["series", key, "tau", "break-even tau", "speedup", "interval", "speedup kind", "tau_all", "n (failed)"]
     summaries = [run.summary for entry in data for _, run in entry["runs"]]
     return rf.markdown(head, lines, report.definitions(summaries, ("tau", "tau_all")), labels=1)
 
 
 def log_wandb(fig_path: Path, name: str, data: list[dict], axis: str, mode: str, project: str) -> None:
     if mode == "disabled":
+        return
+    if not available("wandb"):  # offline without wandb (online was refused before plotting)
+        print(f"note: wandb is not installed, so the plot is not logged to W&B; to log: {install_hint('wandb')}",
+              file=sys.stderr)
         return
     import wandb
 
@@ -211,6 +219,8 @@ def main(argv=None) -> int:
                     choices=["offline", "online", "disabled"], help="W&B logging (default $WANDB_MODE or offline)")
     ap.add_argument("--wandb-project", default="fafo-bench")
     args = ap.parse_args(argv)
+    if args.wandb_mode == "online" and not available("wandb"):
+        ap.error(f"--wandb-mode online needs the wandb package; {install_hint('wandb')}")
     if args.x:
         (fig, data), name, axis = plot_sweep(args.roots, args.x, args.logx), f"runs_by_{args.x}", args.x
         print(sweep_table(data, args.x))

@@ -16,7 +16,8 @@ Records are plain dicts in file order. Any failure is one :class:`~fafo.errors.C
 ``task.data_path``: a missing, empty, truncated, binary or non-UTF-8 file (read through :mod:`fafo.files`), a
 Parquet/gzip/zip file whose magic bytes or end are wrong, a directory without a matching file, or a hub data
 set that cannot be loaded (offline, unknown id, a script-based repo that ``datasets >= 4`` no longer runs);
-the message says which release file to download and to point ``task.data_path`` at it.
+the message says which release file to download and to point ``task.data_path`` at it. ``datasets`` (the hub) and
+``pyarrow`` (Parquet files) are the optional ``datasets`` extra, imported only when used.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fafo.errors import ConfigError
+from fafo.extras import available, install_hint, require
 from fafo.files import Source, decode_text, parse_jsonl, read_bytes, read_head
 from tasks.base import Task
 
@@ -118,9 +120,12 @@ def _read_bytes(data: bytes, name: str, where: str, src: Source | None = None) -
         raise src.error(where, "is empty (an interrupted download or copy?)")
     try:
         if ext == ".parquet":
+            _check_magic(data, ".parquet", where, src)
+            if not available("pyarrow"):
+                raise src.error(where, "is a Parquet file, and reading it needs the pyarrow package",
+                                install_hint("pyarrow"))
             import pyarrow.parquet as pq
 
-            _check_magic(data, ".parquet", where, src)
             return pq.read_table(io.BytesIO(data)).to_pylist()
         if ext == ".csv":
             import pandas as pd
@@ -214,6 +219,8 @@ def read_hub(hub_id: str, config: str | None, split: str, revision: str | None, 
     Any failure is one ConfigError; rows past the end are dropped (the caller reports them).
     """
     where = f"{hub_id!r} ({f'config {config!r}, ' if config else ''}split {split!r})"
+    require("datasets", f"task.data_path is not set and reading the hub dataset {where}",
+            f"download {release} and point task.data_path at it")  # an optional extra; local files need none
     unreachable = not hub_reachable()
     try:
         import datasets

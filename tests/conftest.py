@@ -42,6 +42,49 @@ DECODING_MODELS = ["llama_mha", "llama_gqa", "qwen2_gqa"]
 LOSSLESS_MODELS = ["llama_mha", "llama_gqa", "qwen2_gqa", "llama_mha_rep", "qwen2_gqa_rep"]
 
 
+# The compat tier (make test-compat: the oldest supported torch and transformers) runs the fast tier plus these
+# slow tests: the compiled CPU paths (the path CUDA runs: aot_eager + FlexAttention; inductor code generation) and
+# the CLI as a subprocess. So are the tests marked compat_env, and the slow tests marked compat where they are
+# written (tests/test_optional_extras.py, tests/test_compat_stack.py).
+COMPAT_SLOW = (
+    "tests/test_compiled.py::test_compiled_flex_is_token_identical_and_compiles_once",
+    "tests/test_compiled.py::test_live_length_is_read_from_tensors",
+    "tests/test_compiled.py::test_runner_compiles_in_warmup_only",
+    "tests/test_attention_paths.py::test_compiled_sdpa_reads_only_the_live_prefix_and_compiles_once",
+    "tests/test_attention_paths.py::test_cli_runs_fafo_on_each_path",
+    "tests/test_runner.py::test_cli_prints_one_error_line_and_exits_2",
+    "tests/test_gpu_readiness.py::test_main_comparison_compiled_is_token_identical_without_compiling_while_timed",
+)
+COMPAT_PYTHON = "FAFO_COMPAT_PYTHON"  # the compat environment's interpreter, set by make test-compat
+# Tests of an optional feature whose extra a GPU image lacks (and so the compat environment): the full tier runs
+# them; the compat tier deselects them while the module is absent and runs tests/test_optional_extras.py instead.
+NEEDS_EXTRA = {
+    "tests/test_runner.py::test_user_prompts_file_and_wandb_offline_log": "wandb",
+    "tests/test_bad_input.py::test_unreachable_hub_fails_fast": "datasets",
+    "tests/test_task_loaders.py::test_offline_hub_id_is_one_clear_error": "datasets",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the compat tier's slow tests. Deselect (not skip), so that each tier's count says what it ran: without
+    ``FAFO_COMPAT_PYTHON``, the tests that need the compat environment; with it, the tests of an extra it lacks."""
+    from fafo.extras import available
+
+    chosen = set(COMPAT_SLOW)
+    for item in items:
+        if item.nodeid.split("[")[0] in chosen or item.get_closest_marker("compat_env"):
+            item.add_marker(pytest.mark.compat)
+    if os.environ.get(COMPAT_PYTHON):
+        drop = [item for item in items
+                if (module := NEEDS_EXTRA.get(item.nodeid.split("[")[0])) and not available(module)]
+    else:
+        drop = [item for item in items if item.get_closest_marker("compat_env")]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if item not in drop]
+
+
 @pytest.fixture(scope="session")
 def ckpt_root(tmp_path_factory):
     return tmp_path_factory.mktemp("ckpts")

@@ -24,7 +24,9 @@ from tasks.spec_bench import SUBTASKS
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+# this tree first; a PYTHONPATH already set stays behind it (make test-compat's --target folder of wheels)
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+       "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
 # the tiny draft of TriForce and the compiled cases: one layer, hidden 32
 DRAFT_SPEC = {"family": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
               "num_key_value_heads": 2, "intermediate_size": 64, "seed": 11}

@@ -1,4 +1,5 @@
-"""Smoke test of ``scripts/bench_engine.py fumble``: CSV layout and the block-sparsity structure (no timings)."""
+"""Smoke test of ``scripts/bench_engine.py fumble`` (:mod:`fafo.bench.fumble_attention`): CSV layout and the
+block-sparsity structure (no timings)."""
 
 import os
 
@@ -11,6 +12,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+import fafo.bench.fumble_attention as fumble  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
 
@@ -40,7 +43,7 @@ def test_main_writes_csv_and_plot(bench, tmp_path):
     assert out.is_file() and out.with_suffix(".png").is_file()
     with open(out, newline="") as f:
         reader = csv.DictReader(f)
-        assert reader.fieldnames == bench.FUMBLE_COLUMNS
+        assert reader.fieldnames == fumble.FUMBLE_COLUMNS
         table = list(reader)
     assert len(table) == len(rows) == len(contexts) * 3  # fixed + 2 scattered layouts per context
     assert {r["layout"] for r in table} == {"fixed", "scattered"}
@@ -58,7 +61,7 @@ def test_main_writes_csv_and_plot(bench, tmp_path):
             assert fixed < int(r["active_kv_blocks"]), r
 
 
-def test_fixed_region_blocks_stay_flat(bench):
+def test_fixed_region_blocks_stay_flat():
     """Paper sizes (240 fumble rows, F=760): the fixed mask's active blocks do not grow with the context."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -66,20 +69,20 @@ def test_fixed_region_blocks_stay_flat(bench):
     gen = torch.Generator().manual_seed(0)
     counts = {}
     for ctx in (1024, 8192):
-        fixed = create_block_mask(bench.fixed_region_mask(torch.tensor([F])), None, None, Q, ctx, device="cpu")
-        counts["fixed", ctx] = bench.block_counts(fixed)[0]
-        for scatter in bench.SCATTERS:
+        fixed = create_block_mask(fumble.fixed_region_mask(torch.tensor([F])), None, None, Q, ctx, device="cpu")
+        counts["fixed", ctx] = fumble.block_counts(fixed)[0]
+        for scatter in fumble.SCATTERS:
             selected = torch.zeros(ctx, dtype=torch.bool)
-            selected[bench.scattered_slots(scatter, ctx, F, 4, gen)] = True
+            selected[fumble.scattered_slots(scatter, ctx, F, 4, gen)] = True
             assert int(selected.sum()) == F
-            bm = create_block_mask(bench.selected_mask(selected), None, None, Q, ctx, device="cpu")
-            counts[scatter, ctx] = bench.block_counts(bm)[0]
+            bm = create_block_mask(fumble.selected_mask(selected), None, None, Q, ctx, device="cpu")
+            counts[scatter, ctx] = fumble.block_counts(bm)[0]
     assert counts["fixed", 1024] == counts["fixed", 8192] == 2 * 6  # 2 query blocks x ceil(760 / 128)
     assert counts["streaming", 8192] > counts["fixed", 8192]
     assert counts["random", 8192] > 4 * counts["fixed", 8192]
 
 
-def test_mismatch_raises(bench):
+def test_mismatch_raises():
     """The equivalence check fails loudly when the fixed region does not hold the selected entries."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -89,10 +92,10 @@ def test_mismatch_raises(bench):
     idx = torch.arange(ctx - F, ctx)
     selected = torch.zeros(ctx, dtype=torch.bool)
     selected[idx] = True
-    bm_fixed = create_block_mask(bench.fixed_region_mask(torch.tensor([F])), None, None, Q, ctx, device="cpu")
-    bm_scat = create_block_mask(bench.selected_mask(selected), None, None, Q, ctx, device="cpu")
-    flex = bench.flex_layouts(compiled=False)
-    assert bench.check_equivalence(flex, q, k, v, idx, bm_fixed, bm_scat, F) < 1e-4
+    bm_fixed = create_block_mask(fumble.fixed_region_mask(torch.tensor([F])), None, None, Q, ctx, device="cpu")
+    bm_scat = create_block_mask(fumble.selected_mask(selected), None, None, Q, ctx, device="cpu")
+    flex = fumble.flex_layouts(compiled=False)
+    assert fumble.check_equivalence(flex, q, k, v, idx, bm_fixed, bm_scat, F) < 1e-4
     wrong = torch.arange(F)  # the fixed run copies slots [0, F) instead of the selected ones
     with pytest.raises(RuntimeError, match="disagree"):
-        bench.check_equivalence(flex, q, k, v, wrong, bm_fixed, bm_scat, F)
+        fumble.check_equivalence(flex, q, k, v, wrong, bm_fixed, bm_scat, F)

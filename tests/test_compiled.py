@@ -15,8 +15,11 @@ import re
 import pytest
 
 from baselines.lossy import LossyDecoder
+from baselines.token_recycling import TokenRecyclingDecoder
 from fafo.engine.attention import causal_plan
-from fafo.engine.compiled import CompileOptions
+from fafo.engine.compiled import CompileOptions, compile_stats
+from fafo.engine.engine import Engine
+from fafo.engine.tiny import tiny_checkpoint
 from fafo.bench.runner import Runner
 from fafo.errors import ConfigError
 from tests.compiled_cases import CAPACITY, METHODS, SAMPLES, SMALL, WARMUP, check_compiled, compiled_engine
@@ -37,6 +40,32 @@ def test_compiled_inductor_is_token_identical(method_name, engine, checkpoint, f
     compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="inductor", attention="auto"))
     assert compiled.step_backend == "sdpa"
     check_compiled(method_name, engine("llama_gqa"), compiled, max_new=16)
+
+
+# GQA group 3 (SmolLM2-135M's 9/3): the compiled flex calls pad it to 4 (fafo.engine.flex_routing)
+GROUP3 = dict(family="llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2, seed=12)
+
+
+@pytest.mark.parametrize("method_name", ["vanilla", "fafo-stream", "lookahead", "token-recycling"])
+def test_compiled_flex_pads_groups_exactly(method_name, ckpt_root, fresh_dynamo):
+    """A group that is not a power of two: the traced calls pad it (and Token Recycling's 81-row trees, 81 x 4
+    rows, take BLOCK_M = 128: tests/test_kernel_routing.py), traced the way CUDA compiles them; tokens equal
+    eager vanilla's on the sdpa path."""
+    path = str(tiny_checkpoint(GROUP3, ckpt_root))
+    eager = Engine.from_pretrained(path)
+    compiled = Engine.from_pretrained(path)
+    compiled.enable_compile(CompileOptions(backend="aot_eager", attention="flex"))
+    compiled.cache(CAPACITY)
+    if method_name != "token-recycling":
+        return check_compiled(method_name, eager, compiled, max_new=16)
+    method = TokenRecyclingDecoder()
+    method.setup(compiled)
+    graphs = []
+    for text in [WARMUP] + SAMPLES:
+        ids = compiled.tokenizer(text).input_ids
+        assert method.generate(compiled, ids, 16).tokens == METHODS["vanilla"]().generate(eager, ids, 16).tokens
+        graphs.append(compile_stats()["graphs"])
+    assert graphs[0] >= 1 and set(graphs) == {graphs[0]}  # compiled in the first generation only
 
 
 def test_lossy_compiled_equals_lossy_eager(engine, checkpoint, fresh_dynamo):

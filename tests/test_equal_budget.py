@@ -37,8 +37,8 @@ def test_sweep_through_the_cli_reports_tokens_per_forward_and_break_even_tau(tmp
                  for p in (tmp_path / "runs").glob("**/summary.json")}
     assert summaries["fafo-stream"]["tokens_per_forward"] == 17 and summaries["lookahead"]["tokens_per_forward"] == 16
     assert summaries["fafo-stream"]["break_even_tau"] == pytest.approx((10 + 1.7) / 10.1, rel=1e-6)
-    s = summaries["fafo-stream"]  # the curve's device, at this run's measured acceptance
-    assert s["projected_speedup"] == pytest.approx(s["tau"] / s["break_even_tau"], rel=1e-6)
+    s = summaries["fafo-stream"]  # the curve's device, pricing this run's own forwards (fafo.bench.projection)
+    assert s["projected_speedup"] > 0 and s["projection_rows"] == s["n_turns"] and s["projection_measured"] > 0
     assert "break_even_tau" in proc.stdout and "tokens_per_forward" in proc.stdout
     # the equal-budget table and plot read those fields
     plot = subprocess.run([sys.executable, str(REPO / "scripts/plot.py"), str(tmp_path / "runs"), "--x",

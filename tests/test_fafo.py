@@ -140,21 +140,21 @@ def test_forwards_per_step(fused, per_step, engine, monkeypatch):
 
 
 def test_block_masks_are_built_once_per_generation(engine, monkeypatch):
-    import torch.nn.attention.flex_attention as fa
+    from fafo.engine import block_masks
 
     eng = engine("llama_gqa", "flex")
     ids = eng.tokenizer(PROMPTS[0]).input_ids
     counts = []
     for max_new in (4, 9):
         calls = []
-        original = fa.create_block_mask
-        monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+        original = block_masks._partial  # every mask but the prefill's causal one is built through it
+        monkeypatch.setattr(block_masks, "_partial", lambda *a, **kw: calls.append(1) or original(*a, **kw))
         eng._flex = None  # the engine's mask cache (fafo.engine.flex_masks), emptied: count one generation's
         gen = FAFODecoder(compress=SMALL, n=2, k=2).generate(eng, ids, max_new)
-        monkeypatch.setattr(fa, "create_block_mask", original)
+        monkeypatch.setattr(block_masks, "_partial", original)
         assert gen.n_forwards >= max_new // 2
         counts.append(len(calls))
-    # the region and step masks, however many steps (prefill's causal mask comes from its block structure)
+    # the region and step masks, however many steps
     assert counts == [2, 2]
 
 

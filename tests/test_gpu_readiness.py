@@ -268,11 +268,9 @@ def test_main_comparison_compiled_is_token_identical_without_compiling_while_tim
         assert run["summary"]["n_failed"] == 0, (name, run["summary"]["failed"])
         assert run["summary"]["exact_match_rate"] == 1.0, name
         assert run["summary"]["n_compiled"] == 0, (name, [r["compiles"] for r in run["rows"]])
-        if run["summary"]["timing_note"]:  # SWIFT, QuantSpec: raced against an eager vanilla, and it says so
-            assert run["summary"]["compile"] is None and run["summary"]["compiled_graphs"] == 0, name
-        else:
-            assert run["summary"]["compiled_graphs"] >= 1, name
-    assert {n for n, r in runs.items() if r["summary"]["timing_note"]} == {"swift", "quantspec_fp16"}
+        # one baseline: every method races the compiled vanilla; one that cannot run compiled says so
+        assert run["summary"]["reference_backend"] == "compiled" and run["summary"]["compiled_graphs"] >= 1, name
+        assert bool(run["summary"]["timing_note"]) == (run["summary"]["method_backend"] == "eager"), name
 
 
 @pytest.mark.slow
@@ -302,35 +300,6 @@ def test_peak_memory_of_vanilla_is_the_same_after_another_method(tmp_path):
     solo = next(r for k, v in rows.items() if k not in ("vanilla", "lookahead") for r in v)
     assert float(van["peak_mem_mb"]) == float(solo["peak_mem_mb"]) == float(van["ref_peak_mem_mb"])
     assert float(rows["lookahead"][0]["peak_mem_mb"]) > float(van["peak_mem_mb"])
-
-
-@pytest.mark.parametrize("n", [1, 127, 128, 300])
-def test_causal_block_mask_needs_no_dense_mask(n, monkeypatch):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    want = create_block_mask(lambda b, h, q, k: q >= k, None, None, n, n, device="cpu").to_dense()
-    monkeypatch.setattr("torch.nn.attention.flex_attention.create_block_mask", None)  # never evaluated densely
-    attention._causal_masks.clear()
-    assert torch.equal(attention.causal_block_mask(n, "cpu").to_dense(), want)
-
-
-def test_eager_flex_prefill_builds_no_dense_mask(engine, monkeypatch):
-    """Prefill and vanilla steps on ``model.attention=flex``: no block mask is evaluated from a mask function."""
-    eng = engine("llama_gqa", "flex")
-    ids = eng.tokenizer(PROMPTS[2]).input_ids
-    want = VanillaDecoder().generate(engine("llama_gqa"), ids, 6).tokens
-    aux, _, flex = attention._flex()
-    monkeypatch.setattr(attention, "_flex", lambda: (aux, None, flex))
-    attention._causal_masks.clear()
-    assert VanillaDecoder().generate(eng, ids, 6).tokens == want
-
-
-def test_method_that_cannot_compile_races_an_eager_vanilla(tmp_path):
-    cfg = make_cfg(tmp_path, "model=tiny_llama", "method=swift", "bench.max_samples=1", "bench.max_new_tokens=6",
-                   "bench.compile=true", "bench.compile_backend=aot_eager")
-    summary = Runner(cfg, tmp_path / "run").run(report=False)
-    assert summary["compile"] is None and "layer-skipped drafts" in summary["timing_note"]
-    assert summary["compiled_graphs"] == 0
 
 
 def test_a_mask_uploaded_under_inference_mode_is_cached():

@@ -21,7 +21,7 @@ from fafo.bench.runner import Runner
 from fafo.engine.context import context_limit, trained_context
 from fafo.fafo import FAFODecoder
 from tests.plan_hub import MODELS, config_json, text, write_data, write_hub
-from tests.helpers import CONF, PRESETS, sweep_jobs
+from tests.helpers import CONF, ENV, PRESETS, sweep_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINED = {  # hub id -> the length its model card states
@@ -55,7 +55,7 @@ def hub(tmp_path_factory):
 
 def cli(*args, cache, cwd):
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
-           "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+           "PYTHONPATH": ENV["PYTHONPATH"], "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "fafo.bench", *args, f"bench.output_dir={cwd}/out",
                            "bench.plan=true"], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -22,7 +23,7 @@ from report_runs import write_run  # noqa: E402
 from fafo.bench import compare  # noqa: E402
 from fafo.bench.metrics import summarize  # noqa: E402
 from fafo.bench.report import read_rows  # noqa: E402
-from fafo.bench.report_format import fmt_ci  # noqa: E402
+from fafo.bench.report_format import fmt_interval  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
 
@@ -33,8 +34,9 @@ def md_rows(text: str) -> list[list[str]]:
 
 
 def speed_text(s: dict) -> str:
-    lo, hi = s["speedup_ci95"]
-    return f"{s['speedup']:.2f}× [{lo:.2f}–{hi:.2f}]"
+    """A speedup cell: the 95 % interval from 10 samples, the per-sample range {lo–hi} below, none for one."""
+    interval = fmt_interval(s, "speedup")
+    return f"{s['speedup']:.2f}×" + (f" {interval}" if interval else "")
 
 
 def common_summary(rows, keys) -> dict:
@@ -60,7 +62,8 @@ def test_generic_table_shows_coverage_interval_memory_verify_time_and_definition
     assert "tau = tokens committed per verification step, prefill excluded" in md and "tau_all = " in md
     long = generic_table.long_frame(table).set_index("method")
     assert long.loc["lookahead", "n_failed"] == 0 and long.loc["lookahead", "speedup_kind"] == "e2e"
-    assert long.loc["lookahead", "speedup_ci95_lo"] == round(s["speedup_ci95"][0], 4)
+    assert long.loc["lookahead", "speedup_range_lo"] == round(s["speedup_range"][0], 4)  # 4 samples: a range
+    assert long.loc["lookahead", "speedup_ci95_lo"] == "" and "speedup_ci95" not in s
 
 
 def test_a_method_that_failed_a_sample_is_compared_on_the_common_samples(tmp_path):
@@ -143,8 +146,12 @@ def test_main_job_table_shows_vanilla_as_the_a_a_noise_floor(tmp_path):
     assert aa[0] == "vanilla (A/A noise floor)" and aa[2].startswith("A/A ")
     common = {(s, 0) for s in ("s0", "s1", "s2")}
     expected = common_summary(read_rows(tmp_path / "vanilla" / "samples.csv"), common)
-    assert aa[2] == f"A/A {expected['speedup']:.2f}x [{expected['speedup_ci95'][0]:.2f}–" \
-                    f"{expected['speedup_ci95'][1]:.2f}]†"
+    assert aa[2] == f"A/A {expected['speedup']:.2f}x {{{expected['speedup_range'][0]:.2f}–" \
+                    f"{expected['speedup_range'][1]:.2f}}}†"  # 3 samples: their range, not a "95 %" interval
+    text = compare.caption(OmegaConf.create({"bench": {}, "compare": {}}),
+                           {n: {"dtype": "float32", **s} for n, s in aligned.items()})
+    assert "95 %" not in md and "{lo–hi} = lowest and highest per-sample value" in text
+    assert "[lo–hi] = 95 %" not in text  # no cell has a bootstrap interval, so none is defined
     assert notes and "lookahead lacks 1 (1 failed" in notes[0]
     compare.write_outputs(table, tmp_path, "caption " + " ".join(notes), compare.categories_markdown(tmp_path,
                                                                                                      aligned))
@@ -184,7 +191,7 @@ def test_plots_draw_95_intervals_and_coverage(tmp_path, capsys):
     bars = [c for c in speed_ax.containers if type(c).__name__ == "ErrorbarContainer"]
     assert bars, "no error bars on the speedup panel"
     segments = bars[0].lines[2][0].get_segments()  # one vertical segment per point: (x, lo) -> (x, hi)
-    cis = [json.loads((tmp_path / f"m/builtin/fafo/l{k}/summary.json").read_text())["speedup_ci95"] for k in (16, 32)]
+    cis = [json.loads((tmp_path / f"m/builtin/fafo/l{k}/summary.json").read_text())["speedup_range"] for k in (16, 32)]
     assert [(seg[0][1], seg[1][1]) for seg in segments] == [tuple(pytest.approx(v) for v in ci) for ci in cis]
     assert [t.get_text() for t in speed_ax.texts] == ["n=4 (0)", "n=4 (0)"]
     assert "speedup_e2e = " in " ".join(t.get_text() for t in fig.texts)
@@ -192,7 +199,7 @@ def test_plots_draw_95_intervals_and_coverage(tmp_path, capsys):
     assert plot_script.main([str(tmp_path), "--x", "tokens_per_forward", "--logx", "--out", str(tmp_path / "eq"),
                              "--wandb-mode", "disabled"]) == 0
     text = capsys.readouterr().out
-    assert f"| {fmt_ci(cis[0])} | e2e |" in text and "| 4 (0) |" in text
+    assert "| {" + f"{cis[0][0]:.2f}–{cis[0][1]:.2f}" + "} | e2e |" in text and "| 4 (0) |" in text
     assert (tmp_path / "eq" / "runs_by_tokens_per_forward.png").stat().st_size
 
 

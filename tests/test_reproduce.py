@@ -19,7 +19,7 @@ from fafo.bench.setup import build, method_node
 from fafo.decoding import Decoder
 
 from tests.helpers import CONF, PRESETS, REPO, compose_with, import_script, run_cli, sweep_jobs
-from tests.report_runs import synthetic_table2, synthetic_table11
+from tests.report_runs import paper_summary, synthetic_table2, synthetic_table11, write_paper_run
 
 PAPER = REPO / "results" / "paper"
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -61,8 +61,26 @@ def test_every_paper_table_and_figure_has_a_preset_and_published_numbers():
             assert r["speedup"] and r["tau"] or r["note"], f"{item}: an empty cell must say why in `note`: {r}"
 
 
+def fake_run(root: Path, i: int, model: str, method: str, task: str, resolved: dict) -> None:
+    """A finished run as the runner leaves it (config.yaml, summary.json, one row per Spec-Bench subtask)."""
+    from fafo.bench.metrics import summarize
+    from tasks.spec_bench import SUBTASKS
+
+    base = {"model": model, "method": method, "task": task, "turn": 0, "repeat": 0, "status": "ok",
+            "prompt_tokens": 20, "new_tokens": 11, "forwards": 5, "target_forwards": 6, "prefill_s": 0.1,
+            "decode_s": 0.4, "total_s": 0.5, "ref_new_tokens": 11, "ref_total_s": 1.0, "ref_decode_s": 0.9,
+            "ref_source": "interleaved", "exact_match": "True", "first_mismatch": -1, "peak_mem_mb": 1.0}
+    cats = list(SUBTASKS) if task == "spec_bench" else ["chat"]
+    samples = [{**base, "sample_id": f"q{j}", "category": c} for j, c in enumerate(cats)]
+    summary = {"model": model, "method": method, "task": task, **summarize(samples, n_boot=0)}
+    write_paper_run(root, f"job{i}", summary, resolved, samples=samples)
+
+
 @pytest.mark.parametrize("preset", PRESETS)
-def test_preset_composes_and_its_sweep_covers_the_published_table(preset):
+def test_preset_composes_and_its_sweep_covers_the_published_table(preset, tmp_path):
+    """Every job composes, every published cell is produced by the sweep, and make_tables puts exactly that run
+    beside it (on a fake results tree of the sweep: one finished run per job): the run chosen by the preset's rule
+    (QuantSpec: the full-precision reference), at the paper's own key (QuantSpec's 32k/128k cells)."""
     base = compose_with(f"experiment={preset}")
     assert base.paper.table == preset and base.bench.output_dir == f"results/runs/{preset}"
     assert base.bench.reference_dir == "results/runs/_reference"  # one vanilla reference store for every table
@@ -73,14 +91,17 @@ def test_preset_composes_and_its_sweep_covers_the_published_table(preset):
     paper = mt.load_paper(preset)
     axes = list(dict.fromkeys(r["axis"] for r in paper)) if paper else mt.TABLE_AXES.get(preset, [""])
     got, dirs = {}, set()
-    for job in jobs:
+    for i, job in enumerate(jobs):
         cfg = compose_with(f"experiment={preset}", *job)
         model, method, task, resolved = run_label(cfg)
         dirs.add(cfg.hydra.sweep.subdir)
+        fake_run(tmp_path, i, model, method, task, resolved)
         for axis in axes:
-            # Spec-Bench's subtasks (axis category) all come from one run, split by make_tables
-            value = mt.norm_value(mt.AXES[axis](resolved)) if axis and axis != "category" else ""
-            got[(model, method, task, value)] = resolved
+            # Spec-Bench's subtasks (axis category) all come from one run, split by make_tables; a run whose own
+            # size is not the paper's key records the paper's (paper.cell)
+            value = mt.norm_value((resolved.get("paper", {}).get("cell") or {}).get(axis) or mt.AXES[axis](resolved)) \
+                if axis and axis != "category" else ""
+            got.setdefault((model, method, task, value), resolved)
     assert len(dirs) == len(jobs), f"{preset}: two jobs of the sweep would write the same run directory"
     for row in paper:  # every published cell is produced by exactly the sweep's configs
         if "no fafo-bench method" in row["note"]:  # other papers' baselines, shown for reference
@@ -90,6 +111,20 @@ def test_preset_composes_and_its_sweep_covers_the_published_table(preset):
         assert key in got, f"{preset}: no job of the sweep produces the paper's cell {key}"
         if preset == "table4":  # each model samples with its own generation_config.json, as the paper says
             assert got[key]["sampling"]["from_generation_config"] is True and "sampling T=" in row["setting"]
+    table = mt.make_table([tmp_path], preset)  # the fake tree, as make_tables reads a real one
+    rule = (OmegaConf.to_container(base.paper).get("match") or {})
+    for row in paper:
+        if "no fafo-bench method" in row["note"]:
+            continue
+        col = (row["task"], row["axis"], mt.norm_value(row["value"]))
+        cell = table.cells.get(((row["model"], row["method"]), col))
+        assert cell is not None and cell.ours is not None, f"{preset}: the table has no run beside {row}"
+        assert not mt.mismatches(cell.ours, rule), (preset, cell.ours.rel, rule)
+    if preset == "quantspec_table3":  # both references run; the paper's (fp) is beside it, int8 in its own row
+        assert rule == {"bench.reference.kv": "fp"}
+        assert ("llama-2-7b-32k-instruct", "quantspec [bench.reference.kv=int8]") in table.rows
+        cell = table.cells[(("llama-2-7b-32k-instruct", "quantspec"), ("multi_lexsum", "context", "32768"))]
+        assert cell.run_value == "32000" and cell.paper["speedup"] == "2.08"
     if preset == "figure1":
         assert {(k[1], k[3]) for k in got} == {(m, g) for m in ("fafo-stream", "lookahead")
                                                for g in ("5", "10", "15", "20", "30", "40", "60", "80")}
@@ -311,3 +346,26 @@ def test_make_tables_handles_every_published_table_without_runs(tmp_path):
         md = mt.to_markdown(table)
         assert md.count("\n|") == len(table.rows) + 2  # header, rule and one line per row
         assert mt.to_latex(table).count(r"\\") >= len(table.rows) + 2
+
+
+def test_table3_heads_with_end_to_end_and_shows_decode_beside_and_triforce_tau_is_marked(tmp_path):
+    """Table 3's headline is the paper's one metric (tokens per second, end to end) with decode-only next to it;
+    TriForce's tau on prompts its retrieval budget holds whole is not set against the paper's."""
+    summary = paper_summary("llama3.1-8b-instruct", "fafo-stream", "longbench_multi_news", 1.4, 2.5, 1.0, 1.0, 12, 12)
+    summary |= {"speedup_kind": "e2e", "speedup_e2e": 1.4, "speedup_decode": 1.9, "speedup_decode_ci95": [1.7, 2.1]}
+    write_paper_run(tmp_path / "t3", "a", summary, {"paper": {"table": "table3"}})
+    table = mt.make_table([tmp_path / "t3"])
+    head, line = mt.header(table), mt.body(table)[0]
+    row = dict(zip(head, line))
+    assert row["Multi-News ours"].startswith("1.40×") and row["Multi-News speedup_decode"] == "1.90× [1.70–2.10]"
+    assert "beside each column: speedup_decode" in mt.to_markdown(table)
+    tri = paper_summary("llama2-7b-chat", "triforce-official", "mt_bench", 0.3, 6.9, 1.0, 1.0, 80, 160)
+    write_paper_run(tmp_path / "t1", "a", {**tri, "flag_counts": {"retrieval_covers_prompt": 160}},
+                    {"paper": {"table": "table1"}})
+    table = mt.make_table([tmp_path / "t1"])
+    row = dict(zip(mt.header(table), next(line for line in mt.body(table) if line[1] == "TriForce")))
+    assert row["MT-Bench Δ"] == "+0.09 (n/c)"  # speedup 0.30 - 0.21; tau not comparable
+    assert "n/c = not comparable: triforce-official: TriForce's retrieval budget holds the whole prompt in 160" \
+        in mt.to_markdown(table)
+    (long,) = [r for r in mt.long_rows(table) if r["run_dir"]]
+    assert long["d_tau"] == "" and long["tau_comparable"] is False

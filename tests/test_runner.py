@@ -2,13 +2,18 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import ClassVar
+from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
+from baselines.prompt_lookup import PromptLookupDecoder
 from baselines.vanilla import VanillaDecoder
 from fafo.bench.records import SAMPLE_COLUMNS
 from fafo.bench.runner import Runner
@@ -121,15 +126,24 @@ def test_reference_timing_is_interleaved_unless_a_stored_one_qualifies(tmp_path)
                   / sum(float(r["total_s"]) for r in rows if r["repeat"] == k) for k in "012"]
     assert summary["speedup_min"] == pytest.approx(min(per_repeat))
     assert summary["speedup_max"] == pytest.approx(max(per_repeat))
-    lo, hi = summary["speedup_ci95"]
-    assert lo <= summary["speedup"] <= hi
+    lo, hi = summary["speedup_range"]  # 2 samples: the per-sample range, never a "95 %" interval
+    assert lo <= summary["speedup"] <= hi and "speedup_ci95" not in summary and summary["interval"] == "range"
     assert all(int(r["threads"]) >= 1 and r["load"] != "" for r in rows)
     assert {"threads", "load_start", "load_end", "cpu_name"} <= set(summary)
     # three repeats within the spread bound: reused by a later run that asks for it, and reported as such
     summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
-                              "bench.max_spread=1000", *reuse), tmp_path / "e").run()
+                              "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "e").run()
     assert {r["ref_source"] for r in read_rows(tmp_path / "e")} == {"stored"}
     assert summary["ref_sources"] == {"stored": 6}
+    # the key holds the thread count (and the host and the engine's commit): other threads, no reuse
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
+                        "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "f").run()
+    finally:
+        torch.set_num_threads(threads)
+    assert {r["ref_source"] for r in read_rows(tmp_path / "f")} == {"interleaved"}
 
 
 @pytest.mark.parametrize("override,setting", [
@@ -241,3 +255,96 @@ def test_a_second_writer_of_the_same_run_directory_is_refused(tmp_path):
         RecordWriter(tmp_path / "run")
     first.close()
     RecordWriter(tmp_path / "run").close()  # free again once the first job is done
+
+
+def eos_first(checkpoint, tmp_path, sample: str = "chat-01") -> Path:
+    """A copy of a tiny model whose EOS is the first token it answers ``sample`` with: that answer is one token."""
+    src, dst = checkpoint("llama_mha"), tmp_path / "eos_first"
+    shutil.copytree(src, dst)
+    probe = tmp_path / "probe"
+    Runner(make_cfg(tmp_path, f"model.path={dst}", "bench.max_new_tokens=2", f"task.ids=[{sample}]",
+                    "bench.warmup=0"), probe).run(report=False)
+    first = json.loads((probe / "outputs.jsonl").read_text().splitlines()[0])["tokens"][0]
+    (dst / "generation_config.json").write_text(json.dumps({"eos_token_id": first}))
+    return dst
+
+
+def test_a_one_token_answer_is_recorded_without_a_speedup(checkpoint, tmp_path):
+    """An answer that is one EOS: the run (progress bar on) completes, the row has no speedup, the summary counts
+    it apart and every speedup comes from the other samples alone."""
+    model = eos_first(checkpoint, tmp_path)
+    cfg = make_cfg(tmp_path, f"model.path={model}", "method=prompt_lookup", "bench.max_new_tokens=8",
+                   "task.ids=[chat-01,code-01,struct-01]", "bench.progress=true")
+    summary = Runner(cfg, tmp_path / "run").run()
+    rows = {r["sample_id"]: r for r in read_rows(tmp_path / "run")}
+    one = rows["chat-01"]
+    assert one["status"] == "ok" and one["new_tokens"] == "1" and one["forwards"] == "0"
+    assert one["speedup"] == one["speedup_e2e"] == one["speedup_decode"] == "" and one["tau"] == ""
+    long = [r for r in rows.values() if int(r["new_tokens"]) > 1]
+    assert summary["n_no_decode"] == len(rows) - len(long) >= 1 and "chat-01/0" in summary["no_decode"]
+    if long:  # the speedup is the other samples' alone
+        want = (sum(int(r["new_tokens"]) for r in long) / sum(float(r["total_s"]) for r in long)) / \
+            (sum(int(r["ref_new_tokens"]) for r in long) / sum(float(r["ref_total_s"]) for r in long))
+        assert summary["speedup_e2e"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_whose_first_answer_is_eos_runs_through_the_cli_and_tables(checkpoint, tmp_path):
+    model = eos_first(checkpoint, tmp_path)
+    out = tmp_path / "runs"
+    proc = run_cli(f"model.path={model}", "method=prompt_lookup", "bench.max_new_tokens=8", "bench.progress=true",
+                   "task.ids=[chat-01,code-01]", f"bench.output_dir={out}", "wandb.mode=disabled", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (summary_path,) = out.glob("**/summary.json")
+    rows = {r["sample_id"]: r for r in read_rows(summary_path.parent)}
+    assert rows["chat-01"]["new_tokens"] == "1" and rows["chat-01"]["speedup"] == ""
+    assert "n_no_decode" in proc.stdout and "no decode step" in proc.stdout
+    tables = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tables.py"), str(out)], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    assert "∅1" in tables.stdout and "no decode step" in tables.stdout
+
+
+@dataclass
+class EagerLookup(PromptLookupDecoder):
+    """Prompt Lookup declaring forwards that cannot run compiled (as a method with its own caches would)."""
+
+    eager_forwards: ClassVar[str] = "a test method's own eager forwards"
+
+
+ONE_BASELINE = ["model=tiny_llama", "bench.max_new_tokens=8", "task.ids=[chat-01,code-01]", "bench.compile=true",
+                "bench.compile_backend=aot_eager"]
+
+
+def test_a_method_that_cannot_compile_races_the_compiled_vanilla(tmp_path):
+    """One baseline: an eager method's speedup is against the compiled vanilla every other method races, with its
+    speedup against an eager vanilla timed beside it."""
+    cfg = make_cfg(tmp_path, *ONE_BASELINE)
+    OmegaConf.update(cfg, "method._target_", "tests.test_runner.EagerLookup")
+    OmegaConf.update(cfg, "method.name", "eager-lookup", force_add=True)
+    summary = Runner(cfg, tmp_path / "run").run(report=False)
+    rows = read_rows(tmp_path / "run")
+    assert summary["reference_backend"] == "compiled" and summary["method_backend"] == "eager"
+    assert summary["compile"] is not None and "test method's own eager forwards" in summary["timing_note"]
+    assert summary["compiled_graphs"] >= 1 and summary["n_compiled"] == 0  # vanilla's steps compiled in warm-up
+    assert all(float(r["eager_ref_total_s"]) > 0 and float(r["ref_total_s"]) > 0 for r in rows)
+    want = (sum(int(r["new_tokens"]) for r in rows) / sum(float(r["total_s"]) for r in rows)) / \
+        (sum(int(r["ref_new_tokens"]) for r in rows) / sum(float(r["eager_ref_total_s"]) for r in rows))
+    assert summary["speedup_vs_eager"] == pytest.approx(want, rel=1e-9) and summary["exact_match_rate"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_comparison_with_an_eager_method_has_one_baseline(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli(*ONE_BASELINE, "compare.methods=[vanilla,lookahead,prompt_lookup]", "bench.progress=false",
+                   "+compare.overrides.prompt_lookup=['method._target_=tests.test_runner.EagerLookup']",
+                   f"bench.output_dir={out}", "hydra.run.dir=" + str(out / "cmp"), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in (out / "cmp").glob("*/summary.json")}
+    assert {s["reference_backend"] for s in summaries.values()} == {"compiled"}  # the same vanilla for every row
+    assert {n: s["method_backend"] for n, s in summaries.items()} == {
+        "vanilla": "compiled", "lookahead": "compiled", "prompt_lookup": "eager"}
+    assert all(s["aa_speedup"] is not None for n, s in summaries.items() if n != "vanilla")  # A/A beside each
+    md = (out / "cmp" / "compare.md").read_text()
+    assert "every speedup is against the same compiled vanilla (one baseline per table)" in md
+    assert "prompt-lookup ran eagerly (x" in md and "| prompt-lookup (eager) |" in md

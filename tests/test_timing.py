@@ -3,6 +3,8 @@
 import time
 from dataclasses import dataclass
 
+import pytest
+
 from baselines.vanilla import VanillaDecoder
 from fafo.bench.metrics import bootstrap_ci
 from fafo.bench.reference import timing_reusable
@@ -52,8 +54,8 @@ def test_slow_reference_sample_cannot_fake_a_speedup(tmp_path):
     assert summary["flagged"] == [f"{first}/0"] and summary["n_flagged"] == 1  # its repeats disagree
     # the store now holds [fast, slow, fast] for sample 0: a later run asking for reuse re-times that one
     _sleepy()
-    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_reference=true"),
-                     tmp_path / "b").run()
+    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_max_spread=10",
+                              "bench.reuse_reference=true"), tmp_path / "b").run()
     source = {r["sample_id"]: r["ref_source"] for r in read_rows(tmp_path / "b")}
     assert source.pop(first) == "interleaved" and set(source.values()) == {"stored"}
     assert summary["ref_reuse_refused"]["n"] == 1 and summary["speedup"] < 2.5
@@ -68,8 +70,8 @@ def test_consistently_slow_stored_reference_is_flagged_when_reused(tmp_path, cap
     runner.run()  # stores 3 slow, agreeing repeats for sample 0 (as if taken while the machine was loaded)
     _sleepy()
     capsys.readouterr()
-    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_reference=true"),
-                     tmp_path / "b").run()
+    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_max_spread=10",
+                              "bench.reuse_reference=true"), tmp_path / "b").run()
     assert summary["ref_sources"] == {"stored": 9} and summary["speedup"] > 3  # the stale timing inflates it...
     assert "rows use a stored reference timing" in capsys.readouterr().err  # ...and the run says so
     # and the default, interleaved, is not fooled by the store
@@ -93,7 +95,40 @@ def test_stored_timing_rules_and_bootstrap_interval():
     lo, hi = bootstrap_ci(ratio, arrays, 2000)
     assert 1.8 <= lo < ratio(arrays) < hi <= 2.2
     assert bootstrap_ci(ratio, arrays, 2000) == [lo, hi]  # seeded: reproducible
-    assert bootstrap_ci(ratio, {k: v[:1] for k, v in arrays.items()}) == [2.0, 2.0]
+    assert bootstrap_ci(ratio, {k: v[:1] for k, v in arrays.items()}) is None  # one sample: no interval at all
+
+
+def test_intervals_are_labelled_by_what_they_are_at_each_sample_count():
+    """n >= 10: a 95 % bootstrap interval; 2..9: the per-sample range (at n = 3 the percentile bootstrap interval
+    is exactly that range, so calling it 95 % would be false); 1: none."""
+    import numpy as np
+
+    from fafo.bench.metrics import MIN_BOOTSTRAP, interval, interval_kind, sample_range, summarize
+    from tests.report_runs import make_rows
+
+    def ratio(a):
+        return a["ref"].sum(-1) / a["method"].sum(-1)
+
+    three = {"ref": np.array([2.0, 2.6, 1.8]), "method": np.ones(3)}
+    assert bootstrap_ci(ratio, three, 4000) == pytest.approx([1.8, 2.6])  # the bootstrap gives just the range...
+    assert sample_range(ratio, three) == [1.8, 2.6]
+    assert interval("speedup", ratio, three, 1000) == {"speedup_range": [1.8, 2.6]}  # ...so it is named a range
+    assert [interval_kind(n) for n in (1, 2, MIN_BOOTSTRAP - 1, MIN_BOOTSTRAP)] == ["none", "range", "range", "ci95"]
+    twelve = {"ref": np.linspace(1.5, 2.5, 12), "method": np.ones(12)}
+    assert set(interval("speedup", ratio, twelve, 1000)) == {"speedup_ci95"}
+    assert interval("speedup", ratio, {k: v[:1] for k, v in three.items()}, 1000) == {}
+    rows, _ = make_rows("m", "fafo", "t", 0)  # 4 samples
+    s = summarize(rows, n_boot=200)
+    assert s["interval"] == "range" and not any(k.endswith("_ci95") for k in s)
+    assert s["speedup_range"] == s["speedup_e2e_range"] and s["tau_range"][0] <= s["tau"] <= s["tau_range"][1]
+    one = summarize([r for r in rows if r["sample_id"] == "s0"], n_boot=200)
+    assert one["interval"] == "none" and not any(k.endswith(("_ci95", "_range")) for k in one)
+
+
+def test_a_stored_timing_is_reused_only_within_the_tight_spread():
+    good = {"total_s": [1.0, 1.05, 1.08], "load": 0.1, "cpu_count": 2}
+    assert timing_reusable(good, 1.1, 0.75)[0]
+    assert "spread 1.20x" in timing_reusable({**good, "total_s": [1.0, 1.2, 1.1]}, 1.1, 0.75)[1]
 
 
 def test_busy_machine_warning_and_machine_record():
@@ -106,3 +141,30 @@ def test_busy_machine_warning_and_machine_record():
     assert "on the GPU" in busy_warning({"load": 0.0, "cpu_count": 2, "gpu_others_mb": 5000.0}, 0.75)
     state = machine_state(torch.device("cpu"))
     assert state["threads"] == torch.get_num_threads() and state["cpu_count"] >= 1 and state["load"] is not None
+
+
+def test_cuda_peak_of_a_generation_counts_its_own_compiled_steps_only(monkeypatch):
+    """On CUDA a replay allocates nothing and every decoder's graphs share one pool (torch/_inductor/
+    cudagraph_trees.py, CUDAGraphTreeManager / CUDAGraphNode.run_graph): each decoder's peak takes its own warm-up
+    peak (its steps allocated their intermediates then), never the pool's free part, which another decoder's
+    intermediates would inflate."""
+    import torch
+
+    from fafo.bench.timing import PeakMemory
+
+    allocated = {"peak": 0}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: allocated.update(peak=0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated["peak"])
+    memory, mb = PeakMemory(torch.device("cuda")), 2**20
+
+    def generation(key, peak_mb, warm=False):
+        memory.reset()
+        allocated["peak"] = peak_mb * mb
+        if warm:
+            memory.warm(key)
+        return memory.peak_mb(None, {}, key)
+
+    generation("method", 900, warm=True)  # recording its graphs: weights + cache + its 400 MB of intermediates
+    generation("vanilla", 600, warm=True)  # vanilla's: 100 MB of intermediates
+    assert generation("method", 500) == 900 and generation("vanilla", 500) == 600  # replays: 500 MB live
+    assert generation("vanilla", 700) == 700  # a longer prompt's eager prefill beyond the warm-up peak counts

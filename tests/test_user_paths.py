@@ -195,7 +195,7 @@ def test_reference_dir_is_where_references_are_kept(tmp_path):
     runner = Runner(make_cfg(tmp_path / "out", f"bench.reference_dir={refs}", *QUICK),
                     tmp_path / "run")
     runner.run()
-    assert runner.store.root == refs  # read from (bench.reuse_reference) and written to the given directory
+    assert runner.references.store.root == refs  # read from (bench.reuse_reference) and written to the given directory
     stored = list(refs.glob("*/*.json"))
     assert len(stored) == 1 and json.loads(stored[0].read_text())["tokens"]
     assert not (tmp_path / "out" / "_reference").exists()

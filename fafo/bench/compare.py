@@ -8,12 +8,18 @@
 * each method runs as an ordinary run (its vanilla reference timed interleaved, sample by sample) into
   ``<run dir>/<method>/`` with its own ``samples.csv``, ``outputs.jsonl`` and ``summary.json`` (so a rerun resumes
   and ``scripts/make_tables.py <run dir>`` reads it like any sweep);
-* ``compare.warm_each=false`` runs ``bench.warmup`` generations for the first method only (they warm the shared
-  engine; later methods start on it warm);
+* every method is warmed (``compare.warm_each``, default true: ``bench.warmup`` generations each, so none is timed
+  on a cache or compiler state another method left; false warms only the first);
+* the A/A floor is measured beside every method (``compare.aa_each``, default true: ``bench.aa_floor`` for each, so
+  vanilla is timed a second time right after the method, sample by sample): each row's ``A/A`` column is how far
+  two identical vanilla runs drift at that very time and load, and a speedup within it is noise;
+* every method races the same vanilla: with compiled steps the compiled one, also for a method that must run
+  eagerly (its speedup against an eager vanilla is beside it, and the caption says so; :mod:`fafo.bench.runner`);
 * one progress bar covers the whole job; at the end one table (``compare.csv``, ``compare.md``) is printed and a
-  plot of speedup and tau per method with their 95 % intervals (``compare.png``) is written beside it;
-* vanilla against its own interleaved reference is not a result: it is the A/A line, the noise floor (its interval
-  is how far two identical decoders' speedup wanders on this machine), drawn as a band, not as a bar;
+  plot of speedup and tau per method with their intervals (``compare.png``) is written beside it;
+* vanilla against its own interleaved reference is the A/A line of the whole job, drawn as a band, not as a bar;
+* with ``bench.cost_curve`` each row has the decode speedup the curve projects for the method's own forwards
+  (:mod:`fafo.bench.projection`) and its error against the measured decode speedup;
 * every method is compared on the (sample, turn)s all of them completed (:func:`fafo.bench.report.align`: a
   method that failed a sample makes the others recomputed without it, and the table says so); samples that carry
   categories get a per-category table in ``compare.md``.
@@ -28,14 +34,16 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from fafo.bench.report import definitions
-from fafo.bench.report_format import fmt_ci, fmt_exact, fmt_hist, fmt_n, markdown as markdown_table
+from fafo.bench.report_format import fmt_exact, fmt_hist, fmt_interval, fmt_n, markdown as markdown_table
 from fafo.errors import ConfigError
 
-COLUMNS = ["method", "role", "n_samples", "n_turns", "n_failed", "speedup", "speedup_kind", "speedup_ci95",
-           "speedup_e2e", "speedup_e2e_ci95", "speedup_decode", "speedup_decode_ci95", "tau", "tau_ci95", "tau_all",
-           "tau_with_prefill", "tokens_per_s", "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence",
-           "peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms", "accept_hist", "new_tokens",
-           "common_samples"]
+INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager"]
+COLUMNS = ["method", "role", "n_samples", "n_turns", "n_failed", "n_flagged", "n_no_decode", "speedup",
+           "speedup_kind", "speedup_e2e", "speedup_decode", "aa_speedup", "speedup_vs_eager", "projected_speedup",
+           "projection_error", "projection_beyond_curve", "tau", "tau_all", "tau_with_prefill", "tokens_per_s",
+           "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence", "peak_mem_mb", "ref_peak_mem_mb",
+           "mem_overhead_mb", "verify_ms", "accept_hist", "new_tokens", "common_samples", "method_backend"] + \
+    [f"{k}_{kind}" for k in INTERVALS for kind in ("ci95", "range")]
 REFERENCE = "vanilla"
 AA_LABEL = "vanilla (A/A noise floor)"
 
@@ -62,6 +70,8 @@ def method_configs(cfg: DictConfig, overrides: list[str]) -> dict[str, DictConfi
         with_cfg.pop("compare", None)
         if i and not cfg.compare.get("warm_each", True):  # the first method warms the shared engine
             with_cfg["bench"]["warmup"] = 0
+        if cfg.compare.get("aa_each", True) and name != REFERENCE:  # vanilla's own run is its A/A already
+            with_cfg["bench"]["aa_floor"] = True
         configs[name] = OmegaConf.create(with_cfg)
     return configs
 
@@ -103,9 +113,9 @@ def on_common_samples(run_dir: Path, summaries: dict[str, dict]) -> tuple[dict[s
 
 
 def comparison_table(summaries: dict[str, dict]):
-    """One row per method: coverage, speedups with intervals, tau and tau_all, exactness, memory beside vanilla's,
-    time per verification forward, acceptance histogram (pandas DataFrame); vanilla's row has role "A/A noise
-    floor"."""
+    """One row per method: coverage, speedups with intervals, its own A/A floor, tau and tau_all, exactness, memory
+    beside vanilla's, time per verification forward, acceptance histogram, the projected decode speedup (pandas
+    DataFrame); vanilla's row has role "A/A noise floor"."""
     import pandas as pd
 
     rows = [{"method": s.get("method", name), **{k: s.get(k) for k in COLUMNS[1:]},
@@ -123,8 +133,11 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
     text = (f"{s['model']} ({params}{s['dtype']}), task {s['task']}, {s['n_samples']} samples, "
             f"{cfg.bench.get('max_new_tokens') or 'task-default'} new tokens per turn, greedy; "
             f"{s.get('device_name', s.get('device'))}, {s.get('threads', '?')} threads{load}; vanilla timed beside "
-            f"each method; the {AA_LABEL} row is vanilla against its own interleaved run, not a result: speedups "
-            "inside its interval are noise. n = samples[/turns] (failed rows). "
+            f"each method; the {AA_LABEL} row is vanilla against its own interleaved run, and each method's A/A "
+            "column is vanilla against a second vanilla timed right after that method: not results, the noise "
+            "floor (speedups within them are noise). n = samples[/turns] (failed rows). decode = speedup_decode; "
+            "projected = the decode speedup bench.cost_curve's device gives this method's own forwards, err = "
+            "projected / measured decode - 1. "
             + " ".join(f"{line}." for line in definitions(summaries.values(), ("tau", "tau_all"))))
     note = cfg.compare.get("note")
     eager = [f"{name}: {s['timing_note']}." for name, s in summaries.items() if s.get("timing_note")]
@@ -150,28 +163,44 @@ def write_outputs(table, run_dir: Path, text: str, by_category: str = "") -> Non
           f"written: compare.csv, compare.md, compare.png", flush=True)
 
 
-HEAD = ["method", "n (failed)", "speedup [95% CI]", "tau [95% CI]", "tau_all", "tokens/s", "exact match", "peak MB",
-        "vanilla MB", "overhead MB", "verify ms", "accept hist"]
+HEAD = ["method", "n (failed)", "speedup", "A/A", "decode", "projected (err)", "tau", "tau_all", "tokens/s",
+        "exact match", "peak MB", "vanilla MB", "overhead MB", "verify ms", "accept hist"]
+
+
+def _with_interval(row: dict, key: str, spec: str) -> str:
+    interval = fmt_interval(row, key)
+    return cell(row.get(key), spec) + (f" {interval}" if interval else "")
 
 
 def markdown(table) -> str:
-    """The table as Markdown: the A/A line first, labelled so, then one line per method."""
+    """The table as Markdown: the A/A line first, labelled so, then one line per method; every interval as
+    :func:`~fafo.bench.report_format.fmt_interval` writes it (``[..]`` 95 %, ``{..}`` per-sample range)."""
     lines = []
     rows = table.to_dict("records")
     rows.sort(key=lambda r: r["role"] != "A/A noise floor")
     for row in rows:
         aa = row["role"] == "A/A noise floor"
-        speed = cell(row["speedup"], "{:.2f}x") + (f" {fmt_ci(row['speedup_ci95'])}" if fmt_ci(row["speedup_ci95"])
-                                                   else "")
-        tau = cell(row["tau"], "{:.2f}") + (f" {fmt_ci(row['tau_ci95'])}" if fmt_ci(row["tau_ci95"]) else "")
         mark = "†" if cell(row["common_samples"], "{:.0f}") != "-" else ""
-        cells = [AA_LABEL if aa else str(row["method"]), fmt_n(row, "-"), ("A/A " if aa else "") + speed + mark,
-                 tau, cell(row["tau_all"], "{:.2f}"), cell(row["tokens_per_s"], "{:.1f}"), fmt_exact(row, "-"),
+        eager = " (eager)" if row.get("method_backend") == "eager" and _given(row.get("speedup_vs_eager")) else ""
+        err = row.get("projection_error")
+        projected = cell(row.get("projected_speedup"), "{:.2f}x") + (
+            f" ({100 * err:+.0f} %)" if err is not None and err == err else "") + (
+            "~" if (row.get("projection_beyond_curve") or 0) > 0 else "")
+        cells = [AA_LABEL if aa else str(row["method"]) + eager, fmt_n(row, "-"),
+                 ("A/A " if aa else "") + _with_interval(row, "speedup", "{:.2f}x") + mark,
+                 "-" if aa else _with_interval(row, "aa_speedup", "{:.2f}x"),
+                 cell(row.get("speedup_decode"), "{:.2f}x"), "-" if aa else projected,
+                 _with_interval(row, "tau", "{:.2f}"), cell(row["tau_all"], "{:.2f}"),
+                 cell(row["tokens_per_s"], "{:.1f}"), fmt_exact(row, "-"),
                  cell(row["peak_mem_mb"], "{:.0f}"), cell(row["ref_peak_mem_mb"], "{:.0f}"),
                  cell(row["mem_overhead_mb"], "{:.0f}"), cell(row["verify_ms"], "{:.2f}"),
                  fmt_hist(row["accept_hist"], dash="-")]
         lines.append(cells)
     return markdown_table(HEAD, lines, labels=1).rstrip()
+
+
+def _given(value) -> bool:
+    return value is not None and not (isinstance(value, float) and value != value)
 
 
 def cell(value, fmt) -> str:
@@ -180,18 +209,28 @@ def cell(value, fmt) -> str:
     return fmt(value) if callable(fmt) else fmt.format(value)
 
 
-def _errors(values, cis) -> list[list[float]]:
-    """matplotlib ``xerr`` [[below...], [above...]] of 95 % intervals (0 where a value has none)."""
+def interval_of(row: dict, key: str):
+    """[lo, hi] of ``key``'s interval in a table row (95 % bootstrap or per-sample range), None without one."""
+    for kind in ("ci95", "range"):
+        v = row.get(f"{key}_{kind}")
+        if isinstance(v, (list, tuple)) and len(v) == 2 and None not in v:
+            return [float(v[0]), float(v[1])]
+    return None
+
+
+def _errors(values, rows, key) -> list[list[float]]:
+    """matplotlib ``xerr`` [[below...], [above...]] of each row's interval (0 where a value has none)."""
     lo, hi = [], []
-    for v, ci in zip(values, cis):
-        ok = fmt_ci(ci) is not None and v == v
-        lo.append(max(0.0, v - float(ci[0])) if ok else 0.0)
-        hi.append(max(0.0, float(ci[1]) - v) if ok else 0.0)
+    for v, row in zip(values, rows):
+        iv = interval_of(row, key) if v == v else None
+        lo.append(max(0.0, v - iv[0]) if iv else 0.0)
+        hi.append(max(0.0, iv[1] - v) if iv else 0.0)
     return [lo, hi]
 
 
 def plot(table, path: Path, text: str) -> None:
-    """Speedup and tau per method with 95 % error bars; vanilla's A/A interval as a grey band (the noise floor)."""
+    """Speedup and tau per method with their intervals as error bars (95 % bootstrap from 10 samples, else the
+    per-sample range: the axis label says which); vanilla's A/A interval as a grey band (the noise floor)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -203,20 +242,23 @@ def plot(table, path: Path, text: str) -> None:
     name = f"speedup_{'/'.join(kinds)}" if kinds else "speedup"
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * max(len(methods), 1) + 2.2), sharey=True)
     y = list(range(len(methods)))
-    for ax, col, label in ((axes[0], "speedup", f"{name} vs vanilla (x), 95% CI"),
+    records = methods.to_dict("records")
+    bars = ("95% bootstrap CI" if any(r.get("speedup_ci95") is not None for r in records) else
+            "range over samples" if any(r.get("speedup_range") is not None for r in records) else "no interval")
+    for ax, col, label in ((axes[0], "speedup", f"{name} vs vanilla (x), bars: {bars}"),
                            (axes[1], "tau", ("tau (tokens per verification step, prefill excluded)" if kinds
-                                             else "tau (new tokens / (forwards + 1))") + ", 95% CI")):
+                                             else "tau (new tokens / (forwards + 1))") + f", bars: {bars}")):
         values = methods[col].astype(float).fillna(0.0)
-        ax.barh(y, values, xerr=_errors(values, methods[f"{col}_ci95"]), capsize=3,
+        ax.barh(y, values, xerr=_errors(values, records, col), capsize=3,
                 color=["#4c72b0" if v >= 1.0 else "#c44e52" for v in values])
         ax.axvline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xlabel(label, fontsize=8)
         for i, v in zip(y, values):
             ax.text(v, i, f" {v:.2f}", va="center", fontsize=8)
     for row in aa.to_dict("records"):
-        if fmt_ci(row["speedup_ci95"]):
-            lo, hi = map(float, row["speedup_ci95"])
-            axes[0].axvspan(lo, hi, color="grey", alpha=0.25, label=f"{AA_LABEL} {fmt_ci(row['speedup_ci95'])}")
+        if interval_of(row, "speedup"):
+            lo, hi = interval_of(row, "speedup")
+            axes[0].axvspan(lo, hi, color="grey", alpha=0.25, label=f"{AA_LABEL} {fmt_interval(row, 'speedup')}")
             axes[0].legend(fontsize=7, loc="lower right")
     axes[0].set_yticks(y, [f"{m} (n={fmt_n(r, '-')})" for m, r in zip(methods["method"], methods.to_dict("records"))])
     axes[0].invert_yaxis()

@@ -10,6 +10,10 @@ is the tau (tokens per step) at which the step pays for itself: the method is fa
 its measured tau exceeds it, and its predicted speedup is ``tau / break_even_tau`` (attention over the context and
 the per-step host work aside). On a GPU a 481-token forward costs little more than a 1-token one (memory bound),
 so FAFO's break-even tau is near 1; on a CPU it is compute bound and the break-even tau approaches the step size.
+
+A device CSV (``results/device/<gpu>.csv``, written by ``python -m fafo.bench.gpu_check``) holds the curve's rows
+(``row=curve``) and one row per method (``row=method``: its compiled step time inside forwards and its host time
+per step, :func:`write_device_csv`); a CSV without a ``row`` column (``scripts/bench_engine.py``) is all curve.
 """
 
 from __future__ import annotations
@@ -17,13 +21,19 @@ from __future__ import annotations
 import csv
 import io
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fafo.errors import ConfigError
 from fafo.files import Source, read_text
 
 COLUMNS = ("context", "step_tokens", "median_ms")
+# results/device/<gpu>.csv: curve rows fill context..compile, method rows method..max_rows (and context)
+DEVICE_COLUMNS = ["row", "context", "step_tokens", "median_ms", "min_ms", "repeats", "first_call_s", "bytes_read",
+                  "gb_per_s", "roofline_fraction", "method", "forward_tokens", "prompt_tokens", "new_tokens", "steps",
+                  "tau", "step_ms", "host_ms", "wall_ms", "forwards_per_step", "max_rows", "device_name", "dtype",
+                  "compile", "torch", "cuda"]
+METHOD_FIELDS = ("step_ms", "host_ms", "wall_ms", "tau", "steps", "forwards_per_step", "prompt_tokens")
 
 
 def _interp(xs: list[float], ys: list[float], x: float) -> float:
@@ -45,10 +55,14 @@ class CostCurve:
     Attributes:
         table: {context: {step_tokens: median ms}}.
         device: where it was measured (from the CSV).
+        methods: a device CSV's method rows, {method: {step_ms, host_ms, wall_ms, tau, steps, forwards_per_step,
+            prompt_tokens} as floats, plus forward_tokens as written}: per decode step, the time inside its
+            compiled forwards and the host time around them.
     """
 
     table: dict[int, dict[int, float]]
     device: str = ""
+    methods: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str | Path) -> "CostCurve":
@@ -64,8 +78,17 @@ class CostCurve:
         if missing:
             raise src.error(path, f"is not a cost curve CSV (no {', '.join(missing)} column)")
         table: dict[int, dict[int, float]] = {}
+        methods: dict[str, dict] = {}
         device = ""
         for i, row in enumerate(rows, start=2):
+            if row.get("row") == "method":
+                try:
+                    methods[row["method"]] = {k: float(row[k]) for k in METHOD_FIELDS if row.get(k) not in (None, "")}
+                except ValueError:
+                    raise src.error(path, f"line {i}: method {row.get('method')!r} has a value that is not a "
+                                          "number") from None
+                methods[row["method"]]["forward_tokens"] = row.get("forward_tokens", "")
+                continue
             try:
                 table.setdefault(int(row["context"]), {})[int(row["step_tokens"])] = float(row["median_ms"])
             except (TypeError, ValueError):
@@ -76,7 +99,7 @@ class CostCurve:
         if not table or not all(1 in steps for steps in table.values()):
             raise ConfigError(f"bench.cost_curve={str(path)!r} needs a 1-token row for every context; "
                               "rerun scripts/bench_engine.py with --steps including 1")
-        return cls(table, device)
+        return cls(table, device, methods)
 
     def latency(self, tokens: int, context: int) -> float:
         """Interpolated ms of one forward of ``tokens`` tokens after ``context`` cached ones."""
@@ -97,19 +120,18 @@ class CostCurve:
         return tau / self.break_even_tau(forward_tokens, context)
 
 
-def summary_fields(decoder, curve: CostCurve | None, rows: list[dict]) -> dict:
-    """The run summary's cost fields: ``tokens_per_forward`` (a step's tokens, summed over its target forwards;
-    None where it varies), ``forward_tokens`` and, with a cost curve, ``break_even_tau`` at the run's mean
-    context (prompt + half the new tokens of its ok rows) and ``projected_speedup`` = the run's tau over it: the
-    decode speedup the curve's device would give this method's measured acceptance (host work aside)."""
-    steps = decoder.forward_tokens()
-    out = {"tokens_per_forward": sum(steps) if steps else None, "forward_tokens": list(steps) if steps else None}
-    ok = [r for r in rows if r.get("status") == "ok"]
-    if curve is not None and steps and ok:
-        context = sum(float(r["prompt_tokens"]) + float(r["new_tokens"]) / 2 for r in ok) / len(ok)
-        out.update(break_even_tau=curve.break_even_tau(steps, int(context)), cost_curve_device=curve.device)
-        forwards = sum(float(r["forwards"]) for r in ok)
-        if forwards:
-            tau = sum(float(r["new_tokens"]) - 1 for r in ok) / forwards
-            out["projected_speedup"] = curve.predicted_speedup(tau, steps, int(context))
-    return out
+def write_device_csv(path: str | Path, curve_rows: list[dict], method_rows: list[dict], common: dict) -> Path:
+    """Write a device CSV: ``curve_rows`` (context, step_tokens, median_ms, ...) then ``method_rows`` (method,
+    step_ms, host_ms, ...), each with ``common`` (device_name, dtype, compile, torch, cuda) and its ``row`` kind.
+    Written whole and renamed into place: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=DEVICE_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for kind, rows in (("curve", curve_rows), ("method", method_rows)):
+            for row in rows:
+                writer.writerow({**common, **row, "row": kind})
+    tmp.replace(path)
+    return path

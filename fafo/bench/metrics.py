@@ -15,10 +15,17 @@ repeat (they are deterministic) and times are the median over repeats. Then:
   tokens/s over the mean of the reference's (Spec-Bench ``evaluation/speed.py``; a sample's turns summed).
   Token-normalised, so a sampled run whose method and reference decode different lengths compares throughputs.
   ``speedup`` is the one named by ``speedup_kind`` (set per preset to what its paper reports).
-* Every tau and speedup has ``<name>_ci95``: a 95 % percentile bootstrap interval, samples resampled with
-  replacement (a sample's turns kept together), ``n_boot`` resamples, seeded.
+* Intervals, by sample count n (a sample's turns kept together): with n >= :data:`MIN_BOOTSTRAP` every tau and
+  speedup has ``<name>_ci95``, a 95 % percentile bootstrap interval (``n_boot`` resamples of the samples with
+  replacement, seeded); with 2 <= n < :data:`MIN_BOOTSTRAP` it has ``<name>_range`` instead, the lowest and highest
+  per-sample value (at n = 3 every bootstrap percentile interval is exactly that range and covers the median only
+  about 75 % of the time, so it is not labelled 95 %); with n = 1 none. ``interval`` names which one the summary
+  holds (``ci95``, ``range`` or ``none``).
 * ``speedup_mean`` / ``speedup_min`` / ``speedup_max``: mean of the per-(sample, turn) headline ratios and the
   headline of each repeat index over all samples (the spread across repeats).
+* No decode step: a (sample, turn) whose method or reference generated at most one token (an answer that is one
+  EOS) has no decoding to time; its total time is a prefill timed against a prefill. It is left out of every
+  speedup and counted in ``n_no_decode`` / ``no_decode`` (tau keeps it: it adds no token and no step).
 * Coverage: ``n_samples`` / ``n_turns`` counted over ok rows, ``n_failed`` rows, ``failed`` (the first 20
   "sample/turn: status"); ``flagged``: (sample, turn)s whose repeats disagree by more than ``max_spread``;
   ``n_compiled`` / ``compiled``: (sample, turn)s with a row that compiled while timed, left out of every speedup
@@ -39,10 +46,12 @@ SPEEDUP_KINDS = ("e2e", "decode", "specbench")
 NUMERIC = ["turn", "repeat", "prompt_tokens", "new_tokens", "forwards", "prefill_forwards", "draft_forwards",
            "aux_forwards", "target_forwards", "target_tokens", "draft_model_forwards", "draft_model_params",
            "drafted", "accepted", "tau", "prefill_s", "decode_s", "total_s", "tokens_per_s", "peak_mem_mb",
-           "ref_peak_mem_mb", "ref_new_tokens", "ref_total_s", "ref_decode_s", "speedup", "first_mismatch"]
+           "ref_peak_mem_mb", "ref_new_tokens", "ref_total_s", "ref_decode_s", "speedup", "first_mismatch",
+           "eager_ref_total_s", "eager_ref_decode_s", "aa_total_s", "aa_decode_s"]
 _FIRST = ["category", "new_tokens", "forwards", "target_forwards", "draft_model_forwards", "draft_model_params",
           "drafted", "accepted", "ref_new_tokens", "exact_match", "mismatch_kind"]
-_MEDIAN = ["prefill_s", "decode_s", "total_s", "ref_total_s", "ref_decode_s"]
+_MEDIAN = ["prefill_s", "decode_s", "total_s", "ref_total_s", "ref_decode_s", "eager_ref_total_s",
+           "eager_ref_decode_s", "aa_total_s", "aa_decode_s"]
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -59,7 +68,7 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
-def _per_turn(ok: pd.DataFrame) -> pd.DataFrame:
+def per_turn(ok: pd.DataFrame) -> pd.DataFrame:
     """One line per (sample, turn): counts of its first repeat, median times, max peaks."""
     for col in _FIRST + _MEDIAN + ["peak_mem_mb", "ref_peak_mem_mb"]:
         if col not in ok:
@@ -116,14 +125,17 @@ def _value(name: str, per: pd.DataFrame, arrays: dict) -> float | None:
     return v if np.isfinite(v) else None
 
 
+MIN_BOOTSTRAP = 10  # samples below which a percentile bootstrap interval is reported as the per-sample range
+
+
 def bootstrap_ci(stat, arrays: dict[str, np.ndarray], n_boot: int = 1000, seed: int = 0) -> list[float] | None:
-    """95 % percentile bootstrap interval of ``stat`` over samples resampled with replacement."""
+    """95 % percentile bootstrap interval of ``stat`` over samples resampled with replacement (None below 2
+    samples: one sample has no spread to resample)."""
     n = len(next(iter(arrays.values())))
+    if n < 2 or n_boot < 1:
+        return None
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))  # [n_boot, n_samples]
     with np.errstate(divide="ignore", invalid="ignore"):
-        if n < 2 or n_boot < 1:
-            v = float(stat(arrays))
-            return [v, v] if np.isfinite(v) else None
-        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))  # [n_boot, n_samples]
         values = stat({k: a[idx] for k, a in arrays.items()})
     values = values[np.isfinite(values)]
     if not len(values):
@@ -132,14 +144,38 @@ def bootstrap_ci(stat, arrays: dict[str, np.ndarray], n_boot: int = 1000, seed: 
     return [float(lo), float(hi)]
 
 
+def sample_range(stat, arrays: dict[str, np.ndarray]) -> list[float] | None:
+    """[lowest, highest] of ``stat`` computed on each sample alone (None without two finite values)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = stat({k: a[:, None] for k, a in arrays.items()})  # [n_samples]: one "resample" per sample
+    values = values[np.isfinite(values)]
+    return [float(values.min()), float(values.max())] if len(values) >= 2 else None
+
+
+def interval_kind(n_samples: int) -> str:
+    """Which interval a statistic over ``n_samples`` samples gets: ``ci95``, ``range`` or ``none``."""
+    return "ci95" if n_samples >= MIN_BOOTSTRAP else "range" if n_samples >= 2 else "none"
+
+
+def interval(name: str, stat, arrays: dict, n_boot: int) -> dict:
+    """``{<name>_ci95: ...}`` (n >= MIN_BOOTSTRAP), ``{<name>_range: ...}`` (2 <= n < MIN_BOOTSTRAP) or {}."""
+    kind = interval_kind(len(next(iter(arrays.values()))))
+    if kind == "ci95":
+        return {f"{name}_ci95": bootstrap_ci(stat, arrays, n_boot)}
+    if kind == "range":
+        return {f"{name}_range": sample_range(stat, arrays)}
+    return {}
+
+
 def headline(per: pd.DataFrame, n_boot: int = 0) -> dict:
-    """tau, tau_with_prefill, tau_all and the three speedups of a set of (sample, turn)s, with intervals."""
+    """tau, tau_with_prefill, tau_all and the three speedups of a set of (sample, turn)s, with their intervals
+    (:func:`interval`) when ``n_boot``."""
     arrays = per_sample(per)
     out = {}
     for name, stat in STATS.items():
         out[name] = _value(name, per, arrays)
-        if n_boot:
-            out[f"{name}_ci95"] = bootstrap_ci(stat, arrays, n_boot) if out[name] is not None else None
+        if n_boot and out[name] is not None:
+            out |= interval(name, stat, arrays, n_boot)
     return out
 
 
@@ -161,23 +197,27 @@ def summarize(rows: list[dict], max_spread: float = 1.5, n_boot: int = 1000, spe
            "failed": [f"{r.sample_id}/{r.turn}: {r.status}" for r in failed.head(20).itertuples()]}
     if ok.empty:
         return out | {"n_samples": 0, "n_turns": 0}
-    per = _per_turn(ok)
+    per = per_turn(ok)
     interleaved = ok[ok["ref_source"] == "interleaved"] if "ref_source" in ok else ok.iloc[:0]
     ref_spread = interleaved.groupby(["sample_id", "turn"], sort=False)["ref_total_s"].agg(_spread)
     spread = pd.concat([per["spread"], ref_spread], axis=1).max(axis=1)
     flagged = [f"{sid}/{int(turn)}" for (sid, turn), v in spread.items() if v > max_spread]
     kinds = per["mismatch_kind"].fillna("").astype(str)
     compiled = _compiled_turns(ok, per)
-    untimed = per.index.isin(compiled)
+    short = no_decode(per)
+    untimed = per.index.isin(compiled) | short.to_numpy()
     timing = headline(per[~untimed], n_boot) if untimed.any() else None
+    n_samples = int(ok["sample_id"].nunique())
     out |= {
-        "n_samples": int(ok["sample_id"].nunique()),
+        "n_samples": n_samples,
         "n_turns": len(per),
         "new_tokens": int(per["new_tokens"].sum()),
         **headline(per, n_boot),
-        **{k: v for k, v in (timing or {}).items() if k.startswith("speedup")},
+        "interval": interval_kind(n_samples) if n_boot else "none",
         "n_compiled": len(compiled),
         "compiled": [f"{sid}/{int(turn)}" for sid, turn in compiled[:20]],
+        "n_no_decode": int(short.sum()),
+        "no_decode": [f"{sid}/{int(turn)}" for sid, turn in per.index[short.to_numpy()][:20]],
         "tau_request": _nan_none(((per["new_tokens"] - 1) / per["forwards"].where(per["forwards"] > 0)).mean()),
         "prefill_s": float(per["prefill_s"].sum()),
         "decode_s": float(per["decode_s"].sum()),
@@ -189,30 +229,71 @@ def summarize(rows: list[dict], max_spread: float = 1.5, n_boot: int = 1000, spe
         "exact_match_rate": float(per["exact_match"].mean()) if per["exact_match"].notna().any() else None,
         "n_mismatch_tie": int((kinds == "tie").sum()),
         "n_mismatch_divergence": int((kinds == "divergence").sum()),
+        "n_mismatch_unchecked": int((kinds == "unchecked").sum()),
         "total_s_iqr": _nan_none(_iqr(ok).median()),
         "flagged": flagged,
         "n_flagged": len(flagged),
         "ref_sources": {str(k): int(v) for k, v in ok["ref_source"].value_counts().items()}
         if "ref_source" in ok else {},
     }
+    if timing is not None:  # every speedup (and its interval) from the timed (sample, turn)s alone
+        speedups = [n for n in STATS if n.startswith("speedup")]
+        out = {k: v for k, v in out.items() if not any(k == n or k.startswith(f"{n}_") for n in speedups)} | \
+            {k: v for k, v in timing.items() if k.startswith("speedup")}
+        if timing_samples := per[~untimed].index.get_level_values("sample_id").nunique():
+            out["interval_timed"] = interval_kind(timing_samples) if n_boot else "none"
     out["mem_overhead_mb"] = (out["peak_mem_mb"] - out["ref_peak_mem_mb"]) if out["ref_peak_mem_mb"] is not None \
         else None
     out |= _forward_totals(ok, per)
     key = f"speedup_{speedup_kind}"
-    out["speedup"], out["speedup_ci95"] = out.get(key), out.get(f"{key}_ci95")
+    out["speedup"] = out.get(key)
+    for suffix in ("ci95", "range"):
+        if f"{key}_{suffix}" in out:
+            out[f"speedup_{suffix}"] = out[f"{key}_{suffix}"]
     timed = per[~untimed].dropna(subset=["ref_total_s", "ref_new_tokens"])
     if not timed.empty:
-        keep = ~pd.MultiIndex.from_frame(ok[["sample_id", "turn"]]).isin(compiled)
-        by_repeat = [_value(key, g, per_sample(_per_turn(g)))
+        keep = ~pd.MultiIndex.from_frame(ok[["sample_id", "turn"]]).isin(list(per.index[untimed]))
+        by_repeat = [_value(key, g, per_sample(per_turn(g)))
                      for _, g in ok[keep].dropna(subset=["ref_total_s"]).groupby("repeat")]
         by_repeat = [v for v in by_repeat if v is not None]
         out |= {"speedup_mean": _nan_none(_row_ratio(timed, speedup_kind).mean()),
                 "speedup_min": min(by_repeat, default=None), "speedup_max": max(by_repeat, default=None),
                 "ref_total_s": float(timed["ref_total_s"].sum())}
+    out |= other_baselines(per[~untimed], speedup_kind, n_boot)
     cats = per["category"].fillna("").astype(str)
     if (cats != "").any():
         out["by_category"] = {c: _category(g) for c, g in per.groupby(cats, sort=True) if c}
     return out
+
+
+def other_baselines(per: pd.DataFrame, kind: str, n_boot: int) -> dict:
+    """The headline speedup against the two other vanilla timings a row may carry, with its interval:
+
+    * ``speedup_vs_eager``: against an eager vanilla timed beside a method that cannot run compiled
+      (``eager_ref_*``: the same backend as the method; the headline stays against the compiled vanilla that every
+      other method of the table races);
+    * ``aa_speedup``: the A/A floor of this method's own run, vanilla's first timing against a second one taken
+      right after the method (``aa_*``: speedups within its spread are noise, measured beside this method)."""
+    out = {}
+    for name, total, decode in (("speedup_vs_eager", "eager_ref_total_s", "eager_ref_decode_s"),
+                                ("aa_speedup", "aa_total_s", "aa_decode_s")):
+        if per.empty or per[total].isna().any():
+            continue
+        if name == "aa_speedup":  # the second vanilla timing plays the method, the first stays the reference
+            alt = per.assign(new_tokens=per["ref_new_tokens"], total_s=per[total], decode_s=per[decode])
+        else:
+            alt = per.assign(ref_total_s=per[total], ref_decode_s=per[decode])
+        h = headline(alt, n_boot)
+        key = f"speedup_{kind}"
+        out[name] = h.get(key)
+        out |= {f"{name}_{suffix}": h[f"{key}_{suffix}"] for suffix in ("ci95", "range") if f"{key}_{suffix}" in h}
+    return out
+
+
+def no_decode(per: pd.DataFrame) -> pd.Series:
+    """(sample, turn)s without a decode step to time: the method or the reference generated at most one token."""
+    ref = per["ref_new_tokens"] if "ref_new_tokens" in per else pd.Series(np.nan, index=per.index)
+    return (per["new_tokens"] <= 1) | (ref <= 1)
 
 
 def _compiled_turns(ok: pd.DataFrame, per: pd.DataFrame) -> list[tuple]:

@@ -7,49 +7,84 @@ i tokens) are recomputed in float32 and the two tokens' logits compared:
 
 * ``tie``: ``|logit(method token) - logit(reference token)| <= margin`` in float32 (``bench.tie_margin``,
   logit units): the two continuations are equally plausible and the choice is rounding;
-* ``divergence``: a larger gap, or the generations differ only in length (a cut at another place): a bug.
+* ``divergence``: a larger gap, or the generations differ only in length (a cut at another place): a bug;
+* ``unchecked``: the float32 check itself could not run (no memory for the copy, an error); the row keeps its
+  timings and its exact_match, and the summary's ``mismatch_check`` says why.
 
-The float32 model is the run's own engine when it already is float32, else a float32 copy loaded once, at the
-first mismatch, on the run's device (on the CPU if the device has no room); the summary says which.
+The float32 model is the run's own engine when it already is float32. Otherwise it is a float32 copy on the
+**CPU**, loaded at the first mismatch and kept until the run ends (:meth:`MismatchJudge.release`): it never
+occupies the device, so it cannot change a later row's peak memory nor make a later prefill run out of device
+memory. ``bench.tie_check=device`` loads the copy on the run's device for one check and frees it right after
+(faster on long prompts, when the device has room beside the run), never while anything is timed.
 """
 
 from __future__ import annotations
+
+import gc
+import traceback
 
 import torch
 
 from fafo.engine.engine import Engine
 
+PLACES = ("cpu", "device")
+
 
 class MismatchJudge:
     """Classifies first mismatches; ``judge(prompt, method_tokens, ref_tokens, i) -> (kind, gap)``."""
 
-    def __init__(self, engine: Engine, ckpt, context: int, margin: float = 0.1):
-        self.engine, self.ckpt, self.context, self.margin = engine, ckpt, context, float(margin)
-        self._fp32: Engine | None = engine if engine.dtype == torch.float32 else None
-        self.note = ""  # where the float32 check ran, when not on the run's own engine
+    def __init__(self, engine: Engine, ckpt, context: int, margin: float = 0.1, place: str = "cpu"):
+        if place not in PLACES:
+            raise ValueError(f"bench.tie_check={place!r}; one of {', '.join(PLACES)}")
+        self.engine, self.ckpt, self.context, self.margin, self.place = engine, ckpt, context, float(margin), place
+        self._own = engine.dtype == torch.float32
+        self._fp32: Engine | None = engine if self._own else None
+        self.note = ""  # where the float32 check ran, when not on the run's own engine; or why it could not
 
-    def fp32_engine(self) -> Engine:
-        if self._fp32 is None:
-            kwargs = dict(dtype="float32", backend="sdpa", max_len=self.context, name=self.engine.name)
-            try:
-                self._fp32 = Engine.load(self.ckpt.path, self.ckpt.config, self.ckpt.tokenizer,
-                                         device=self.engine.device, **kwargs)
-                self.note = f"float32 copy of the model on {self.engine.device}"
-            except torch.OutOfMemoryError:
-                self._fp32 = Engine.load(self.ckpt.path, self.ckpt.config, self.ckpt.tokenizer, device="cpu",
-                                         **kwargs)
-                self.note = "float32 copy of the model on the CPU (no room on the device)"
+    def _load(self, device) -> Engine:
+        return Engine.load(self.ckpt.path, self.ckpt.config, self.ckpt.tokenizer, device=device, dtype="float32",
+                           backend="sdpa", max_len=self.context, name=self.engine.name)
+
+    def _engine(self) -> Engine:
+        if self._fp32 is not None:
+            return self._fp32
+        if self.place == "device":
+            self.note = f"float32 copy of the model on {self.engine.device}, loaded and freed around each check"
+            return self._load(self.engine.device)
+        self._fp32 = self._load("cpu")
+        self.note = "float32 copy of the model on the CPU (kept off the device: peaks and prefills unaffected)"
         return self._fp32
 
     def __call__(self, prompt: list[int], tokens: list[int], ref_tokens: list[int], i: int) -> tuple[str, float | str]:
         if i >= min(len(tokens), len(ref_tokens)):
             return "divergence", ""  # same tokens, cut at another length
-        engine = self.fp32_engine()
-        prefix = list(prompt) + list(ref_tokens[:i])
+        engine = None
+        try:
+            engine = self._engine()
+            return self._classify(engine, list(prompt) + list(ref_tokens[:i]), tokens[i], ref_tokens[i])
+        except Exception as exc:  # noqa: BLE001 - the check must never fail the method's row
+            traceback.print_exception(exc)
+            self.note = f"float32 tie check not run: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            return "unchecked", ""
+        finally:
+            if engine is not None and engine is not self._fp32:  # bench.tie_check=device: freed at once
+                del engine
+                gc.collect()
+                if self.engine.device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+    def _classify(self, engine: Engine, prefix: list[int], token: int, ref_token: int) -> tuple[str, float]:
         # the check must not count as the method's work: the ledger is restored afterwards
         counts = dict(engine.ledger.counts), engine.ledger.tokens
-        cache = engine.new_cache(len(prefix)) if engine is not self.engine else engine.cache(len(prefix))
-        logits = engine.prefill(cache, prefix)[0, -1].float()
-        engine.ledger.counts, engine.ledger.tokens = counts
-        gap = abs(float(logits[tokens[i]] - logits[ref_tokens[i]]))
+        cache = engine.cache(len(prefix)) if engine is self.engine else engine.new_cache(len(prefix))
+        try:
+            logits = engine.prefill(cache, prefix)[0, -1].float()
+        finally:
+            engine.ledger.counts, engine.ledger.tokens = counts
+        gap = abs(float(logits[token] - logits[ref_token]))
         return ("tie" if gap <= self.margin else "divergence"), gap
+
+    def release(self) -> None:
+        """Drop the float32 copy (the run's end)."""
+        if not self._own:
+            self._fp32 = None

@@ -1,21 +1,23 @@
 """The vanilla reference store: one JSON file per reference generation, shared across runs.
 
 A reference is reusable only when everything that decides its tokens and its speed is the same: the checkpoint,
-dtype, device name, attention backend, the exact prompt token ids, max_new_tokens, stop ids, sampling settings
-and the software versions. All of that goes into the key, so reuse can never compare against a mismatched
-baseline. Files are written atomically (temp + rename), so concurrent sweep jobs cannot corrupt each other.
+dtype, device name, attention backend, the exact prompt token ids, max_new_tokens, stop ids, sampling settings,
+the software versions, torch's thread count, the host and the engine's git commit. All of that goes into the key
+(:meth:`fafo.bench.runner.Runner._reference_key`), so reuse can never compare against a mismatched baseline.
+Files are written atomically (temp + rename), so concurrent sweep jobs cannot corrupt each other.
 
 Reusing a stored reference's *timing* is off by default (``bench.reuse_reference=false``): the reference is then
 timed in the same process, interleaved with the method sample by sample, so both see the same machine. With
 ``bench.reuse_reference=true`` a stored timing is reused only when :func:`timing_reusable` accepts it: at least
-:data:`MIN_STORED_REPEATS` repeats whose max/min stays within ``bench.max_spread``, taken on a machine that was not
-busy; otherwise the reference is timed again, interleaved, and the row's ``ref_source`` says which.
+:data:`MIN_STORED_REPEATS` repeats whose max/min stays within ``bench.reuse_max_spread`` (1.1), taken on a machine
+that was not busy; otherwise the reference is timed again, interleaved, and the row's ``ref_source`` says which.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 from fafo.bench.records import write_json_atomic
@@ -73,3 +75,36 @@ class ReferenceStore:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, record)
+
+
+class ReferenceTimings:
+    """A run's use of the store: each (sample, turn) starts from a stored timing when ``reuse`` is on and
+    :func:`timing_reusable` accepts it (else from a fresh state, the refusal counted in :attr:`refused`), and its
+    interleaved timing replaces the stored one unless that one has more repeats and still qualifies."""
+
+    def __init__(self, store: ReferenceStore, reuse: bool, max_spread: float, busy_load: float):
+        self.store, self.reuse, self.max_spread, self.busy_load = store, reuse, max_spread, busy_load
+        self.refused: dict = {"n": 0, "examples": []}  # stored timings that could not be reused, and why
+
+    def start(self, key: str) -> dict:
+        """The reference state of one (sample, turn): a stored timing (``stored_ok``) when it may be reused."""
+        fresh = {"tokens": None, "total_s": [], "decode_s": [], "stored": self.store.get(key)}
+        stored = fresh["stored"]
+        if not self.reuse or stored is None:
+            return fresh
+        ok, why = timing_reusable(stored, self.max_spread, self.busy_load)
+        if not ok:
+            self.refused["n"] += 1
+            self.refused["examples"] = (self.refused["examples"] + [why])[:3]
+            return fresh
+        return {**stored, "stored_ok": True}
+
+    def keep(self, key: str, ref: dict, machine: dict) -> None:
+        """Store ``ref`` (with ``machine``: device, load, cpu_count, threads) when it is at least as good as what
+        the store holds."""
+        old = ref.get("stored")
+        keep_old = old is not None and len(old.get("total_s", [])) > len(ref["total_s"]) and timing_reusable(
+            old, self.max_spread, self.busy_load)[0]
+        if not keep_old:
+            self.store.put(key, {"tokens": ref["tokens"], "total_s": ref["total_s"], "decode_s": ref["decode_s"],
+                                 "peak_mem_mb": ref.get("peak_mem_mb"), **machine, "time": time.time()})

@@ -40,7 +40,14 @@ METRIC_KEYS = {
     "verify_forwards", "draft_forwards", "aux_forwards", "target_forwards", "draft_model_forwards",
     "draft_model_share", "drafted", "accepted", "accept_rate", "ref_peak_mem_mb", "mem_overhead_mb", "verify_ms",
     "n_mismatch_tie", "n_mismatch_divergence", "by_category", "accept_hist", "alpha", "flag_counts",
+    "n_mismatch_unchecked", "n_no_decode", "no_decode", "n_compiled", "compiled", "interval", "interval_timed",
+    "speedup_vs_eager", "aa_speedup",
 }
+
+
+def metric_key(key: str) -> bool:
+    """Whether a summary key depends on which (sample, turn)s were summarised (:data:`METRIC_KEYS`, intervals)."""
+    return key in METRIC_KEYS or key.endswith(("_ci95", "_range"))
 
 
 def dotted(cfg: dict, key: str):
@@ -180,7 +187,7 @@ def resummarize(run: Run, keys) -> dict:
     """The run's summary recomputed on the (sample, turn)s ``keys`` (its own failures stay in ``n_failed``)."""
     rows = [r for r in run.sample_rows() or [] if row_key(r) in keys]
     fresh = summarize_rows(rows, run.config, speedup_kind(run.summary, run.config))
-    kept = {k: v for k, v in run.summary.items() if k not in METRIC_KEYS}
+    kept = {k: v for k, v in run.summary.items() if not metric_key(k)}
     out = {**kept, **fresh, "n_failed": run.summary.get("n_failed", fresh.get("n_failed"))}
     if "failed" in run.summary:  # the run's own failures, as n_failed
         out["failed"] = run.summary["failed"]
@@ -254,7 +261,8 @@ def aggregate(runs: list[Run]) -> dict:
             if pairs else None
 
     out = {key: sum(x for _, x in given(key)) if given(key) else None
-           for key in ("n_samples", "n_turns", "n_failed", "n_mismatch_tie", "n_mismatch_divergence")}
+           for key in ("n_samples", "n_turns", "n_failed", "n_mismatch_tie", "n_mismatch_divergence", "n_flagged",
+                       "n_no_decode")}
     out |= {key: max((x for _, x in given(key)), default=None)
             for key in ("peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb")}
     out["exact_match_rate"] = mean("exact_match_rate") if any(w > 0 for w, _ in given("exact_match_rate")) else None
@@ -313,15 +321,40 @@ TAU_DEFS = {
 
 
 def definitions(summaries, taus=("tau",)) -> list[str]:
-    """Caption lines naming the speedup(s) and tau(s) that ``summaries`` show, with their definitions."""
+    """Caption lines naming the speedup(s) and tau(s) that ``summaries`` show, with their definitions, what their
+    brackets are (only the interval kinds shown: :func:`fafo.bench.report_format.interval_notes`), the coverage
+    marks, and which vanilla every speedup is against (:func:`baseline_note`)."""
+    from fafo.bench.report_format import MARKS_NOTE, interval_notes
+
     summaries = list(summaries)
     kinds = list(dict.fromkeys(s.get("speedup_kind") for s in summaries)) or [None]
-    lines = ["speedup shown: " + "; ".join(SPEEDUP_DEFS.get(k, f"speedup_{k}") for k in kinds)
-             + "; [lo–hi] = its 95 % bootstrap interval over samples (a sample's turns kept together)"]
+    lines = ["speedup shown: " + "; ".join(SPEEDUP_DEFS.get(k, f"speedup_{k}") for k in kinds)]
+    lines += interval_notes(summaries)
     new = any("speedup_kind" in s or "tau_all" in s for s in summaries)
     old = any(not ("speedup_kind" in s or "tau_all" in s) for s in summaries) or not summaries
     lines.append("tau shown: " + "; ".join([TAU_DEFS[t] for t in taus if new] + ([TAU_DEFS[None]] if old else [])))
-    return lines
+    if any(s.get("n_flagged") or s.get("n_no_decode") for s in summaries):
+        lines.append(MARKS_NOTE)
+    return lines + baseline_note(summaries)
+
+
+def baseline_note(summaries) -> list[str]:
+    """Which vanilla the speedups are against: one line when the runs' baselines are all of one backend, naming
+    the methods that ran eagerly against a compiled vanilla (their speedup against an eager vanilla beside)."""
+    summaries = list(summaries)
+    backends = {s.get("reference_backend") for s in summaries if s.get("reference_backend")}
+    if not backends:
+        return []
+    eager = [s for s in summaries if s.get("method_backend") == "eager" and s.get("reference_backend") == "compiled"]
+    if len(backends) > 1:
+        return ["NOT one baseline: some speedups are against a compiled vanilla, others against an eager one "
+                "(runs of different bench.compile settings)"]
+    line = f"every speedup is against the same {backends.pop()} vanilla (one baseline per table)"
+    if eager:
+        line += "; " + ", ".join(
+            f"{s.get('method')} ran eagerly (x{s['speedup_vs_eager']:.2f} against an eager vanilla timed beside it)"
+            if s.get("speedup_vs_eager") is not None else f"{s.get('method')} ran eagerly" for s in eager)
+    return [line]
 
 
 def category_table(entries, dash: str = "—") -> tuple[list[str], list[list[str]]] | None:
@@ -346,5 +379,9 @@ def category_markdown(entries, head: list[str], title: str | None = None, dash: 
     if split is None:
         return ""
     cats, lines = split
-    return markdown([*head, *cats], lines, ["cells: speedup× [95 % CI] (tau) n=(sample, turn)s of the category; "
-                                            "recomputed from samples.csv."], title, labels=len(head))
+    from fafo.bench.report_format import interval_notes
+
+    summaries = [s for _, run in entries if run is not None for s in category_summaries(run).values()]
+    return markdown([*head, *cats], lines, ["cells: speedup× interval (tau) n=(sample, turn)s of the category; "
+                                            "recomputed from samples.csv.", *interval_notes(summaries)],
+                    title, labels=len(head))

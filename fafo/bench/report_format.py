@@ -31,22 +31,74 @@ def fmt_ci(ci, spec: str = ".2f") -> str | None:
     return f"[{num(ci[0]):{spec}}–{num(ci[1]):{spec}}]"
 
 
+def fmt_range(r, spec: str = ".2f") -> str | None:
+    """``{lo–hi}`` of a ``*_range`` value (the lowest and highest per-sample value), None when there is none."""
+    text = fmt_ci(r, spec)
+    return None if text is None else "{" + text[1:-1] + "}"
+
+
+def fmt_interval(s: dict, key: str, spec: str = ".2f") -> str | None:
+    """The interval a summary holds for ``key``: ``[lo–hi]`` (``<key>_ci95``, a 95 % bootstrap interval, 10 or
+    more samples), ``{lo–hi}`` (``<key>_range``, the per-sample range, 2-9 samples), None (one sample, or none)."""
+    return fmt_ci(s.get(f"{key}_ci95"), spec) or fmt_range(s.get(f"{key}_range"), spec)
+
+
+def interval_label(s: dict, key: str) -> str | None:
+    """The interval of ``key`` spelled out with what it is (the run's printed summary)."""
+    n = s.get("n_samples")
+    if fmt_ci(s.get(f"{key}_ci95"), ".3f"):
+        lo, hi = s[f"{key}_ci95"]
+        return f"[{lo:.3f}, {hi:.3f}] (95 %, bootstrap over {n} samples)"
+    if fmt_ci(s.get(f"{key}_range"), ".3f"):
+        lo, hi = s[f"{key}_range"]
+        return f"{{{lo:.3f}, {hi:.3f}}} (lowest and highest of the {n} per-sample values; under 10 samples no " \
+               "bootstrap interval is a 95 % one)"
+    return None
+
+
+INTERVAL_NOTE = {  # what each bracket means, for captions (only the kinds a table shows are named)
+    "ci95": "[lo–hi] = 95 % percentile bootstrap interval over samples (10 or more samples; a sample's turns kept "
+            "together)",
+    "range": "{lo–hi} = lowest and highest per-sample value, shown instead of an interval below 10 samples (at n = 3 "
+             "a bootstrap interval is exactly this range and covers the median only about 75 % of the time); "
+             "a one-sample cell has none",
+}
+
+
+def interval_notes(summaries) -> list[str]:
+    """Caption lines for the interval kinds ``summaries`` show (none for one-sample cells)."""
+    kinds = set()
+    for s in summaries:
+        for key in ("speedup", "tau"):
+            kinds |= {k for k in ("ci95", "range") if fmt_ci(s.get(f"{key}_{k}"))}
+    return [INTERVAL_NOTE[k] for k in ("ci95", "range") if k in kinds]
+
+
 def fmt_speedup(s: dict, key: str = "speedup", dash: str = DASH) -> str:
-    """``1.50× [1.20–1.80]`` (the interval when the summary has ``<key>_ci95``)."""
+    """``1.50× [1.20–1.80]`` (95 % interval) or ``1.50× {1.20–1.80}`` (per-sample range): :func:`fmt_interval`."""
     x = num(s.get(key))
     if x is None:
         return dash
-    ci = fmt_ci(s.get(f"{key}_ci95"))
+    ci = fmt_interval(s, key)
     return f"{x:.2f}×" + (f" {ci}" if ci else "")
 
 
 def fmt_n(s: dict, dash: str = DASH) -> str:
-    """Coverage: ``samples[/turns] (failed rows)``, e.g. ``80/160 (2)``."""
+    """Coverage: ``samples[/turns] (failed rows)``, e.g. ``80/160 (2)``; then ``‡k`` when k (sample, turn)s are
+    flagged (their repeats disagree by more than ``bench.max_spread``) and ``∅k`` when k had no decode step (one
+    token or none: left out of the speedups)."""
     n, turns, failed = num(s.get("n_samples")), num(s.get("n_turns")), num(s.get("n_failed"))
     if n is None:
         return dash
     text = f"{n:.0f}" + (f"/{turns:.0f}" if turns is not None and turns != n else "")
-    return text + f" ({fmt(failed, '.0f', dash)})"
+    text += f" ({fmt(failed, '.0f', dash)})"
+    flagged, short = num(s.get("n_flagged")), num(s.get("n_no_decode"))
+    return text + (f" ‡{flagged:.0f}" if flagged else "") + (f" ∅{short:.0f}" if short else "")
+
+
+MARKS_NOTE = ("‡k = k (sample, turn)s flagged: their repeats (method or vanilla) disagree by more than "
+              "bench.max_spread; ∅k = k (sample, turn)s with no decode step (an answer of one token), left out of the "
+              "speedups")
 
 
 def fmt_exact(s: dict, dash: str = DASH) -> str:
@@ -99,12 +151,13 @@ def norm_value(v) -> str:
 
 
 def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
-    """``speedup× [lo–hi] (tau)``; the interval when ``ci`` (a ``speedup_ci95``) is given."""
+    """``speedup× [lo–hi] (tau)``; ``ci``: the interval's text (:func:`fmt_interval`), or a ``speedup_ci95``."""
     s, t = num(speedup), num(tau)
     if s is None and t is None:
         return dash
-    if s is not None and fmt_ci(ci):
-        return f"{s:.2f}× {fmt_ci(ci)}" + ("" if t is None else f" ({t:.2f})")
+    ci = ci if isinstance(ci, str) else fmt_ci(ci)
+    if s is not None and ci:
+        return f"{s:.2f}× {ci}" + ("" if t is None else f" ({t:.2f})")
     return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{dash} ({t:.2f})"
 
 
@@ -112,7 +165,7 @@ def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
     """A run's cell: ``speedup× [lo–hi] (tau)`` (``(tau/tau_all)`` with ``tau_all``), ``*`` for a partial run,
     ``†`` when its numbers are computed on the samples common to its column (:func:`fafo.bench.report.align`)."""
     s = run.summary if run is not None else {}
-    text = fmt_pair(s.get("speedup"), s.get("tau"), s.get("speedup_ci95"), dash)
+    text = fmt_pair(s.get("speedup"), s.get("tau"), fmt_interval(s, "speedup"), dash)
     if tau_all and num(s.get("tau_all")) is not None and text.endswith(")"):
         text = text[:-1] + f"/{num(s['tau_all']):.2f})"
     marks = ("*" if not run.complete else "") + ("†" if run.coverage is not None else "") if run else ""
@@ -129,11 +182,14 @@ def csv_extras(run) -> dict:
     """A long CSV's coverage, interval, tau_all, memory and exactness columns of a run ("" where unknown)."""
     s = run.summary if run is not None else {}
     ci = s.get("speedup_ci95") if isinstance(s.get("speedup_ci95"), (list, tuple)) else ("", "")
+    rng = s.get("speedup_range") if isinstance(s.get("speedup_range"), (list, tuple)) else ("", "")
     out = {"speedup_kind": s.get("speedup_kind") or "", "speedup_ci95_lo": rounded(ci[0]),
-           "speedup_ci95_hi": rounded(ci[1]),
+           "speedup_ci95_hi": rounded(ci[1]), "speedup_range_lo": rounded(rng[0]), "speedup_range_hi": rounded(rng[1]),
            "common_samples": len(run.coverage.common) if run is not None and run.coverage is not None else ""}
     for key, digits in (("tau_all", 4), ("n_failed", 0), ("ref_peak_mem_mb", 1), ("mem_overhead_mb", 1),
-                        ("verify_ms", 3), ("n_mismatch_tie", 0), ("n_mismatch_divergence", 0)):
+                        ("verify_ms", 3), ("n_mismatch_tie", 0), ("n_mismatch_divergence", 0), ("n_flagged", 0),
+                        ("n_no_decode", 0), ("speedup_decode", 4), ("speedup_vs_eager", 4), ("aa_speedup", 4),
+                        ("projected_speedup", 4), ("projection_error", 4)):
         out[key] = rounded(s.get(key), digits)
     return out
 
@@ -173,8 +229,10 @@ def write_table(out_dir, name: str, frame, md: str, latex_text: str) -> dict[str
 
 def tex(s: str, dash: str = DASH) -> str:
     """A cell's text for LaTeX: specials escaped, ×, Δ, dashes and the partial / common-sample marks typeset."""
-    s = s.replace("\\", r"\textbackslash{}")
-    for a, b in (("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$")):
+    s = s.replace("\\", "\0")
+    for a, b in (("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
         s = s.replace(a, b)
+    s = s.replace("\0", r"\textbackslash{}")
     s = s.replace("×", r"$\times$").replace("Δ", r"$\Delta$").replace(dash, "--").replace("*", r"$^*$")
-    return s.replace("–", "--").replace("†", r"$^\dagger$")
+    s = s.replace("–", "--").replace("†", r"$^\dagger$").replace("‡", r"$^\ddagger$")
+    return s.replace("∅", r"$\emptyset$")

@@ -5,6 +5,13 @@ checkpoint and check the prompts fit its context, load the weights once, warm up
 and turn and repeat: time the vanilla reference right before the method (interleaved; a stored timing only with
 ``bench.reuse_reference=true`` and when :func:`~fafo.bench.reference.timing_reusable` accepts it), run the method,
 compare tokens, append a row. Rows already in ``samples.csv`` are skipped, so a restarted run resumes.
+
+One baseline: with compiled steps (``bench.compile``) the reference is the compiled vanilla for every method. A
+method that cannot run compiled (``Decoder.eager_forwards``) runs eagerly against it, and an eager vanilla is timed
+beside it as well (``eager_ref_*``, the summary's ``speedup_vs_eager``); the summary's ``timing_note`` says so.
+With ``bench.aa_floor`` vanilla is timed a second time right after the method (``aa_*``, ``aa_speedup``): the A/A
+noise floor measured beside this very method. Every generation's forwards are logged (tokens, attended lengths)
+for the projection of :mod:`fafo.bench.projection`.
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ import hashlib
 import json
 import math
 import random
+import socket
 import statistics
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,14 +34,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from fafo.bench.cost_curve import CostCurve, summary_fields
+from fafo.bench.console import RANDOM_MODEL_NOTE, RunningTotals, print_summary  # noqa: F401 (re-exported)
+from fafo.bench.cost_curve import CostCurve
 from fafo.bench.metrics import accept_histogram, flag_counts, summarize
 from fafo.bench.mismatch import MismatchJudge
 from fafo.bench.naming import Job, run_names, split_hydra
-from fafo.bench.preempt import sample_done
-from fafo.bench.records import RecordWriter, check_lock_free, first_mismatch, write_json_atomic
-from fafo.bench.reference import ReferenceStore, reference_key, timing_reusable
 from fafo.bench.plan import check_run
+from fafo.bench.preempt import sample_done
+from fafo.bench.projection import compact, summary_fields
+from fafo.bench.records import RecordWriter, check_lock_free, first_mismatch, write_json_atomic
+from fafo.bench.reference import ReferenceStore, ReferenceTimings, reference_key
 from fafo.bench.setup import (build, check_bench, check_config, check_region_fits, cpu_name,
                               environment, method_node, resolve_compile, resolve_device, resolve_dtype,
                               resolve_model)
@@ -40,8 +51,6 @@ from fafo.bench.timing import PeakMemory, SyncClock, busy_warning, load_average,
 from fafo.bench.wandb_log import WandbLogger
 from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
 from fafo.engine.engine import Engine
-
-RANDOM_MODEL_NOTE = "NOTE: a random tiny model - its speed numbers are a smoke test only, not a benchmark."
 
 
 class Runner:
@@ -67,11 +76,17 @@ class Runner:
         self.reference = build(self.bench.reference, "bench.reference")
         self.method.check_sampling(self.sampling)
         self.reference.check_sampling(self.sampling)
-        self.timing_note = ""  # fair backends: a method that cannot run compiled races an eager vanilla
-        if self.compile is not None and (self.method.eager_forwards or self.reference.eager_forwards):
-            why = self.method.eager_forwards or self.reference.eager_forwards
-            self.timing_note = f"timed eagerly, method and vanilla alike (bench.compile set): {why}"
+        self.timing_note = ""  # one baseline: every method of a table races the same (compiled) vanilla
+        self.method_eager = False  # the method runs eagerly beside a compiled vanilla (module docstring)
+        if self.compile is not None and self.reference.eager_forwards:
+            self.timing_note = ("timed eagerly, method and reference alike (bench.compile set; the reference cannot "
+                                f"run compiled: {self.reference.eager_forwards})")
             self.compile = None
+        elif self.compile is not None and self.method.eager_forwards:
+            self.method_eager = True
+            self.timing_note = (f"the method runs eagerly ({self.method.eager_forwards}); its speedup is against the "
+                                "compiled vanilla every other method races; speedup_vs_eager (against an eager "
+                                "vanilla timed beside it) is next to it")
         self.cost_curve = CostCurve.load(self.bench.cost_curve) if self.bench.get("cost_curve") else None
         self.task = build(cfg.task, "task")
         self.samples = self.task.samples()[: self.bench.max_samples or None]
@@ -133,6 +148,8 @@ class Runner:
             decoder.release()
         if getattr(self, "engine", None) is not None:
             self.engine.release()
+        if getattr(self, "judge", None) is not None:
+            self.judge.release()
         self.judge = None
         reset_compiled_state()
 
@@ -157,12 +174,14 @@ class Runner:
         self.method.setup(self.engine)
         self.reference.setup(self.engine)
         self.clock, self.memory = SyncClock(self.device), PeakMemory(self.device)
-        self.judge = MismatchJudge(self.engine, self.ckpt, self.context, self.bench.get("tie_margin", 0.1))
-        self.store = ReferenceStore(self.bench.reference_dir)  # always written; read for reuse when asked
+        self.judge = MismatchJudge(self.engine, self.ckpt, self.context, self.bench.get("tie_margin", 0.1),
+                                   self.bench.get("tie_check", "cpu"))
+        self.references = ReferenceTimings(  # always written; read for reuse when asked
+            ReferenceStore(self.bench.reference_dir), self.bench.reuse_reference,
+            self.bench.get("reuse_max_spread", 1.1), self.bench.get("busy_load", 0.75))
         records = RecordWriter(self.run_dir)
         if records.repairs:
             print(f"records repaired in {self.run_dir}: " + "; ".join(records.repairs), file=sys.stderr, flush=True)
-        self.reuse_refused: dict = {"n": 0, "examples": []}  # stored timings bench.reuse_reference could not use
         logger = WandbLogger(self.cfg, self.run_dir, "/".join(self.names.values()))
         machine = {"threads": self.machine["threads"], "load_start": self.machine["load"],
                    "cpu_name": cpu_name(), "cpu_count": self.machine["cpu_count"],
@@ -177,12 +196,17 @@ class Runner:
         done = records.done
         bar = progress or tqdm(total=len(self.samples), desc=f"{self.names['method']} on {self.names['task']}",
                                file=sys.stderr, disable=not self.bench.progress)
+        totals = RunningTotals(self.bench.get("speedup_kind", "e2e"))
+        for row in records.rows:  # resumed rows count from the start
+            totals.add(row)
         for sample in self.samples:
+            seen = len(records.rows)
             self._run_sample(sample, records, done, logger)
             sample_done()  # a scheduler's stop signal (fafo.bench.preempt): stop here, every row written
-            s = summarize(records.rows, n_boot=0, speedup_kind=self.bench.get("speedup_kind", "e2e"))  # no intervals
+            for row in records.rows[seen:]:
+                totals.add(row)
             bar.update(1)
-            bar.set_postfix(tau=f"{s.get('tau', 0):.2f}", speedup=f"{s.get('speedup', math.nan):.2f}")
+            bar.set_postfix(totals.postfix())
         if progress is None:
             bar.close()
         problems = records.check(self._expected_keys())
@@ -195,16 +219,20 @@ class Runner:
                   file=sys.stderr, flush=True)
         summary = self._summary(records.rows, warmup_s, load_s)
         summary.update(machine, load_end=load_average(), repaired=records.repairs, records_check=problems or "ok",
-                       ref_reuse_refused=self.reuse_refused, **self.plan.summary_fields())
-        if self.reuse_refused["n"]:
-            print(f"note: {self.reuse_refused['n']} stored reference timings were not reused and were timed again "
-                  f"beside the method ({self.reuse_refused['examples'][0]})", file=sys.stderr, flush=True)
+                       ref_reuse_refused=self.references.refused, **self.plan.summary_fields())
+        if self.references.refused["n"]:
+            print(f"note: {self.references.refused['n']} stored reference timings were not reused and were timed "
+                  f"again beside the method ({self.references.refused['examples'][0]})", file=sys.stderr, flush=True)
         if summary.get("ref_sources", {}).get("stored"):
             print(f"warning: {summary['ref_sources']['stored']} rows use a stored reference timing "
                   "(bench.reuse_reference=true), not one taken beside the method", file=sys.stderr, flush=True)
         summary.update(compile=asdict(self.compile) if self.compile else None, timing_note=self.timing_note or None,
+                       reference_backend="compiled" if self.compile else "eager",
+                       method_backend="compiled" if self.compile and not self.method_eager else "eager",
                        step_attention=self.engine.step_backend,
                        compile_s=self.warm_compile["compile_s"], compiled_graphs=self.warm_compile["graphs"])
+        summary |= summary_fields(self.method, self.cost_curve, records.rows, records.outputs, self.n_params,
+                                  self.names["method"])
         summary["accept_hist"] = accept_histogram(o["accept_lengths"] for o in records.outputs.values())
         summary["flag_counts"] = flag_counts(records.outputs.values())  # e.g. {"retrieval_covers_prompt": 3}
         if self.judge.note:
@@ -220,7 +248,9 @@ class Runner:
 
         With compiled steps at least one is run: it compiles every step shape (compile time is reported apart as
         ``compile_s``; each row counts the graphs compiled during its own timing in ``compiles``, normally 0).
-        Cross-request state (:attr:`~fafo.decoding.Decoder.cross_request_state`) is restored afterwards.
+        Each decoder's warm-up peak is kept (:meth:`~fafo.bench.timing.PeakMemory.warm`: on CUDA its compiled
+        steps' intermediates, which replays reuse unseen). Cross-request state
+        (:attr:`~fafo.decoding.Decoder.cross_request_state`) is restored afterwards.
         """
         # CUDA graphs record on a graph's second call: two rounds, so no shape records inside a timed sample
         rounds = max(self.bench.warmup, (2 if self.compile.cudagraphs else 1) if self.compile is not None else 0)
@@ -229,12 +259,19 @@ class Runner:
         sample = self.samples[0]
         prompt = self.task.prompt_ids(self.engine.tokenizer, sample, 0, [])
         before = [d.snapshot() for d in (self.method, self.reference)]  # warm-up leaves no learnt state behind
-        self.clock.start()
+        runs = [(self.method, self.method_eager), (self.reference, False)] + \
+            ([(self.reference, True)] if self.method_eager else [])  # the eager vanilla timed beside an eager method
+        total, tokens = 0.0, self.bench.get("warmup_tokens", 64)
         for _ in range(rounds):
-            for decoder in (self.method, self.reference):
-                decoder.generate(self.engine, prompt, min(self.max_new_tokens(sample), 64), self.eos, self.sampling,
-                                 self.sampling.generator(0, self.device))
-        self.clock.stop()
+            for decoder, eager in runs:
+                self.memory.reset()
+                self.clock.start()
+                with self._backend(eager):
+                    decoder.generate(self.engine, prompt, min(self.max_new_tokens(sample), tokens), self.eos,
+                                     self.sampling, self.sampling.generator(0, self.device))
+                self.clock.stop()
+                total += self.clock.total_s
+                self.memory.warm((id(decoder), eager))
         for decoder, snapshot in zip((self.method, self.reference), before):
             decoder.restore(snapshot)
         if cudagraph_skips():  # each skipped graph would run without replay inside every timed sample
@@ -242,7 +279,22 @@ class Runner:
                 f"{cudagraph_skips()} compiled decode steps were not recorded as CUDA graphs (a CPU tensor or a "
                 "dynamic shape reached a compiled step; TORCH_LOGS=perf_hints names it): timings would be of "
                 "replay-free steps. Fix the decoder, or run with bench.compile_mode=default")
-        return self.clock.total_s
+        return total
+
+    @contextmanager
+    def _backend(self, eager: bool):
+        """Decode steps run eagerly inside (``eager``) on an engine whose steps are compiled: the static cache is
+        kept (compiled graphs are specialised to its address), only the compiled step and static padding are off."""
+        engine = self.engine
+        if not eager or engine.compiled is None:
+            yield
+            return
+        compiled, static, cache = engine.compiled, engine.static_shapes, engine._cache
+        engine.compiled, engine.static_shapes = None, False
+        try:
+            yield
+        finally:
+            engine.compiled, engine.static_shapes, engine._cache = compiled, static, cache
 
     def _expected_keys(self) -> set[tuple[str, int, int]]:
         return {(str(s.id), t, r) for s in self.samples for t in range(len(s.turns)) for r in range(self.bench.repeats)}
@@ -291,15 +343,22 @@ class Runner:
                 if (str(sample.id), later, r) not in done:
                     records.write(self._failed_row(sample, later, r, f"skipped: turn {turn} failed"))
 
-    def _generate(self, decoder, prompt, max_new, seed_index):
+    def _generate(self, decoder, prompt, max_new, seed_index, eager: bool = False):
+        """One timed generation: (Generation, times, its forward log grouped by :func:`~fafo.bench.projection.
+        compact`, peak MB)."""
         seed_everything(self.bench.seed * 1_000_003 + seed_index)  # methods with their own randomness (stream init)
         generator = self.sampling.generator(seed_index, self.device)
         self.memory.reset()
-        self.clock.start()
-        gen = decoder.generate(self.engine, prompt, max_new, self.eos, self.sampling, generator, self.clock)
-        self.clock.stop()
+        self.engine.ledger.log = log = []
+        try:
+            with self._backend(eager):
+                self.clock.start()
+                gen = decoder.generate(self.engine, prompt, max_new, self.eos, self.sampling, generator, self.clock)
+                self.clock.stop()
+        finally:
+            self.engine.ledger.log = None
         times = {"prefill_s": self.clock.prefill_s, "decode_s": self.clock.decode_s, "total_s": self.clock.total_s}
-        return gen, times
+        return gen, times, compact(log), self.memory.peak_mb(self.engine, gen.extras, (id(decoder), eager))
 
     def _reference_key(self, prompt: list[int], max_new: int) -> str:
         return reference_key(
@@ -308,6 +367,7 @@ class Runner:
             sampling=asdict(self.sampling), decoder=repr(self.reference), context=self.context,
             **({"compile": asdict(self.compile)} if self.compile else {}),  # eager keys stay as they were
             versions=[self.env["torch"], self.env["transformers"], self.env["fafo_bench"]],
+            threads=torch.get_num_threads(), host=socket.gethostname(), engine_commit=self.env["git_sha"],
         )
 
     def _measure(self, sample, turn: int, repeat: int, prompt: list[int], ref: dict | None):
@@ -315,27 +375,35 @@ class Runner:
         seed_index = int(hashlib.sha1(f"{sample.id}/{turn}".encode()).hexdigest()[:8], 16)
         key = self._reference_key(prompt, max_new)
         graphs = compile_stats()["graphs"]
-        ref = ref or self._stored_reference(key)
+        ref = ref or self.references.start(key)
         if ref.get("stored_ok"):  # bench.reuse_reference=true and the stored timing passed timing_reusable
             ref_total, ref_decode, ref_source = _median(ref["total_s"]), _median(ref["decode_s"]), "stored"
             ref_peak = ref.get("peak_mem_mb")
         else:  # interleaved: the reference runs right before the method, in this process, every repeat
-            gen_ref, t_ref = self._generate(self.reference, prompt, max_new, seed_index)
-            ref_peak = self.memory.peak_mb(self.engine, gen_ref.extras)
+            gen_ref, t_ref, ref["forward_log"], ref_peak = self._generate(self.reference, prompt, max_new, seed_index)
             ref["tokens"] = gen_ref.tokens  # this run's own reference tokens decide exact_match
             ref["total_s"].append(t_ref["total_s"])
             ref["decode_s"].append(t_ref["decode_s"])
             ref["peak_mem_mb"] = ref_peak
             ref_total, ref_decode, ref_source = t_ref["total_s"], t_ref["decode_s"], "interleaved"
             if len(ref["total_s"]) >= self.bench.repeats:
-                self._store_reference(key, ref)
-        gen, t = self._generate(self.method, prompt, max_new, seed_index)
-        peak = self.memory.peak_mb(self.engine, gen.extras)
+                self.references.keep(key, ref, {"device": self.env["device_name"], "load": load_average(),
+                                                "cpu_count": self.machine["cpu_count"],
+                                                "threads": torch.get_num_threads()})
+        beside = {}
+        if self.method_eager:  # the same backend as the method, timed beside it (speedup_vs_eager)
+            _, t_eager, _, _ = self._generate(self.reference, prompt, max_new, seed_index, eager=True)
+            beside |= {"eager_ref_total_s": t_eager["total_s"], "eager_ref_decode_s": t_eager["decode_s"]}
+        gen, t, log, peak = self._generate(self.method, prompt, max_new, seed_index, eager=self.method_eager)
+        if self.bench.get("aa_floor"):  # vanilla again, right after the method: the A/A floor beside it
+            _, t_aa, _, _ = self._generate(self.reference, prompt, max_new, seed_index)
+            beside |= {"aa_total_s": t_aa["total_s"], "aa_decode_s": t_aa["decode_s"]}
         greedy = self.sampling.greedy
         mismatch = first_mismatch(gen.tokens, ref["tokens"]) if greedy else -1
         kind, gap = self.judge(prompt, gen.tokens, ref["tokens"], mismatch) if mismatch >= 0 else ("", "")
         n, ref_n, f = len(gen.tokens), len(ref["tokens"]), gen.forwards
-        e2e = (n / t["total_s"]) / (ref_n / ref_total)
+        timed = n > 1 and ref_n > 1  # a decode step on both sides (else a prefill against a prefill: no speedup)
+        e2e = (n / t["total_s"]) / (ref_n / ref_total) if timed else ""
         row = {
             **self._base_row(sample, turn, repeat), "prompt_tokens": len(prompt), "new_tokens": n,
             "forwards": f.verify, "tau": _nan_blank(gen.tau), "tau_with_prefill": gen.tau_with_prefill,
@@ -347,9 +415,9 @@ class Runner:
             "host_ms": _nan_blank(gen.host_ms_per_step),  # outside model calls (fafo.decoding.decode)
             "peak_mem_mb": peak, "ref_peak_mem_mb": ref_peak,
             "mem_overhead_mb": peak - ref_peak if ref_peak is not None else "",
-            "ref_new_tokens": ref_n, "ref_total_s": ref_total, "ref_decode_s": ref_decode,
+            "ref_new_tokens": ref_n, "ref_total_s": ref_total, "ref_decode_s": ref_decode, **beside,
             "speedup": e2e, "speedup_e2e": e2e,
-            "speedup_decode": ((n - 1) / t["decode_s"]) / ((ref_n - 1) / ref_decode) if min(n, ref_n) > 1 else "",
+            "speedup_decode": ((n - 1) / t["decode_s"]) / ((ref_n - 1) / ref_decode) if timed else "",
             "exact_match": (mismatch == -1) if greedy else "", "first_mismatch": mismatch if greedy else "",
             "mismatch_kind": kind, "mismatch_gap": gap, "ref_source": ref_source, "seed": seed_index,
             "compiles": compile_stats()["graphs"] - graphs, "threads": torch.get_num_threads(),
@@ -359,33 +427,9 @@ class Runner:
                   "text": self.engine.tokenizer.decode(gen.tokens, skip_special_tokens=True),
                   "accept_lengths": gen.accept_lengths, "forwards": asdict(gen.forwards),
                   "draft_model_forwards": gen.draft_model_forwards, "drafted": gen.drafted,
-                  "accepted": gen.accepted, "extras": gen.extras}
+                  "accepted": gen.accepted, "extras": gen.extras, "forward_log": log,
+                  "ref_forward_log": ref.get("forward_log")}
         return row, output, ref
-
-    def _stored_reference(self, key: str) -> dict:
-        """The reference state of one (sample, turn): a stored timing when it may be reused, else a fresh one."""
-        fresh = {"tokens": None, "total_s": [], "decode_s": [], "stored": self.store.get(key)}
-        stored = fresh["stored"]
-        if not self.bench.reuse_reference or stored is None:
-            return fresh
-        ok, why = timing_reusable(stored, self.bench.get("max_spread", 1.5), self.bench.get("busy_load", 0.75))
-        if not ok:
-            self.reuse_refused["n"] += 1
-            self.reuse_refused["examples"] = (self.reuse_refused["examples"] + [why])[:3]
-            return fresh
-        return {**stored, "stored_ok": True}
-
-    def _store_reference(self, key: str, ref: dict) -> None:
-        """Store this run's reference when it is at least as good as what the store holds."""
-        old = ref.get("stored")
-        keep_old = old is not None and len(old.get("total_s", [])) > len(ref["total_s"]) and timing_reusable(
-            old, self.bench.get("max_spread", 1.5), self.bench.get("busy_load", 0.75))[0]
-        if not keep_old:
-            self.store.put(key, {"tokens": ref["tokens"], "total_s": ref["total_s"], "decode_s": ref["decode_s"],
-                                 "peak_mem_mb": ref.get("peak_mem_mb"),
-                                 "device": self.env["device_name"], "load": load_average(),
-                                 "cpu_count": self.machine["cpu_count"], "threads": torch.get_num_threads(),
-                                 "time": time.time()})
 
     def _base_row(self, sample, turn, repeat) -> dict:
         return {"sample_id": str(sample.id), "turn": turn, "repeat": repeat, "category": sample.category,
@@ -405,8 +449,7 @@ class Runner:
                 "attention": self.engine.backend, "repeats": self.bench.repeats, "warmup_s": warmup_s,
                 "load_s": load_s, "sampling": asdict(self.sampling), "ignore_eos": bool(self.bench.ignore_eos),
                 "random_model": self.ckpt.random, "checkpoint": self.ckpt.source, "n_params": self.n_params,
-                "run_dir": str(self.run_dir), **summary_fields(self.method, self.cost_curve, rows),
-                "host_ms_per_step": _median_of(rows, "host_ms")}
+                "run_dir": str(self.run_dir), "host_ms_per_step": _median_of(rows, "host_ms")}
 
 
 def _median_of(rows, key: str) -> float | None:
@@ -429,41 +472,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def format_params(n: int) -> str:
-    """A parameter count as people write it: 135.0M, 8.03B (and the exact number)."""
-    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.3g}{unit} ({n:,})"
-    return str(n)
-
-
-def print_summary(summary: dict, random_model: bool) -> None:
-    """The end-of-run block: which checkpoint was loaded (path or hub id, parameter count, dtype), then the
-    metrics."""
-    keys = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples", "n_turns", "n_failed",
-            "new_tokens", "tau", "tau_ci95", "tau_with_prefill", "tau_all", "accept_rate", "draft_model_forwards",
-            "tokens_per_forward", "break_even_tau", "projected_speedup", "tokens_per_s", "verify_ms", "speedup_kind",
-            "speedup", "speedup_ci95", "speedup_e2e", "speedup_e2e_ci95", "speedup_decode", "speedup_decode_ci95",
-            "speedup_specbench", "speedup_min", "speedup_max", "n_flagged", "n_compiled", "peak_mem_mb",
-            "ref_peak_mem_mb", "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence",
-            "device_name", "threads", "load_start", "warmup_s", "compile_s", "timing_note", "run_dir"]
-    width = max(map(len, keys))
-    lines = ["", "== fafo-bench summary =="]
-    for k in keys:
-        v = summary.get(k)
-        if v is None:
-            continue
-        if k == "n_params":
-            v = format_params(v)
-        if k.endswith("_ci95"):
-            v = f"[{v[0]:.3f}, {v[1]:.3f}] (95 %, bootstrap over samples)"
-        if k == "n_compiled" and v:
-            v = f"{v} (compiled while timed, left out of the speedups: {', '.join(summary.get('compiled', [])[:5])})"
-        if k == "n_flagged" and v:
-            v = f"{v} (repeats disagree by > bench.max_spread: {', '.join(summary.get('flagged', [])[:5])})"
-        lines.append(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
-    if random_model:
-        lines.append(RANDOM_MODEL_NOTE)
-    print("\n".join(lines), flush=True)

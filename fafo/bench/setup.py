@@ -106,17 +106,21 @@ def resolve_dtype(name: str, device: torch.device) -> str:
 
 
 def check_bench(bench: DictConfig) -> None:
-    positive = {"repeats": 1, "warmup": 0, "seed": 0, "bootstrap": 0}
+    positive = {"repeats": 1, "warmup": 0, "warmup_tokens": 1, "seed": 0, "bootstrap": 0}
     for key, low in positive.items():
         value = bench.get(key, low)
         if not _is_int(value) or value < low:
             raise ConfigError(f"bench.{key}={value!r} must be an integer >= {low}")
     for key, low, what in (("max_spread", 1.0, "a factor (max/min of a sample's repeats), e.g. 1.5"),
+                           ("reuse_max_spread", 1.0, "a factor (max/min of a stored reference's repeats), e.g. 1.1"),
                            ("busy_load", 0.0, "a load average per CPU core, e.g. 0.75")):
         value = bench.get(key, low + 1)
         if not _is_number(value) or value <= low:
             raise ConfigError(f"bench.{key}={value!r} must be a number > {low:g}: {what}")
-    for key in ("reuse_reference", "ignore_eos", "progress"):
+    if bench.get("tie_check", "cpu") not in ("cpu", "device"):
+        raise ConfigError(f"bench.tie_check={bench.get('tie_check')!r} is not a place; use cpu (a float32 copy kept "
+                          "on the CPU) or device (loaded on the device and freed around each check)")
+    for key in ("reuse_reference", "ignore_eos", "progress", "aa_floor"):
         if not isinstance(bench.get(key, False), bool):
             raise ConfigError(f"bench.{key}={bench.get(key)!r} must be true or false")
     for key in ("max_samples", "max_new_tokens"):
@@ -292,13 +296,12 @@ def check_added_keys(overrides) -> None:
 
 
 def check_config(cfg: DictConfig, overrides=()) -> None:
-    """Checks of the whole config that need no model: keys added by ``+`` overrides, model.max_len, output_dir."""
+    """Checks of the whole config that need no model: keys added by ``+`` overrides, wandb.mode, model.max_len,
+    output_dir."""
     check_added_keys(overrides)
-    from fafo.bench.wandb_log import MODES
+    from fafo.bench.wandb_log import check_wandb
 
-    mode = cfg.get("wandb", {}).get("mode", "disabled")
-    if mode not in MODES:
-        raise ConfigError(f"wandb.mode={mode!r} is not a wandb mode; use one of {', '.join(MODES)}")
+    check_wandb(cfg)  # an unknown mode, or online without wandb installed
     max_len = cfg.model.get("max_len")
     if max_len is not None and (not _is_int(max_len) or max_len < 1):
         raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots; above the "

@@ -45,37 +45,53 @@ class SyncClock:
 
 class PeakMemory:
     """Peak memory of one generation in MB: the bytes of every tensor the process holds at the generation's peak
-    (weights, the static cache, the decoder's state and drafts; on CUDA also the transient activations and the
-    CUDA-graph pools). The runner releases each method's state when its run ends
+    (weights, the static cache, the decoder's state and drafts; on CUDA also the transient activations, the
+    intermediates of its compiled steps included). The runner releases each method's state when its run ends
     (:meth:`fafo.bench.runner.Runner.release`), so nothing of an earlier method is counted.
 
-    CUDA: ``max_memory_allocated`` since ``reset`` (which starts at what is allocated then) plus the free part of
-    the CUDA-graph private pools: a replay allocates nothing, so its intermediates, recorded in warm-up, would
-    otherwise be missed. CPU (no allocator statistics): weights + the static cache + the buffers the method
-    reports in ``Generation.extras["buffer_bytes"]``; transient activations are not seen there.
+    CUDA: ``max_memory_allocated`` since ``reset`` (``allocated_bytes.all.peak``: every pool of the caching
+    allocator, CUDA-graph private pools included; ``torch/cuda/memory.py``), taken together with the same peak
+    over the decoder's own warm-up generations (:meth:`warm`, :func:`generation_peak`). Why: in
+    ``torch/_inductor/cudagraph_trees.py`` every compiled step of every decoder shares one private pool per device
+    (``CUDAGraphTreeManager.__init__``: ``cuda_graphs_thread_pool``); a step's intermediates are allocated in it
+    when it warms up (``CUDAWarmupNode.run``, under ``_use_cuda_memory_pool_manager``) and when it is recorded
+    (``CUDAGraphNode._record``, ``torch.cuda.graph(..., pool=...)``), and a replay (``CUDAGraphNode.run_graph``:
+    ``graph.replay()``) allocates nothing. So a timed generation's own peak misses what its replays reuse, and the
+    pool's free part is shared by every decoder that recorded into it (adding it to both the method's and vanilla's
+    peaks gives vanilla the method's intermediates and understates the overhead). The warm-up generations, in
+    which each of the decoder's steps allocated its intermediates for real, hold exactly its own.
+
+    CPU (no allocator statistics): weights + the static cache + the buffers the method reports in
+    ``Generation.extras["buffer_bytes"]``; transient activations are not seen there.
     """
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.warm_bytes: dict = {}  # a decoder's key (the runner's (id(decoder), eager)) -> its warm-up peak
 
     def reset(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def peak_mb(self, engine, extras: dict) -> float:
+    def warm(self, key) -> None:
+        """After one warm-up generation (begun by :meth:`reset`) of the decoder ``key`` names: keep its peak."""
         if self.device.type == "cuda":
-            return (torch.cuda.max_memory_allocated(self.device) + graph_pool_free_bytes(self.device)) / 2**20
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.warm_bytes[key] = max(self.warm_bytes.get(key, 0), peak)
+
+    def peak_mb(self, engine, extras: dict, key=None) -> float:
+        """The peak of the generation since :meth:`reset`, by the decoder ``key`` names (its warm-up peak kept)."""
+        if self.device.type == "cuda":
+            return generation_peak(torch.cuda.max_memory_allocated(self.device), self.warm_bytes.get(key, 0)) / 2**20
         cache = engine._cache.nbytes if engine._cache is not None else 0
         return (engine.weights_nbytes + cache + int(extras.get("buffer_bytes", 0))) / 2**20
 
 
-def graph_pool_free_bytes(device: torch.device, snapshot: list[dict] | None = None) -> int:
-    """Bytes reserved by CUDA-graph private pools and not allocated now (the intermediates every replay reuses).
-    Segments of the default pool have pool id (0, 0)."""
-    segments = torch.cuda.memory_snapshot() if snapshot is None else snapshot
-    return sum(seg["total_size"] - seg["allocated_size"] for seg in segments
-               if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0)
-               and seg.get("device", device.index or 0) == (device.index or 0))
+def generation_peak(timed_bytes: int, warm_bytes: int) -> int:
+    """A CUDA generation's peak: the larger of its own ``max_memory_allocated`` (its eager work: prefill, a prompt
+    longer than the warm-up's, state sized by the prompt) and its decoder's warm-up peak (the compiled steps'
+    intermediates, which its CUDA-graph replays reuse without allocating; :class:`PeakMemory`)."""
+    return max(int(timed_bytes), int(warm_bytes))
 
 
 def load_average() -> float | None:

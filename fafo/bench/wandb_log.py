@@ -1,25 +1,52 @@
 """Weights & Biases logging: config, one log step per row, the per-sample table and the summary.
 
 ``offline`` by default (files under the run directory, sync later with ``wandb sync``), ``online`` by flag,
-``disabled`` in tests. wandb is imported only when a mode other than ``disabled`` is asked for.
+``disabled`` in tests. wandb is an optional extra, imported only when a mode other than ``disabled`` is asked for:
+without it the default ``offline`` runs with W&B logging off (one note), and ``online`` is refused before a model
+loads.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from fafo.errors import ConfigError
+from fafo.extras import available, install_hint, require
 
 MODES = ("offline", "online", "disabled")
+_noted: set[str] = set()  # the note on a missing wandb is printed once per process (compare runs several methods)
+
+
+def check_wandb(cfg: DictConfig) -> str:
+    """``wandb.mode``, checked before a model loads: ConfigError for an unknown mode and for ``online`` without
+    wandb installed (a sync that was asked for cannot happen)."""
+    mode = cfg.get("wandb", {}).get("mode", "disabled")
+    if mode not in MODES:
+        raise ConfigError(f"wandb.mode={mode!r} is not a wandb mode; use one of {', '.join(MODES)}")
+    if mode == "online":
+        require("wandb", "wandb.mode=online")
+    return mode
+
+
+def wandb_mode(cfg: DictConfig) -> str:
+    """The mode a run logs with: ``wandb.mode``, or ``disabled`` (and one note) when it is ``offline`` and wandb is
+    not installed."""
+    mode = check_wandb(cfg)
+    if mode == "disabled" or available("wandb"):
+        return mode
+    if mode not in _noted:
+        _noted.add(mode)
+        print(f"note: wandb is not installed, so W&B logging is off (wandb.mode={mode}); to log: "
+              f"{install_hint('wandb')}", file=sys.stderr, flush=True)
+    return "disabled"
 
 
 class WandbLogger:
     def __init__(self, cfg: DictConfig, run_dir: Path, run_name: str):
-        mode = cfg.wandb.mode
-        if mode not in MODES:
-            raise ConfigError(f"wandb.mode={mode!r} is not a wandb mode; use one of {', '.join(MODES)}")
+        mode = wandb_mode(cfg)
         self.run = None
         if mode == "disabled":
             return

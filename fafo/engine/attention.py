@@ -14,7 +14,8 @@ Because the two parts are computed apart, no dense ``[Q, max_len]`` mask is ever
   mask, no merge); other steps run the prefix and the region through the fused kernel and the step part either
   causal, gathered (a sparse mask: per-query key lists, the per-branch computation) or fused with the mask.
 * ``dense``: the reference, exact float32 maths with dense masks (what the fast paths are tested against).
-* ``flex``: FlexAttention with block masks (compiled on CUDA, eager on CPU).
+* ``flex``: FlexAttention with block masks (:mod:`fafo.engine.block_masks`), each call issued to a Triton kernel
+  that exists for its shape (:mod:`fafo.engine.flex_routing`); compiled on CUDA, eager on CPU.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
+from fafo.engine import block_masks
+from fafo.engine.block_masks import prefix_lens_block_mask, step_block_mask
+from fafo.engine.flex_routing import drop_padded_groups, flex_route, pad_query_groups
 from fafo.engine.kernels import GatheredMask, attention_lse, merge, reference_attention_lse, step_attention_lse
+from fafo.engine.torch_compat import flex_attention_lse
 
 BACKENDS = ("sdpa", "flex", "dense")
 
@@ -188,57 +193,46 @@ def sdpa_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sca
     return merge(o1, l1, o2, l2).to(q.dtype)
 
 
-def _flex():
-    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
-
-    return AuxRequest, create_block_mask, flex_attention
-
-
 _compiled_flex = None
+NO_MASK_BLOCK = 1 << 30  # the block size of the mask flex_attention makes when given none (one block)
 
 
 def _flex_call(q, k, v, block_mask, scale, compiled: bool):
+    """One flex_attention call -> (out, lse) float32, issued as :func:`fafo.engine.flex_routing.flex_route` says.
+
+    Inside a compiled step the outer compile lowers it (static shapes); eager steps on CUDA (``compiled``) go
+    through one wrapper compiled with dynamic shapes, so a growing prefix does not recompile; on the CPU eager
+    flex is the unfused reference."""
     global _compiled_flex
-    AuxRequest, _, flex_attention = _flex()
-    fn = flex_attention
-    if torch.compiler.is_compiling():  # inside a compiled step: the outer compile lowers flex itself
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn, static = flex_attention, True
+    if torch.compiler.is_compiling():
         pass
     elif not compiled:  # eager flex is the unfused reference path on CPU; its per-call warning is noise here
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     else:
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=True)
-        fn = _compiled_flex
-    out, aux = fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
-                  return_aux=AuxRequest(lse=True))
-    return out.float(), aux.lse.float()
-
-
-def generate_prefix_mask(prefix_lens: torch.Tensor):
-    """mask_mod: query ``q`` sees cache slots ``kv < prefix_lens[q]`` (the offsets live in a tensor)."""
-
-    def prefix_mask(b, h, q_idx, kv_idx):
-        return kv_idx < prefix_lens[q_idx]
-
-    return prefix_mask
-
-
-def generate_step_mask(step_mask: torch.Tensor):
-    """mask_mod: an arbitrary ``[Q, Q]`` boolean mask over this step's tokens."""
-
-    def step(b, h, q_idx, kv_idx):
-        return step_mask[q_idx, kv_idx]
-
-    return step
+        fn, static = _compiled_flex, False
+    hq, hkv = q.shape[1], k.shape[1]
+    q_block = block_mask.BLOCK_SIZE[0] if block_mask is not None else NO_MASK_BLOCK
+    route = flex_route(q.shape[2], hq, hkv, q_block, static)
+    if route.heads != hq:
+        q = pad_query_groups(q, hkv, route.heads // hkv)
+    out, lse = flex_attention_lse(fn, q, k, v, block_mask, scale, route.options)
+    if route.heads != hq:
+        out, lse = drop_padded_groups(out, lse, hkv, hq // hkv)
+    return out.float(), lse.float()
 
 
 def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float):
     """FlexAttention backend (same contract as :func:`sdpa_attention`).
 
-    Block masks given in the plan (FAFO builds them once per generation) are used as they are; missing ones are
-    built here and stored on the plan, so the layers of one forward share them.
+    Block masks given in the plan (:mod:`fafo.engine.flex_masks` for eager steps, :mod:`fafo.engine.compiled` for
+    compiled ones) are used as they are; missing ones are built here (:mod:`fafo.engine.block_masks`) and stored on
+    the plan, so the layers of one forward share them.
     """
-    _, create_block_mask, _ = _flex()
     compiled = q.device.type == "cuda"
     Q, dev = q.shape[2], q.device
     if plan.step_in_cache and Q == 1 and plan.region_from is None and plan.prefix > 0:
@@ -247,96 +241,39 @@ def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionP
         return _flex_call(q, k_cache[:, :, :n], v_cache[:, :, :n], plan.prefix_block_mask, scale,
                           compiled)[0].to(q.dtype)
     bm_step = plan.step_block_mask
-    if bm_step is None and plan.step_mask is None:
-        bm_step = plan.step_block_mask = causal_block_mask(Q, dev)
-    elif bm_step is None:
-        bm_step = plan.step_block_mask = create_block_mask(generate_step_mask(plan.step_mask), None, None, Q, Q,
-                                                           device=dev)
+    if bm_step is None:
+        bm_step = plan.step_block_mask = (causal_block_mask(Q, dev) if plan.step_mask is None
+                                          else step_block_mask(plan.step_mask))
     o2, l2 = _flex_call(q, k_step, v_step, bm_step, scale, compiled)
     if plan.prefix == 0:
         return o2.to(q.dtype)
     split = Q if plan.region_from is None else plan.region_from
     parts = []
     if split > 0:
-        qs = q[:, :, :split]
-        kp, vp = k_cache[:, :, : plan.prefix], v_cache[:, :, : plan.prefix]
         bm = plan.prefix_block_mask
         if bm is None and plan.prefix_lens is not None:
-            bm = create_block_mask(generate_prefix_mask(plan.prefix_lens[:split]), None, None, split, plan.prefix,
-                                   device=dev)
-        parts.append(_flex_call(qs, kp, vp, bm, scale, compiled))
+            bm = prefix_lens_block_mask(plan.prefix_lens[:split], plan.prefix)
+        n_kv = plan.prefix
+        parts.append(_flex_call(q[:, :, :split], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv], bm, scale, compiled))
     if split < Q:
-        bm = plan.region_block_mask
-        if bm is None:
-            lens = torch.full((Q - split,), plan.region_len, dtype=torch.long, device=dev)
-            bm = plan.region_block_mask = create_block_mask(generate_prefix_mask(lens), None, None, Q - split,
-                                                            plan.region_len, device=dev)
-        n_kv = bm.seq_lengths[1]  # the region's capacity: the kernel never reads past it
+        bm = plan.region_block_mask  # None: every slot of the region is live
+        n_kv = bm.seq_lengths[1] if bm is not None else plan.region_len  # the kernel never reads past it
         parts.append(_flex_call(q[:, :, split:], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv], bm, scale, compiled))
     o1, l1 = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
     return merge(o1, l1, o2, l2).to(q.dtype)
 
 
-def _causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
 _causal_masks: dict[tuple, object] = {}
 
 
-def causal_block_mask(n: int, device, block: int = 128):
-    """The causal BlockMask of ``n`` queries over ``n`` keys, built from its block structure (blocks below the
-    diagonal full, diagonal blocks partial): no dense ``[n, n]`` mask is ever evaluated, so a 128k-token prefill
-    needs kilobytes for it, not 16 GiB. Cached per length and device (prefill lengths repeat across turns)."""
-    key = (n, str(device), block)
+def causal_block_mask(n: int, device):
+    """:func:`fafo.engine.block_masks.causal_block_mask`, cached per length and device (prefill lengths repeat
+    across turns; one length is kept)."""
+    key = (n, str(device))
     if key not in _causal_masks:
-        from torch.nn.attention.flex_attention import BlockMask
-
-        nb = -(-n // block)
-        rows = torch.arange(nb, device=device)
-        cols = torch.arange(nb, device=device)
-        partial_idx = rows[:, None].expand(nb, nb).contiguous()  # row i: block i first (the rest unused)
-        full_idx = cols[None, :].expand(nb, nb).contiguous()  # row i: blocks 0..i-1 (the first i entries)
-        as_int = dict(dtype=torch.int32)
-        _causal_masks.clear()  # one length at a time: a new prompt length replaces the last one
-        _causal_masks[key] = BlockMask.from_kv_blocks(
-            torch.ones(1, 1, nb, device=device, **as_int), partial_idx[None, None].to(**as_int),
-            rows[None, None].to(**as_int), full_idx[None, None].to(**as_int),
-            BLOCK_SIZE=block, mask_mod=_causal, seq_lengths=(n, n))
+        _causal_masks.clear()
+        _causal_masks[key] = block_masks.causal_block_mask(n, device)
     return _causal_masks[key]
-
-
-def generate_length_mask(length: torch.Tensor):
-    """mask_mod: keys ``kv < length[0]`` (the live length of a region or cache is read from a tensor)."""
-
-    def below_length(b, h, q_idx, kv_idx):
-        return kv_idx < length[0]
-
-    return below_length
-
-
-def length_block_mask(length: torch.Tensor, n_queries: int, capacity: int):
-    """A BlockMask for ``n_queries`` queries over the first ``length[0]`` of ``capacity`` slots, built once.
-
-    FAFO's fumble queries over the fixed region use it, and compiled steps over the whole cache. All blocks are
-    kept *partial* (``separate_full_blocks=False``) so the mask_mod, which reads ``length``, is applied on every
-    call: the region (or cache) may still be filling up while the mask object stays the same.
-    """
-    _, create_block_mask, _ = _flex()
-    live = length.clone()
-    length.fill_(capacity)  # every block is active in the mask's block structure
-    try:
-        return create_block_mask(generate_length_mask(length), None, None, n_queries, capacity,
-                                 device=length.device, separate_full_blocks=False)
-    finally:
-        length.copy_(live)
-
-
-def step_block_mask(step_mask: torch.Tensor):
-    """A BlockMask for a static ``[Q, Q]`` intra-step mask (FAFO's candidates + streams), built once."""
-    _, create_block_mask, _ = _flex()
-    Q = step_mask.shape[0]
-    return create_block_mask(generate_step_mask(step_mask), None, None, Q, Q, device=step_mask.device)
 
 
 def attend(backend: str, q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float):

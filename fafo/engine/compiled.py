@@ -8,9 +8,11 @@ on (the gpt-fast recipe, adapted to block-sparse attention):
   steps never read the dead tail, and a long static cache costs nothing;
 * ``flex`` (CUDA's default) and CUDA graphs: the cache is read over its whole static capacity; how many slots are
   live is a ``[1]`` length tensor read by the mask_mod (or an additive mask), and the BlockMask's active KV block
-  count is updated in place, so the kernel skips the dead tail of the cache without a rebuild or a recompile;
+  count is updated in place, so the kernel skips the dead tail of the cache without a rebuild or a recompile
+  (every block partial: :mod:`fafo.engine.block_masks`); each flex call is issued to a Triton kernel that exists
+  for its shape (:mod:`fafo.engine.flex_routing`);
 * step masks come prebuilt from the decoder (FAFO, Lookahead), or are built here once per step length (causal) or
-  over a persistent ``[Q, Q]`` buffer the step's mask is copied into (SWIFT's trees);
+  over a persistent ``[Q, Q]`` buffer the step's mask is copied into (SWIFT's and the tree methods' trees);
 * every decode forward has a shape that depends only on the method's hyperparameters (:attr:`Engine.static_shapes`:
   the engine pads a step to the size the decoder names, :mod:`fafo.engine.static_shapes`), so one generation
   compiles a fixed set of graphs and every later sample, of any length, reuses them as long as the cache is not
@@ -27,9 +29,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fafo.engine.attention import AttentionPlan, _flex, generate_step_mask, length_block_mask
+from fafo.engine.attention import AttentionPlan
+from fafo.engine.block_masks import buffer_block_mask, causal_block_mask
 from fafo.engine.cache import KVCache
+from fafo.engine.flex_masks import LiveLength
 from fafo.engine.kernels import gathered_mask
+from fafo.engine.torch_compat import no_duck_shapes, raise_recompile_limit
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -44,7 +49,7 @@ class CompileOptions:
         attention: the compiled steps' attention: ``flex`` (block-sparse over the static cache, skips its dead
             tail) or ``sdpa`` (fused kernels over exactly the live prefix, a dynamic size; with CUDA graphs over
             the whole capacity with a length mask); ``auto`` = flex on CUDA, sdpa on CPU (inductor cannot lower
-            FlexAttention's log-sum-exp output on CPU in torch 2.13).
+            FlexAttention's log-sum-exp output on CPU: torch 2.11 and 2.13, ``flex_cpu.py: lower_cpu``).
     """
 
     mode: str = "default"
@@ -61,32 +66,6 @@ class CompileOptions:
         return "flex" if device.type == "cuda" else "sdpa"
 
 
-class _Length:
-    """A live length below a static capacity: a ``[1]`` tensor plus BlockMasks over the capacity that read it.
-
-    The masks' active KV block counts are written in place with the length, so one BlockMask per query count
-    serves every step of every generation.
-    """
-
-    def __init__(self, capacity: int, device):
-        self.capacity = capacity
-        self.length = torch.zeros(1, dtype=torch.long, device=device)
-        self._masks: dict[int, object] = {}
-
-    def set(self, length: int) -> "_Length":
-        self.length.fill_(length)
-        for bm in self._masks.values():
-            bm.kv_num_blocks.fill_(-(-length // bm.BLOCK_SIZE[1]))
-        return self
-
-    def block_mask(self, n_queries: int):
-        if n_queries not in self._masks:
-            bm = self._masks[n_queries] = length_block_mask(self.length, n_queries, self.capacity)
-            live = int(self.length)  # once per query count, never per step
-            bm.kv_num_blocks.fill_(-(-live // bm.BLOCK_SIZE[1]))
-        return self._masks[n_queries]
-
-
 class CompiledStep:
     """The engine's compiled decode forward (same arguments as :meth:`Transformer.forward`).
 
@@ -99,19 +78,15 @@ class CompiledStep:
     def __init__(self, model, options: CompileOptions, device: torch.device):
         self.options = options
         self.attention = options.attention_for(device)
-        # past the limit dynamo would silently run eager and the timings would lie: fail loudly instead
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        raise_recompile_limit(32)  # past the limit dynamo would silently run eager: fail loudly instead
         self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False,
                                 fullgraph=True)  # a graph break would run part of a step eagerly: an error
         # live lengths as dynamic sizes (sdpa, no CUDA graphs: those would record one graph per length)
         self.live_lengths = self.attention == "sdpa" and not options.cudagraphs
-        if self.live_lengths:  # the prefix and the region may be equal: two symbols, not one (no duck sizing)
-            import torch.fx.experimental._config as fx_config
-
-            fx_config.use_duck_shape = False
+        if self.live_lengths:  # the prefix and the region may be equal: two symbols, not one
+            no_duck_shapes()
         self._live: dict[tuple, torch.Tensor] = {}
-        self._lengths: dict[tuple, _Length] = {}
+        self._lengths: dict[tuple, LiveLength] = {}
         self._causal: dict[tuple, object] = {}
         self._step_buffers: dict[tuple, tuple[torch.Tensor, object]] = {}
 
@@ -175,32 +150,26 @@ class CompiledStep:
         torch._dynamo.mark_dynamic(view, 0, min=2, max=capacity - 2)  # + 1 (the token itself) < capacity
         return view
 
-    def _length(self, kind: str, capacity: int, dev) -> _Length:
+    def _length(self, kind: str, capacity: int, dev) -> LiveLength:
         key = (kind, capacity, str(dev))
         if key not in self._lengths:
-            self._lengths[key] = _Length(capacity, dev)
+            self._lengths[key] = LiveLength(capacity, dev)
         return self._lengths[key]
 
     def _step_block_mask(self, plan: AttentionPlan, Q: int, dev):
         if plan.step_block_mask is not None:
             return plan.step_block_mask
-        _, create_block_mask, _ = _flex()
         key = (Q, str(dev))
         if plan.step_mask is None:
             if key not in self._causal:
-                self._causal[key] = create_block_mask(_causal, None, None, Q, Q, device=dev)
+                self._causal[key] = causal_block_mask(Q, dev)
             return self._causal[key]
-        if key not in self._step_buffers:  # built all-True so no block is ever marked empty or full
+        if key not in self._step_buffers:  # every block active and partial: any tree fits the same mask
             buf = torch.ones(Q, Q, dtype=torch.bool, device=dev)
-            bm = create_block_mask(generate_step_mask(buf), None, None, Q, Q, device=dev, separate_full_blocks=False)
-            self._step_buffers[key] = (buf, bm)
+            self._step_buffers[key] = (buf, buffer_block_mask(buf))
         buf, bm = self._step_buffers[key]
         buf.copy_(plan.step_mask)
         return bm
-
-
-def _causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
 
 
 def reset_compiled_state() -> None:

@@ -190,7 +190,9 @@ class Engine:
         logits = logits if rows is None else rows
         if tokens.dim() == 1:
             tokens = tokens[None]
-        self.ledger.record(kind, tokens.shape[-1])
+        region_rows = tokens.shape[-1] - plan.region_from if plan.region_from is not None else 0
+        share = 1 - (len(skip[0]) + len(skip[1])) / (2 * self.model.args.n_layers) if skip is not None else 1.0
+        self.ledger.record(kind, tokens.shape[-1], plan.prefix, region_rows, plan.region_len, share)
         if self.compiled is not None and plan.prefix > 0 and skip is None and not eager:
             out = self.compiled(tokens, positions, cache, slots, plan, logits)  # times its graph (enable_compile)
         else:

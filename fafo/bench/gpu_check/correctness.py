@@ -1,0 +1,196 @@
+"""Stage 2: compiled steps token-identical to eager, for vanilla and every draftless method, on small random
+models of GQA groups 1, 3, 4 and 7.
+
+Per model, one engine compiled with the device's defaults and its cache sized once for the largest prompt and
+method (compiled graphs are specialised to it; the methods of a model share the graphs of equal step shapes).
+Per case (a model and a method), as the runner does it: the method warmed on the first prompt (twice under CUDA
+graphs: a graph records on its second call), then two more prompts of other lengths and acceptance generated.
+Every generation is compared with eager vanilla greedy on the same weights and dtype (``sdpa``). Checked:
+
+* tokens identical; in float16 a first mismatch is classified by :class:`~fafo.bench.mismatch.MismatchJudge`
+  (``tie``: the two tokens' float32 logits within 0.1; ``divergence``: a bug);
+* no graph compiled after the warm-up (``compile_stats``), no step refused by CUDA graphs (``cudagraph_skips``);
+* the largest step (rows x GQA group is what picks FlexAttention's decoding kernel on a GPU; tree steps of Token
+  Recycling, SuffixDecoding or FAFO exceed 128 there).
+
+Methods whose forwards cannot run compiled (``Decoder.eager_forwards``: SWIFT's layer-skipped drafts) run eagerly,
+as the runner times them.
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+from fafo.bench.gpu_check.methods import build_method, most_extra_slots, selected, steps_as_the_runner
+from fafo.bench.mismatch import MismatchJudge
+from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
+from fafo.engine.engine import Engine
+from fafo.engine.loader import load_hf_config
+from fafo.engine.tiny import tiny_checkpoint
+
+# head_dim 16, 2 layers; group 7 is a Qwen2 (qkv bias) like Qwen2.5-7B, the others Llamas
+GROUP_MODELS = {
+    1: dict(family="llama", num_attention_heads=4, num_key_value_heads=4, hidden_size=64, seed=21),
+    3: dict(family="llama", num_attention_heads=6, num_key_value_heads=2, hidden_size=96, seed=23),
+    4: dict(family="llama", num_attention_heads=8, num_key_value_heads=2, hidden_size=128, seed=24),
+    7: dict(family="qwen2", num_attention_heads=7, num_key_value_heads=1, hidden_size=112, seed=27),
+}
+# the warm-up prompt, then varied text (acceptance near zero) and repetitive code (acceptance high)
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. " * 4 + "The quick brown",
+    "Rivers carry sediment from the mountains to the sea, building deltas where the current slows; farmers "
+    "have settled on such plains for millennia because the soil is renewed by every flood. In the",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n" * 3
+    + "def",
+]
+COLUMNS = ["group", "method", "family", "compiled", "max_rows", "rows_x_group", "graphs", "recompiles",
+           "cudagraph_skips", "generations", "identical", "ties", "divergences", "status", "seconds", "note"]
+
+
+class GroupModel:
+    """One tiny model: an eager engine and its vanilla tokens (the references), a compiled engine."""
+
+    def __init__(self, group: int, settings, root: Path, methods: list[str]):
+        from baselines.vanilla import VanillaDecoder
+
+        spec = {**GROUP_MODELS[group], "intermediate_size": 128, "num_hidden_layers": 2}
+        self.group, self.family = group, spec["family"]
+        path = tiny_checkpoint(spec, cache_dir=root)
+        kw = dict(device=settings.device, dtype=settings.dtype)
+        self.eager = Engine.from_pretrained(str(path), backend="sdpa", **kw)
+        ckpt = SimpleNamespace(path=path, config=load_hf_config(path), tokenizer=self.eager.tokenizer)
+        self.judge = MismatchJudge(self.eager, ckpt, context=1024)
+        self.prompts = [self.eager.tokenizer(p).input_ids for p in PROMPTS]
+        self.refs = [VanillaDecoder().generate(self.eager, p, settings.max_new).tokens for p in self.prompts]
+        self.compiled = Engine.from_pretrained(str(path), backend="sdpa", **kw)
+        self.slots = max(map(len, self.prompts)) + settings.max_new + most_extra_slots(methods, settings.max_new,
+                                                                                          small=True)
+        self.compile(settings)
+
+    def compile(self, settings) -> None:
+        """Compiled steps from scratch (also after a failed case: no state of it reaches the next one)."""
+        reset_compiled_state()
+        self.compiled.release()
+        self.compiled.enable_compile(settings.compile)
+        self.compiled.cache(self.slots)
+
+
+def compare(model: GroupModel, i: int, tokens: list[int]) -> tuple[str, str]:
+    """(``identical`` | ``tie`` | ``divergence``, a note on the first mismatch)."""
+    ref = model.refs[i]
+    if tokens == ref:
+        return "identical", ""
+    at = next((j for j, (a, b) in enumerate(zip(tokens, ref)) if a != b), min(len(tokens), len(ref)))
+    kind, gap = model.judge(model.prompts[i], tokens, ref, at)
+    gap = f"{gap:.3g}" if isinstance(gap, float) else "length"
+    return kind, f"prompt {i}: first mismatch at token {at} ({kind}, float32 logit gap {gap})"
+
+
+def run_case(model: GroupModel, name: str, settings) -> dict:
+    t0 = time.perf_counter()
+    engine, max_new = model.compiled, settings.max_new
+    method = build_method(name, small=True)
+    compiled = not method.eager_forwards
+    method.setup(engine)
+    engine.ledger.log = []  # every forward's record: the widest step's rows
+    skips0, graphs0 = cudagraph_skips(), compile_stats()["graphs"]
+    kinds = []
+    try:
+        with steps_as_the_runner(engine, method):
+            rounds = 2 if compiled and settings.compile.cudagraphs else 1
+            for r in range(rounds):
+                gen = method.generate(engine, model.prompts[0], max_new)
+                if r == 0:
+                    kinds.append(compare(model, 0, gen.tokens))
+            graphs_warm = compile_stats()["graphs"]
+            for i in range(1, len(model.prompts)):
+                kinds.append(compare(model, i, method.generate(engine, model.prompts[i], max_new).tokens))
+            recompiles = compile_stats()["graphs"] - graphs_warm
+    finally:
+        rows = [f.tokens for f in engine.ledger.log if f.kind != "prefill"]
+        engine.ledger.log = None
+    notes = [note for _, note in kinds if note]
+    counts = {k: sum(kind == k for kind, _ in kinds) for k in ("identical", "tie", "divergence")}
+    skips = cudagraph_skips() - skips0
+    bad = counts["divergence"] or recompiles or skips
+    status = "FAIL" if bad else "tie" if counts["tie"] else "ok"
+    if not compiled:
+        notes.append(f"eager, as the runner times it ({method.eager_forwards})")
+    step = max(rows) if rows else 0
+    return {"group": model.group, "method": name, "family": model.family, "compiled": int(compiled),
+            "max_rows": step, "rows_x_group": step * model.group, "graphs": graphs_warm - graphs0,
+            "recompiles": recompiles, "cudagraph_skips": skips, "generations": len(kinds),
+            "identical": counts["identical"], "ties": counts["tie"], "divergences": counts["divergence"],
+            "status": status, "seconds": round(time.perf_counter() - t0, 1), "note": "; ".join(notes)}
+
+
+def correctness_stage(budget, result, settings, out: Path) -> None:
+    methods = selected(settings.methods)
+    cases = [(g, m) for g in settings.groups for m in methods]
+    rows: list[dict] = []
+    models: dict[int, GroupModel | str] = {}  # the current group's model, or why it could not be built
+    reset_compiled_state()
+    try:
+        with tempfile.TemporaryDirectory(prefix="fafo-gpu-check-") as root:
+            for group, name in budget.each(cases, label=lambda c: f"group {c[0]} {c[1]}"):
+                try:
+                    if group not in models:
+                        models.clear()  # one model on the device at a time, its graphs forgotten with it
+                        try:
+                            models[group] = GroupModel(group, settings, Path(root), methods)
+                        except Exception:  # noqa: BLE001 - once per group, then each of its cases says so
+                            models[group] = f"the model or its eager reference failed: {last_line()}"
+                            result.errors.append(f"group {group}, model and eager reference:\n"
+                                                 + traceback.format_exc())
+                    if isinstance(models[group], str):
+                        rows.append({"group": group, "method": name, "status": "error", "note": models[group]})
+                        continue
+                    rows.append(run_case(models[group], name, settings))
+                    budget.note = f"{rows[-1]['status']} (max rows {rows[-1]['max_rows']}) {rows[-1]['note']}"[:200]
+                except Exception:  # noqa: BLE001 - the case is recorded as an error, the next one runs
+                    result.errors.append(f"group {group} {name}:\n{traceback.format_exc()}")
+                    rows.append({"group": group, "method": name, "status": "error", "note": last_line()})
+                    budget.note = f"error: {last_line()}"
+                    if isinstance(models.get(group), GroupModel):
+                        models[group].compile(settings)
+    finally:
+        models.clear()
+        reset_compiled_state()
+        write_rows(out / "correctness.csv", rows)
+        summarize(result, rows, len(cases))
+
+
+def last_line() -> str:
+    """The last line of the exception being handled (its type and message)."""
+    return traceback.format_exc().strip().splitlines()[-1][:200]
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def summarize(result, rows: list[dict], n_cases: int) -> None:
+    bad = [r for r in rows if r["status"] in ("FAIL", "error")]
+    identical = sum(r["status"] == "ok" for r in rows)
+    tied = sum(r["status"] == "tie" for r in rows)
+    result.failed_checks += [f"group {r['group']} {r['method']}: {r['status']} {r.get('note', '')}".strip()
+                             for r in bad]
+    recompiled = sum(1 for r in rows if r.get("recompiles"))
+    skipped = sum(1 for r in rows if r.get("cudagraph_skips"))
+    widest = max(rows, key=lambda r: r.get("rows_x_group") or 0, default=None)
+    result.summary = (f"{identical}/{n_cases} cases token-identical"
+                      + (f", {tied} identical but for fp16 ties" if tied else "")
+                      + f", {len(bad)} failed, {recompiled} recompiled, {skipped} with CUDA-graph skips"
+                      + (f"; widest step {widest['max_rows']} rows x group {widest['group']}" if widest and
+                         widest.get("max_rows") else ""))
+    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
+    body = "".join("| " + " | ".join(str(r.get(c, "")) for c in COLUMNS) + " |\n" for r in rows)
+    result.sections.append(head + body)

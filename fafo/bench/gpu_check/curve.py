@@ -1,0 +1,98 @@
+"""Stage 4: the compiled cost curve of the 7B-shaped model, and each method's step and host time on it.
+
+* curve: one compiled forward of 1..512 tokens at each context (the step sizes in order of value, every context
+  per step: a step size is one graph, the context only a tensor value), warmed, median of several calls;
+* methods: each draftless method at its preset's shapes generates after a prompt (a random run repeated, so the
+  n-gram methods have matches to draft from), compiled as the runner does, warmed, then one generation is split
+  into time inside its forwards and host time around them (:func:`~fafo.bench.engine_timing.step_times`). The
+  methods share the engine, its cache and the graphs of equal step shapes (vanilla's is the curve's 1-token one).
+
+Both go to ``<gpu>.csv`` (:func:`~fafo.bench.cost_curve.write_device_csv`), which ``bench.cost_curve`` reads.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from fafo.bench.cost_curve import CostCurve, write_device_csv
+from fafo.bench.engine_timing import (bytes_per_forward, device_name, device_slug, fill_cache, forward_step,
+                                      step_times, timed, warm_calls)
+from fafo.bench.gpu_check.big_model import random_prompt
+from fafo.bench.gpu_check.methods import build_method, selected, steps_as_the_runner
+from fafo.engine.compiled import reset_compiled_state
+
+CURVE_COLUMNS = ["context", "step_tokens", "median_ms", "min_ms", "first_call_s", "gb_per_s", "roofline_fraction"]
+METHOD_COLUMNS = ["method", "forward_tokens", "steps", "tau", "step_ms", "host_ms", "wall_ms", "forwards_per_step",
+                  "max_rows", "first_call_s"]
+
+
+def curve_stage(budget, result, settings, state, out: Path) -> None:
+    engine = state.big_engine(settings)
+    bandwidth = state.copy_bandwidth(settings.device)
+    cache = engine.cache(0)
+    fill_cache(cache)
+    repeats = 10 if settings.cuda else settings.rounds
+    for step in budget.each(list(settings.curve_steps), label=lambda s: f"{s} tokens"):
+        for context in settings.curve_contexts:
+            first, med, low = timed(forward_step(engine, cache, step, context), repeats, warm_calls(engine),
+                                    settings.device)
+            read = bytes_per_forward(engine, context)
+            state.curve_rows.append({
+                "context": context, "step_tokens": step, "median_ms": round(med, 4), "min_ms": round(low, 4),
+                "repeats": repeats, "first_call_s": round(first / 1e3, 2), "bytes_read": read,
+                "gb_per_s": round(read / med / 1e6, 1), "roofline_fraction": round(read / bandwidth * 1e3 / med, 4)})
+    path = write_csv(state, settings, out)
+    curve = CostCurve.load(path)  # the file reads back as a cost curve
+    ctx = settings.curve_contexts[0]
+    big = max(s for s in curve.table[ctx])
+    result.summary = (f"{len(state.curve_rows)} points in {path.name}; at {ctx}: 1 token {curve.latency(1, ctx):.2f} "
+                      f"ms, {big} tokens {curve.latency(big, ctx):.2f} ms "
+                      f"({curve.latency(big, ctx) / curve.latency(1, ctx):.2f}x)")
+    result.sections.append(table(CURVE_COLUMNS, state.curve_rows))
+
+
+def methods_stage(budget, result, settings, state, out: Path) -> None:
+    engine = state.big_engine(settings)
+    vocab = engine.model.args.vocab_size
+    prompt = random_prompt(settings.method_prompt, vocab, period=64, seed=1)
+    new = settings.method_new
+    for name in budget.each(selected(settings.timed_methods or settings.methods)):
+        t0 = time.perf_counter()
+        method = build_method(name, small=False)
+        method.setup(engine)
+        with steps_as_the_runner(engine, method):
+            for _ in range(2 if settings.cuda else 1):  # compiles, then records CUDA graphs
+                method.generate(engine, prompt, new)
+            warm_s = time.perf_counter() - t0
+            t = step_times(method, engine, prompt, new)
+        steps = method.forward_tokens()
+        state.method_rows.append({
+            "method": name, "forward_tokens": "+".join(map(str, steps)) if steps else "varies",
+            "prompt_tokens": len(prompt), "new_tokens": new, "steps": t.steps, "tau": round(t.tau, 3),
+            "step_ms": round(t.step_ms, 4), "host_ms": round(t.host_ms, 4), "wall_ms": round(t.wall_ms, 4),
+            "forwards_per_step": round(t.forwards_per_step, 2), "max_rows": t.max_rows,
+            "first_call_s": round(warm_s, 1), "compile": settings.compile_label if not method.eager_forwards
+            else "eager (" + method.eager_forwards + ")"})
+    reset_compiled_state()
+    state.release()  # the remaining stage needs no big model
+    path = write_csv(state, settings, out)
+    rows = state.method_rows
+    worst = max(rows, key=lambda r: r["host_ms"] / max(r["wall_ms"], 1e-9), default=None)
+    result.summary = f"{len(rows)} methods in {path.name}" + (
+        f"; largest host share {worst['method']} {worst['host_ms']:.2f} of {worst['wall_ms']:.2f} ms per step"
+        if worst else "")
+    result.sections.append(table(METHOD_COLUMNS, rows))
+
+
+def write_csv(state, settings, out: Path) -> Path:
+    common = {"device_name": state.versions.get("device") or device_name(settings.device), "dtype": settings.dtype,
+              "compile": settings.compile_label, "torch": torch.__version__, "cuda": torch.version.cuda or ""}
+    return write_device_csv(out / f"{device_slug(settings.device)}.csv", state.curve_rows, state.method_rows, common)
+
+
+def table(columns: list[str], rows: list[dict]) -> str:
+    return ("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+            + "".join("| " + " | ".join(str(r.get(c, "")) for c in columns) + " |\n" for r in rows))

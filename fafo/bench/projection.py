@@ -1,0 +1,271 @@
+"""Projected speedups: each method's measured decode steps priced on a cost curve, and checked against measurement.
+
+A run records every decode forward of every generation as the engine ran it (:class:`~fafo.engine.ledger.
+ForwardRecord`: kind, tokens carried, cached slots attended, the rows that attend only FAFO's compressed region,
+the share of sub-layers run), grouped per generation in ``outputs.jsonl`` (``forward_log``; the reference's in
+``ref_forward_log``). Given a cost curve (:class:`~fafo.bench.cost_curve.CostCurve`, ``bench.cost_curve``), each
+(sample, turn) is priced as
+
+    method decode time = sum over its decode forwards of  share x latency(tokens, attended)
+                         + draft-model forwards x latency(1, context) x draft params / target params
+                         + verification steps x host ms per step
+    vanilla decode time = sum over its decode forwards of latency(1, prompt + tokens so far)
+                         + its steps x its host ms per step
+
+where ``attended`` is the forward's mean attended length over its rows (a fumble row attends its region, a
+verification row the whole prefix: ``((tokens - region_rows) x prefix + region_rows x region_len) / tokens``) and
+the curve is piecewise linear in context, so a group of forwards priced at its mean prefix costs what the forwards
+priced one by one cost wherever the curve is linear over their range. ``projected_speedup`` is then the decode
+speedup of the priced times, aggregated as ``speedup_decode`` is (tokens after the first over summed times), over
+the same (sample, turn)s; ``projection_measured`` is the measured ``speedup_decode`` over them and
+``projection_error`` = projected / measured - 1.
+
+Host time per step (outside the forwards: drafting, tree building, KV moves and commits) comes from the row
+(``host_ms_per_step`` / ``ref_host_ms_per_step``, recorded by the runner where it measures them), else from the
+curve (``CostCurve.host_ms(method)`` where the curve file carries per-method host times), else it is left out and
+``projection_host`` says so. Forwards outside the curve's grid (more tokens than its largest step, a context
+outside its range) are priced by the curve's extrapolation and counted in ``projection_beyond_curve``: a
+projection is never extrapolated silently. Commits are device copies launched from the host: on the device that
+measured the curve they are in the host time per step.
+
+``python -m fafo.bench.projection RUN_DIR --curve CSV [--within 0.2]`` prices finished runs (a comparison's
+directory: every method in it) on any curve and prints measured and projected decode speedups per method; with
+``--within`` it exits 1 when any method's projection misses by more than that fraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from fafo.bench.cost_curve import CostCurve
+from fafo.engine.ledger import ForwardRecord
+
+# one group of a generation's forwards: [kind, tokens, region_rows, region_len, share, count, prefix_sum,
+# prefix_min, prefix_max]
+GROUP = ("kind", "tokens", "region_rows", "region_len", "share", "count", "prefix_sum", "prefix_min", "prefix_max")
+
+
+def compact(records: list[ForwardRecord]) -> list[list]:
+    """A generation's decode forwards (prefill excluded) grouped by everything but the prefix (JSON-ready)."""
+    groups: dict[tuple, list] = {}
+    for r in records:
+        if r.kind == "prefill":
+            continue
+        key = (r.kind, r.tokens, r.region_rows, r.region_len, round(r.share, 4))
+        g = groups.setdefault(key, [*key, 0, 0, r.prefix, r.prefix])
+        g[5] += 1
+        g[6] += r.prefix
+        g[7], g[8] = min(g[7], r.prefix), max(g[8], r.prefix)
+    return list(groups.values())
+
+
+def vanilla_log(prompt_tokens: int, new_tokens: int) -> list[list]:
+    """Vanilla's decode forwards: one token each, the j-th (j = 1..n-1) after ``prompt + j - 1`` cached slots."""
+    steps = new_tokens - 1
+    if steps < 1:
+        return []
+    first = prompt_tokens
+    return [["verify", 1, 0, 0, 1.0, steps, steps * first + steps * (steps - 1) // 2, first, first + steps - 1]]
+
+
+class Pricer:
+    """Prices forward groups on one curve and counts the forwards that fall outside its grid."""
+
+    def __init__(self, curve: CostCurve):
+        self.curve = curve
+        self.contexts = (min(curve.table), max(curve.table))
+        self.max_step = min(max(steps) for steps in curve.table.values())  # every context has up to this step
+        self.beyond = 0
+        self.beyond_example = ""
+
+    def _check(self, tokens: int, low: float, high: float, count: int) -> None:
+        lo, hi = self.contexts
+        if tokens > self.max_step or low < lo or high > hi:
+            self.beyond += count
+            self.beyond_example = self.beyond_example or (
+                f"{tokens} tokens at context {low:.0f}-{high:.0f} (curve: steps 1-{self.max_step}, contexts {lo}-{hi})")
+
+    def group_ms(self, g: list) -> float:
+        _, tokens, region_rows, region_len, share, count, prefix_sum, pmin, pmax = g
+        if not count:
+            return 0.0
+        mean_prefix = prefix_sum / count
+        attended = ((tokens - region_rows) * mean_prefix + region_rows * region_len) / tokens
+        low = min(pmin, region_len) if region_rows else pmin
+        self._check(tokens, low, pmax, count)
+        return count * share * self.curve.latency(tokens, attended)
+
+    def draft_model_ms(self, forwards: float, params: float, target_params: float | None, context: float) -> float:
+        if not forwards or not params or not target_params:
+            return 0.0
+        self._check(1, context, context, int(forwards))
+        return forwards * self.curve.latency(1, context) * params / target_params
+
+
+def _num(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _host_ms(row: dict, key: str, curve: CostCurve, method: str) -> tuple[float, str]:
+    """Host ms per step: the row's measurement, else the curve's per-method figure, else 0 (and which)."""
+    if (x := _num(row.get(key))) is not None:
+        return x, "measured in the run"
+    lookup = getattr(curve, "host_ms", None)
+    if callable(lookup) and (x := _num(lookup(method))) is not None:
+        return x, "from the cost curve"
+    return 0.0, "not included (not recorded)"
+
+
+def priced_turns(rows: list[dict], outputs: dict, curve: CostCurve, target_params: float | None,
+                 method: str, reference: str = "vanilla") -> tuple[list[dict], Pricer, set[str]]:
+    """One dict per timed (sample, turn) with a decode step and a forward log: tokens after the first and measured
+    and priced decode times of the method and of the reference (times: medians over repeats)."""
+    pricer, hosts = Pricer(curve), set()
+    by_turn: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("status") == "ok" and not (_num(r.get("compiles")) or 0) > 0:
+            by_turn[str(r["sample_id"]), int(float(r["turn"]))].append(r)
+    out = []
+    for key, reps in by_turn.items():
+        first, gen = reps[0], outputs.get(key) or {}
+        n, ref_n = _num(first.get("new_tokens")), _num(first.get("ref_new_tokens"))
+        if gen.get("forward_log") is None or n is None or ref_n is None or n <= 1 or ref_n <= 1:
+            continue
+        prompt, steps = _num(first.get("prompt_tokens")) or 0, _num(first.get("forwards")) or 0
+        host, how = _host_ms(first, "host_ms_per_step", curve, method)
+        ref_host, ref_how = _host_ms(first, "ref_host_ms_per_step", curve, reference)
+        hosts |= {how, ref_how}
+        ref_log = gen.get("ref_forward_log") or vanilla_log(int(prompt), int(ref_n))
+        method_ms = sum(pricer.group_ms(g) for g in gen["forward_log"]) + steps * host + pricer.draft_model_ms(
+            _num(first.get("draft_model_forwards")) or 0, _num(first.get("draft_model_params")) or 0,
+            target_params, prompt + n / 2)
+        ref_ms = sum(pricer.group_ms(g) for g in ref_log) + (ref_n - 1) * ref_host
+        times = {k: [_num(r.get(k)) for r in reps] for k in ("decode_s", "ref_decode_s")}
+        if any(None in v for v in times.values()):
+            continue
+        med = {k: statistics.median(v) for k, v in times.items()}  # over repeats, as metrics.per_turn
+        out.append({"steps_tokens": n - 1, "ref_steps_tokens": ref_n - 1, "decode_s": med["decode_s"],
+                    "ref_decode_s": med["ref_decode_s"], "pred_s": method_ms / 1e3, "ref_pred_s": ref_ms / 1e3,
+                    "steps": steps})
+    return out, pricer, hosts
+
+
+def _ratio(turns: list[dict], method: str, ref: str) -> float | None:
+    num = sum(t["steps_tokens"] for t in turns) / sum(t[method] for t in turns)
+    den = sum(t["ref_steps_tokens"] for t in turns) / sum(t[ref] for t in turns)
+    return num / den if den > 0 and math.isfinite(num / den) else None
+
+
+def project(rows: list[dict], outputs: dict, curve: CostCurve, target_params: float | None = None,
+            method: str = "", reference: str = "vanilla") -> dict:
+    """The summary's projection fields for a run's ``rows`` and ``outputs`` ({(sample_id, turn): record})."""
+    turns, pricer, hosts = priced_turns(rows, outputs, curve, target_params, method, reference)
+    out = {"cost_curve_device": curve.device, "projection_rows": len(turns)}
+    if not turns or any(t["pred_s"] <= 0 or t["ref_pred_s"] <= 0 for t in turns):
+        return out | {"projected_speedup": None, "projection_note": "no timed (sample, turn) with a forward log"}
+    projected, measured = _ratio(turns, "pred_s", "ref_pred_s"), _ratio(turns, "decode_s", "ref_decode_s")
+    steps = sum(t["steps"] for t in turns)
+    out |= {"projected_speedup": projected, "projection_measured": measured,
+            "projection_error": projected / measured - 1 if projected and measured else None,
+            "projected_step_ms": 1e3 * sum(t["pred_s"] for t in turns) / steps if steps else None,
+            "break_even_tau_measured": (sum(t["pred_s"] for t in turns) / steps)
+            / (sum(t["ref_pred_s"] for t in turns) / sum(t["ref_steps_tokens"] for t in turns)) if steps else None,
+            "projection_beyond_curve": pricer.beyond, "projection_host": "; ".join(sorted(hosts))}
+    if pricer.beyond:
+        out["projection_note"] = (f"{pricer.beyond} forwards priced beyond the curve's grid by extrapolation, e.g. "
+                                  f"{pricer.beyond_example}")
+    return out
+
+
+def summary_fields(decoder, curve: CostCurve | None, rows: list[dict], outputs: dict | None = None,
+                   target_params: float | None = None, method: str = "") -> dict:
+    """The run summary's cost fields: ``tokens_per_forward`` (a step's tokens as the method declares them; None
+    where they vary), ``tokens_per_step`` (measured: target tokens per verification step, prefill excluded) and,
+    with a cost curve, ``break_even_tau`` (the declared step at the run's mean context: the tau at which it pays for
+    itself) and the projection of :func:`project`."""
+    steps = decoder.forward_tokens()
+    out = {"tokens_per_forward": sum(steps) if steps else None, "forward_tokens": list(steps) if steps else None}
+    logs = [g for o in (outputs or {}).values() for g in o.get("forward_log") or []]
+    n_steps = sum(_num(o.get("forwards", {}).get("verify")) or 0 for o in (outputs or {}).values()
+                  if o.get("forward_log") is not None)
+    if logs and n_steps:
+        out["tokens_per_step"] = sum(g[1] * g[5] for g in logs if g[0] != "prefill") / n_steps
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if curve is None or not ok:
+        return out
+    if steps:
+        context = sum(float(r["prompt_tokens"]) + float(r["new_tokens"]) / 2 for r in ok) / len(ok)
+        out["break_even_tau"] = curve.break_even_tau(steps, int(context))
+    return out | project(rows, outputs or {}, curve, target_params, method)
+
+
+# ------------------------------------------------------------------ the check: python -m fafo.bench.projection
+def _outputs(run_dir: Path) -> dict:
+    out = {}
+    path = run_dir / "outputs.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            o = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[str(o["sample_id"]), int(o["turn"])] = o
+    return out
+
+
+def check(run_dirs: list[Path], curve: CostCurve) -> list[dict]:
+    """Every run under ``run_dirs`` priced on ``curve``: method, measured and projected decode speedup, error."""
+    from fafo.bench.report import read_rows
+
+    results = []
+    for root in run_dirs:
+        for summary_path in sorted(Path(root).rglob("summary.json")):
+            d = summary_path.parent
+            s = json.loads(summary_path.read_text())
+            p = project(read_rows(d / "samples.csv"), _outputs(d), curve, s.get("n_params"), s.get("method", ""))
+            results.append({"method": s.get("method", d.name), "run_dir": str(d), **p})
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dirs", nargs="+", type=Path, help="run directories (or a comparison's directory)")
+    ap.add_argument("--curve", required=True, help="a cost curve CSV (scripts/bench_engine.py --curve)")
+    ap.add_argument("--within", type=float, default=None, help="fail (exit 1) when |projected/measured - 1| > this")
+    args = ap.parse_args(argv)
+    results = check(args.run_dirs, CostCurve.load(args.curve))
+    if not results:
+        print(f"error: no summary.json under {', '.join(map(str, args.run_dirs))}", file=sys.stderr)
+        return 2
+    device = results[0]["cost_curve_device"]
+    print(f"| method | measured speedup_decode | projected ({device}) | error | beyond curve |")
+    print("|---|---:|---:|---:|---:|")
+    bad = []
+    for r in results:
+        err = r.get("projection_error")
+        measured, projected = _fmt(r.get("projection_measured"), ".3f"), _fmt(r.get("projected_speedup"), ".3f")
+        print(f"| {r['method']} | {measured}x | {projected}x | {_fmt(None if err is None else 100 * err, '+.1f')} % "
+              f"| {r.get('projection_beyond_curve', '-')} |")
+        if args.within is not None and (err is None or abs(err) > args.within):
+            bad.append(r["method"])
+    if bad:
+        print(f"projection off by more than {100 * args.within:.0f} % (or not computed) for: {', '.join(bad)}",
+              file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Which Triton kernel a compiled FlexAttention call gets, and how the engine shapes each call so that one exists.
+
+Inductor lowers ``flex_attention`` on CUDA to one of two templates (``torch/_inductor/kernel/flex/flex_attention.py:
+flex_attention``, torch 2.11 and 2.13 alike):
+
+* **flex-decoding** (``torch/_inductor/kernel/flex/flex_decoding.py``). ``_use_flex_decoding`` picks it when the
+  BACKEND option is AUTO (``TRITON_DECODE`` forces it) and ``FORCE_USE_FLEX_ATTENTION`` is unset, the query length
+  is 1..127, batch and head counts are static, the BlockMask has one head (under GQA) and the group
+  ``G = Hq // Hkv`` is a power of two. ``create_flex_decoding_kernel`` packs the G query heads of one KV head into
+  ``BLOCK_M`` rows (``kernel_options["BLOCK_M"]``, default ``max(next_power_of_2(Q * G), 16)``) and launches
+  ``(cdiv(Q * G, BLOCK_M), B * Hkv, SPLIT_KV)`` programs, SPLIT_KV = 2 x SMs / (B * Hkv) slices of the keys merged
+  afterwards (``get_split_k``). It skips every config unless ``SPARSE_Q_BLOCK_SIZE % BLOCK_M == 0``; with none
+  left, autotuning raises ``NoValidChoicesError``.
+* **the main template** otherwise: ``(cdiv(Q, BLOCK_M), B, Hq)`` programs, each one block of queries of one query
+  head reading every key of the call (no split over the keys); its configs' ``BLOCK_M``/``BLOCK_N`` (16..128)
+  divide the engine's 128-blocks.
+
+With the engine's 128 x 128 blocks, a decoding-eligible call with ``Q * G > 128`` therefore has no kernel (Llama-3-8B,
+G = 4: Token Recycling's 81-row trees, SuffixDecoding's 65, SAM's 40, Lookahead 5/15/15's 120 rows), and a group
+that is not a power of two (Qwen2.5-7B: 28 / 4 = 7) sends even a one-token decode to the main template: Hq programs
+each reading the whole cache alone, a slow vanilla that would inflate every speedup measured against it.
+
+:func:`flex_route` is the engine's rule, applied to every call of a compiled step:
+
+1. ``Q >= 128``: torch's own choice, the main template, with cdiv(Q, 128) x Hq programs. Shapes that are not
+   static (eager steps on CUDA, compiled once with dynamic shapes): the main template, forced, so the choice does
+   not depend on which sizes dynamo specialised.
+2. A group that is not a power of two is **padded** with zero query heads to ``G' = next_power_of_2(G)``, and the
+   padded rows of the output are dropped. Padding rather than folding the heads into the rows (q as
+   ``[B, Hkv, G * Q, D]``, an MHA call): folding keeps the decoding kernel only while ``G * Q < 128`` (Q <= 18 at
+   G = 7) and needs every mask whose mod reads the query index (trees, step masks) rewritten for folded rows
+   (``q_idx % Q``); padding leaves rows and masks as they are. Its cost: ``(G' - G) / G`` more arithmetic in a
+   kernel bound by reading the keys, the same key traffic (the decoding kernel reads each KV head's keys once per
+   slice for all G' heads), and copies of q and of the output, O(Q * Hq * D) against the cache's O(S * Hkv * D).
+3. ``BLOCK_M``: torch's default where it divides the mask's query block; otherwise the query block itself (128),
+   which every power-of-two group up to 128 divides. Each program is then exactly the program of a default call
+   with ``Q * G = 128`` (e.g. Q = 32 at G = 4), and ``cdiv(Q * G, 128)`` of them cover the rows, each with its
+   split over the keys, instead of the main template's Hq programs without one. (Chosen from the kernels'
+   sources; not yet timed on a GPU.)
+4. Where neither fits (a query block that is not a power of two), the main template is forced
+   (:func:`fafo.engine.torch_compat.main_template_option`).
+
+:func:`lowered_kernel` restates torch's decision for given kernel options, so tests check every route against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fafo.engine.torch_compat import main_template_option
+
+SHORT_QUERY = 128  # _use_flex_decoding: query lengths below this may take the decoding kernel
+MAIN_CONFIG_BLOCK = 128  # the largest BLOCK_M / BLOCK_N among the main template's forward configs
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def is_power_of_2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def default_block_m(q_len: int, group: int) -> int:
+    """``create_flex_decoding_kernel``'s BLOCK_M when kernel_options name none (CUDA; 16 is Triton's dot minimum)."""
+    return max(next_power_of_2(q_len * group), 16)
+
+
+def lowered_kernel(q_len: int, hq: int, hkv: int, q_block: int, options: dict | None = None, mask_heads: int = 1,
+                   static: bool = True) -> tuple[str, bool]:
+    """``(template, has_config)``: the template inductor lowers a flex_attention call to (``"decoding"`` or
+    ``"attention"``), and whether any of its configs survives (False: ``NoValidChoicesError``). Torch 2.11 and 2.13:
+    ``flex_attention.py: flex_attention`` and ``flex_decoding.py: _use_flex_decoding, create_flex_decoding_kernel``.
+
+    q_len, hq: the query's length and heads as the kernel sees them; hkv: key/value heads; q_block: the BlockMask's
+    ``BLOCK_SIZE[0]`` (SPARSE_Q_BLOCK_SIZE); mask_heads: the BlockMask's head count; static: batch and head counts
+    are static in the compiled graph.
+    """
+    options = options or {}
+    backend = options.get("BACKEND", "AUTO")
+    group = hq // hkv
+    mask_ok = mask_heads == 1 if hq != hkv else mask_heads in (1, hq)
+    eligible = (not options.get("FORCE_USE_FLEX_ATTENTION", False) and 0 < q_len < SHORT_QUERY and static
+                and mask_ok and is_power_of_2(group))
+    if backend == "TRITON_DECODE" or (backend == "AUTO" and eligible):
+        block_m = options.get("BLOCK_M", default_block_m(q_len, group))
+        return "decoding", q_block % block_m == 0 and block_m % group == 0
+    block_m = options.get("BLOCK_M", MAIN_CONFIG_BLOCK)
+    return "attention", q_block % block_m == 0
+
+
+@dataclass(frozen=True)
+class FlexRoute:
+    """How one flex_attention call is issued.
+
+    Attributes:
+        kernel: the template it lowers to, ``"decoding"`` or ``"attention"`` (the main template).
+        heads: query heads passed to the kernel (``hq``, or ``hkv * G'`` with zero heads padded in).
+        options: kernel_options for ``flex_attention``.
+    """
+
+    kernel: str
+    heads: int
+    options: dict
+
+
+def flex_route(q_len: int, hq: int, hkv: int, q_block: int = 128, static: bool = True) -> FlexRoute:
+    """The engine's rule for a flex_attention call of ``q_len`` queries in ``hq`` heads over ``hkv`` KV heads with
+    a one-head BlockMask of query block ``q_block`` (see the module docstring). A pure function of its arguments."""
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads do not split into {hkv} KV heads")
+    if not static:  # dynamic head counts: torch takes the main template; say so, so the choice never varies
+        return FlexRoute("attention", hq, main_template_option())
+    if q_len >= SHORT_QUERY:
+        return FlexRoute("attention", hq, {})
+    group = next_power_of_2(hq // hkv)
+    heads = hkv * group
+    if q_block % default_block_m(q_len, group) == 0:
+        return FlexRoute("decoding", heads, {})
+    if is_power_of_2(q_block) and q_block >= 16 and q_block % group == 0:
+        return FlexRoute("decoding", heads, {"BLOCK_M": q_block})
+    return FlexRoute("attention", hq, main_template_option())
+
+
+def pad_query_groups(q: torch.Tensor, hkv: int, group: int) -> torch.Tensor:
+    """q ``[B, Hkv * G, Q, D]`` -> ``[B, Hkv * group, Q, D]``: each KV head's G query heads, then zero heads."""
+    B, hq, Q, D = q.shape
+    qg = q.unflatten(1, (hkv, hq // hkv))
+    zeros = qg.new_zeros(B, hkv, group - hq // hkv, Q, D)
+    return torch.cat([qg, zeros], dim=2).flatten(1, 2)
+
+
+def drop_padded_groups(out: torch.Tensor, lse: torch.Tensor, hkv: int, group: int):
+    """The rows of the real query heads (the first ``group`` of each KV head's padded group) of out and lse."""
+    out = out.unflatten(1, (hkv, -1))[:, :, :group].flatten(1, 2)
+    return out, lse.unflatten(1, (hkv, -1))[:, :, :group].flatten(1, 2)

@@ -1,0 +1,133 @@
+"""The GPU self-check (``python -m fafo.bench.gpu_check``): its quick CPU run through the command line (every stage
+ran, every correctness case token-identical, the device CSV readable as a cost curve), and its stage machinery
+(budgets, timeouts, a failing stage recorded while the next one runs) on stand-in stages."""
+
+import csv
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fafo.bench.gpu_check.settings import BUDGETS, settings_for
+from fafo.bench.gpu_check.stages import Budget, StageResult, run_stage
+from tests.helpers import ENV, REPO
+
+
+@pytest.mark.slow
+def test_quick_cpu_check_passes_and_writes_its_report(tmp_path):
+    from fafo.bench.cost_curve import CostCurve
+
+    out = tmp_path / "check"
+    # a generous budget: on a busy CI machine no stage may be cut short (this test checks content, not speed)
+    proc = subprocess.run([sys.executable, "-m", "fafo.bench.gpu_check", "--device", "cpu", "--quick",
+                           "--budget-s", "3000", "--out", str(out)], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout[proc.stdout.index("| stage | status"):]  # printed last
+    for stage in BUDGETS:
+        assert f"| {stage} | ok |" in table, table
+    assert table.rstrip().splitlines()[-1].startswith("PASSED")
+    report = (out / "gpu_check.md").read_text()
+    assert report.startswith("# GPU self-check: PASSED") and report.count("Status: **ok**") == len(BUDGETS)
+
+    cases = list(csv.DictReader(open(out / "correctness.csv")))
+    assert len(cases) == 12 and {c["group"] for c in cases} == {"4"}  # --quick on CPU: group 4, every method
+    for c in cases:
+        assert c["status"] == "ok" and c["identical"] == c["generations"] == "3", c
+        assert c["recompiles"] == "0" and c["cudagraph_skips"] == "0", c
+    by = {c["method"]: c for c in cases}
+    assert int(by["token_recycling"]["max_rows"]) < 128 < int(by["token_recycling"]["rows_x_group"])
+    assert by["fafo_stream"]["max_rows"] == "481" and by["swift"]["compiled"] == "0"
+
+    curve = CostCurve.load(out / "cpu.csv")
+    assert sorted(curve.table) == [64, 256] and all(sorted(s) == [1, 8, 64] for s in curve.table.values())
+    assert set(curve.methods) == {"vanilla", "fafo_stream", "lookahead", "token_recycling"}
+    assert all(m["step_ms"] > 0 and m["host_ms"] >= 0 and m["steps"] >= 1 for m in curve.methods.values())
+    decode = list(csv.DictReader(open(out / "decode.csv")))
+    assert [(r["context"], r["variant"]) for r in decode] == [("64", "ours"), ("64", "transformers"),
+                                                              ("256", "ours"), ("256", "transformers")]
+    assert all(0 < float(r["roofline_fraction"]) and r["tokens_equal_ours"] in ("", "8/8") for r in decode)
+    compare = list(csv.DictReader(open(out / "cli_compare.csv")))
+    assert len(compare) == 4 and all(float(r["exact_match_rate"]) == 1.0 for r in compare)
+
+
+def _stand_ins(calls):
+    def ok(budget, result, settings, state, out):
+        calls.append(result.name)
+        result.summary = "fine"
+
+    def boom(budget, result, settings, state, out):
+        calls.append(result.name)
+        raise ValueError("the kernel broke")
+
+    return {"preflight": ok, "correctness": boom, "decode": ok, "curve": ok, "methods": ok, "cli": ok}
+
+
+def test_a_failing_stage_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch, capsys):
+    import fafo.bench.gpu_check.run as run
+
+    calls = []
+    monkeypatch.setattr(run, "stage_functions", lambda: _stand_ins(calls))
+    code = run.main(["--device", "cpu", "--out", str(tmp_path), "--stages", "preflight", "correctness", "decode"])
+    assert code == 1 and calls == ["preflight", "correctness", "decode"]
+    report = (tmp_path / "gpu_check.md").read_text()
+    assert report.startswith("# GPU self-check: FAILED")
+    assert "ValueError: the kernel broke" in report and "Traceback" in report
+    printed = capsys.readouterr().out
+    assert "| correctness | failed |" in printed and "| decode | ok |" in printed
+    assert "| cli | skipped |" in printed and "not selected" in printed
+
+
+def test_budget_skips_what_no_longer_fits():
+    result = StageResult("x", "x", 1.0)
+    budget = Budget(result, time.perf_counter() + 0.3)
+    ran = []
+    for item in budget.each(["a", "b", "c"]):
+        ran.append(item)
+        time.sleep(0.2)  # 0.1 s left after the first: less than the longest item so far
+    assert ran == ["a"] and result.skipped == ["b", "c"]
+
+
+def test_a_stage_past_its_deadline_is_interrupted():
+    def slow(budget, result):
+        for _ in budget.each(["first", "second"]):
+            time.sleep(5)
+
+    result = run_stage(StageResult("x", "x", 1.5), slow, time.perf_counter() + 1.5, grace=0.2)
+    assert result.status == "partial" and result.seconds < 3
+    assert result.skipped == ["first (interrupted)", "second"] and "out of time" in result.errors[0]
+
+
+def test_budgets_fit_eight_minutes_and_scale():
+    assert sum(BUDGETS.values()) <= 430  # 50 s of the 8 minutes left for start-up and a stage's grace
+    s = settings_for("cpu", quick=True, budget_s=90)
+    assert sum(s.budgets.values()) == pytest.approx(90)
+    assert s.compile.backend == "aot_eager" and s.compile.attention_for(s.device) == "flex"
+
+
+def test_cuda_without_a_gpu_is_one_clear_error(capsys, monkeypatch):
+    import torch
+
+    from fafo.bench.gpu_check.run import parse_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--device", "cuda"])
+    assert "no CUDA device is visible" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--device", "cpu", "--methods", "vanilla", "medusa"])
+    assert "--methods: medusa not a draftless method" in capsys.readouterr().err
+
+
+def test_engine_stages_import_no_hydra():
+    """Stages 1-4 run on a node without hydra-core/omegaconf (only the command line stage needs them)."""
+    code = ("import sys\n"
+            "sys.modules.update(dict.fromkeys(['hydra', 'omegaconf', 'antlr4']))\n"  # as if not installed
+            "import fafo.bench.gpu_check.run, fafo.bench.gpu_check.preflight, fafo.bench.gpu_check.correctness\n"
+            "import fafo.bench.gpu_check.decode, fafo.bench.gpu_check.curve, fafo.bench.gpu_check.cli\n"
+            "print(sorted(m for m in ('hydra', 'omegaconf', 'antlr4') if sys.modules[m] is not None))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
