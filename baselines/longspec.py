@@ -14,16 +14,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from baselines.longspec_draft import (WindowCache, check_shapes, load_draft, new_draft, read_draft_config,
-                                     resolve_draft, window_mask)
+                                     resolve_draft)
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
+from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
+from fafo.engine.ledger import model_call
 from fafo.bounds import at_least, check_bounds, one_of, plain
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
-from fafo.tree import DraftTree, greedy_tree_step, sampled_tree_step
+from fafo.tree import DraftTree, commit_path, verify_tree
 
 
 @dataclass
@@ -46,6 +49,7 @@ class LongSpecDecoder(Decoder):
     gamma: int = at_least(1, 4)
     window: int = at_least(1, 512)
     _loaded: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _consts: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # device constants
 
     def __post_init__(self):
         check_bounds(self, "method")
@@ -108,15 +112,21 @@ class LongSpecDecoder(Decoder):
 
     # ------------------------------------------------------------------------------------------------ drafting
     def _embed(self, engine: Engine, ids, positions: torch.Tensor):
+        """Token embeddings and rotary of ``ids`` (host values or a device tensor) at ``positions``."""
         x = engine.model.model.embed_tokens(engine.tensor(ids)[None])  # [1, Q, dim]
         cos, sin = engine.model.rotary.cos_sin(positions[None], x.dtype)
         return x, cos, sin
 
+    def _rows(self, engine: Engine, layer, ids, positions: torch.Tensor):
+        """Draft rows of tokens: (embeddings, cos, sin, self-attention k, v), one model call."""
+        x, cos, sin = self._embed(engine, ids, positions)
+        return (x, cos, sin, *layer.self_kv(x, cos, sin))
+
     def _commit(self, engine: Engine, ring: WindowCache, ids, first_pos: int) -> None:
         if len(ids):
             pos = torch.arange(first_pos, first_pos + len(ids), device=engine.device)
-            x, cos, sin = self._embed(engine, ids, pos)
-            k, v = self.layer.self_kv(x, cos, sin)
+            ids = engine.tensor(ids)  # host ids: one copy
+            *_, k, v = model_call(self._rows, engine, self.layer, ids, pos, device=engine.device)
             ring.append(k, v, pos)
 
     @staticmethod
@@ -124,39 +134,76 @@ class LongSpecDecoder(Decoder):
         """Draft log-probabilities of hidden rows: [1, n, dim] -> [n, V] float32."""
         return torch.log_softmax(engine.model.lm_head(h)[0].float(), dim=-1)
 
-    def _draft_tree(self, engine: Engine, layer, ring: WindowCache, cache, catch: list[int], N: int):
-        """Build the round's beam tree (one draft forward per level). Returns (tree, catch-up k, catch-up v)."""
+    def _forward(self, engine: Engine, layer, rows, keys_k, keys_v, masks, tk, tv) -> torch.Tensor:
+        """One draft forward (the layer over every key it may see, then the LM head): [n, V] log-probabilities.
+        ``keys_k``, ``keys_v``, ``masks``: the key blocks (ring, catch-up, each tree level) and their visibility."""
+        h = layer(*rows, torch.cat(keys_k, 2), torch.cat(keys_v, 2), torch.cat(masks, 1), tk, tv)
+        return self._logp(engine, h)
+
+    def _draft_tree(self, engine: Engine, layer, ring: WindowCache, cache, catch: list[int], N: int,
+                    catch_ids: torch.Tensor | None = None):
+        """Build the round's beam tree: one draft forward per level, the beam kept on the device (every level's
+        shape is known on the host), read back once at the end. Returns (tree, catch-up k, v and positions)."""
         dev = engine.device
         c_pos = torch.arange(N - len(catch) + 1, N + 1, device=dev)  # the root is the last catch-up token
-        x, cos, sin = self._embed(engine, catch, c_pos)
-        ck, cv = layer.self_kv(x, cos, sin)  # [1, Hkv, C, D]
+        catch_ids = engine.tensor(catch) if catch_ids is None else catch_ids  # on the device
+        x, cos, sin, ck, cv = model_call(self._rows, engine, layer, catch_ids, c_pos, device=dev)  # [1, Hkv, C, D]
         tk, tv = cache.keys[-1][:, :, :N], cache.values[-1][:, :, :N]  # the target's last layer, in place
-        keys_k, keys_v, key_pos = [ring.k, ck], [ring.v, cv], torch.cat([ring.pos, c_pos])
-        n_fixed = key_pos.numel()  # ring + catch-up: visible to every row by the window rule alone
-        rows, mask = (x[:, -1:], cos[:, :, -1:], sin[:, :, -1:]), window_mask(c_pos[-1:], key_pos, self.window)
-        tree = DraftTree.root(catch[-1])
-        level_nodes, level_scores = [0], torch.zeros(1, device=dev)  # the root row first, then each level's nodes
+        keys_k, keys_v, fixed_pos = [ring.k, ck], [ring.v, cv], torch.cat([ring.pos, c_pos])
+        # the ring and catch-up keys a query at depth d (position N + d) sees by the window rule alone
+        depths = self._const("depths", dev)
+        level_pos = depths + N  # [levels + 1]: the position of the root, then of each level's nodes
+        oldest = (depths + (N - self.window)).clamp_(min=0)  # the oldest position each level's queries see
+        fixed = fixed_pos >= oldest[:, None]  # [levels + 1, K_fixed] (empty ring slots hold position -1)
+        rows, masks = (x[:, -1:], cos[:, :, -1:], sin[:, :, -1:]), [fixed[:1]]
+        scores, picks, ancestors, sizes = self._const("zero", dev), [], None, []
         for depth, width in enumerate(self.shape, start=1):
-            h = layer(*rows, torch.cat(keys_k, 2), torch.cat(keys_v, 2), mask, tk, tv)
-            logp = self._logp(engine, h)  # [n, V]
+            logp = model_call(self._forward, engine, layer, rows, keys_k, keys_v, masks, tk, tv, device=dev)
             V = logp.shape[-1]
-            cum = (level_scores[:, None] + logp).reshape(-1)  # [n_nodes * V] cumulative log-probabilities
-            top = cum.topk(min(width, cum.numel()))
-            parents, toks = torch.stack([top.indices // V, top.indices % V]).tolist()  # one read per depth
-            level_nodes = [tree.add(level_nodes[p], t) for p, t in zip(parents, toks)]
-            level_scores = top.values
+            top = (scores[:, None] + logp).reshape(-1).topk(min(width, scores.numel() * V))  # [n, V] beams
+            picks.append(top.indices)
+            sizes.append(top.indices.numel())
+            scores = top.values
             if depth == len(self.shape):
                 break  # the last level is verified, never run through the draft
+            parents, toks = top.indices // V, top.indices % V
             # the next draft forward, over this level's nodes: window keys + catch-up + their tree ancestors
-            pos = torch.full((len(level_nodes),), N + depth, device=dev)
-            rows = self._embed(engine, toks, pos)
-            nk, nv = layer.self_kv(*rows)
-            keys_k.append(nk)
-            keys_v.append(nv)
-            key_pos = torch.cat([key_pos, pos])
-            mask = window_mask(pos, key_pos, self.window)
-            mask[:, n_fixed:] &= tree.mask(device=dev)[level_nodes][:, 1:]  # [n, nodes-1]: ancestors-or-self
-        return tree, ck, cv
+            rows = model_call(self._rows, engine, layer, toks, level_pos[depth].expand(len(toks)), device=dev)
+            keys_k.append(rows[3])
+            keys_v.append(rows[4])
+            rows = rows[:3]
+            ancestors = self._ancestors(ancestors, parents, sizes, dev)  # [n, tree nodes so far]
+            masks = [fixed[depth].expand(len(toks), -1), ancestors]
+        return self._tree(catch[-1], torch.cat(picks).tolist(), V), ck, cv, c_pos  # the round's one tree read
+
+    def _const(self, name: str, dev, n: int = 0) -> torch.Tensor:
+        """A constant on the device, built once: ``depths`` 0..levels, a float ``zero`` [1], ``eye`` [n, n]."""
+        key = (name, n, str(dev))
+        if key not in self._consts:
+            self._consts[key] = {"depths": lambda: torch.arange(len(self.shape) + 1, device=dev),
+                                 "zero": lambda: torch.zeros(1, device=dev),
+                                 "eye": lambda: torch.eye(n, dtype=torch.bool, device=dev)}[name]()
+        return self._consts[key]
+
+    def _ancestors(self, previous: torch.Tensor | None, parents: torch.Tensor, sizes: list[int], dev) -> torch.Tensor:
+        """Each new node's ancestors-or-self among the tree's nodes below the root (level by level, in beam order,
+        ``sizes`` nodes per level): its parent's row, then itself; a tree key further than the window is hidden."""
+        depth = len(sizes)
+        eye = self._const("eye", dev, parents.numel())
+        out = eye if previous is None else torch.cat([previous[parents], eye], dim=1)
+        if depth - 1 > self.window:  # a tree key at depth j < depth - window is out of the window (rare)
+            levels = np.repeat(np.arange(1, depth + 1), sizes)
+            out = out & torch.from_numpy(levels >= depth - self.window).to(dev)
+        return out
+
+    def _tree(self, root: int, picks: list[int], V: int) -> DraftTree:
+        """The beam tree from every level's top-k indices over (parent beam, token) pairs, in level order."""
+        tree, level, at = DraftTree.root(root), [0], 0
+        for width in self.shape:
+            n = min(width, len(level) * V)
+            level = [tree.add(level[i // V], i % V) for i in picks[at : at + n]]
+            at += n
+        return tree
 
 
 class _LongSpecState(StepState):
@@ -173,31 +220,41 @@ class _LongSpecState(StepState):
 
     def prefill(self) -> int:
         cfg, P = self.cfg, len(self.prompt)
-        last = self.engine.prefill(self.cache, self.prompt)[0, -1]
+        ids, pos = self.engine.upload(self.prompt, list(range(P)))  # the draft's window reads them too
+        last = self.engine.forward(self.cache, ids, pos, pos, causal_plan(0), logits="last", kind="prefill")[0, -1]
         cur = int(last.argmax()) if self.samp is None else int(self.samp.select(last, self.generator, self.prompt))
         # the draft's prompt "prefill": k/v of the last `window` prompt tokens (nothing else is ever read)
         self.ring.reset()
         start = max(0, P - cfg.window)
-        cfg._commit(self.engine, self.ring, self.prompt[start:], start)
+        cfg._commit(self.engine, self.ring, ids[start:], start)
         self.N, self.catch = P, [cur]  # committed target KV; tokens at N-len(catch)+1..N not in the ring yet
+        self.catch_ids = None  # the catch-up tokens on the device (uploaded with the last commit)
         self.committed = [cur]
         return cur
 
     def step(self, remaining: int) -> Step:
+        """Draft and verify; ``kv`` of the step: the accepted nodes (moved by :meth:`commit`)."""
         cfg, engine, N, catch = self.cfg, self.engine, self.N, self.catch
-        tree, ck, cv = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N)
+        tree, ck, cv, c_pos = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N, self.catch_ids)
         self.draft_forwards += len(cfg.shape)
-        self.ring.append(ck, cv, torch.arange(N - len(catch) + 1, N + 1, device=engine.device))
-        pad = cfg.tree_size  # the engine pads to it under static shapes
+        self.ring.append(ck, cv, c_pos)
+        logits = verify_tree(engine, self.cache, tree, N, cfg.tree_size)  # padded to it under static shapes
         if self.samp is None:
-            path, new = greedy_tree_step(engine, self.cache, tree, N, pad)
+            preds = logits.argmax(-1).tolist()  # the verification's one read
+            path = tree.accept_greedy(preds)
+            new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
         else:
             hist = self.prompt + self.committed if self.samp.uses_history else None
-            path, new = sampled_tree_step(engine, self.cache, tree, N, self.samp, self.generator, hist, pad)
+            path, new = tree.accept_sampled(logits, self.samp, self.generator, hist)
+        return Step(new, len(tree) - 1, path)
+
+    def commit(self, step: Step) -> None:
+        """The accepted path's KV move and the next round's catch-up tokens: one copy to the device."""
+        new = step.tokens
+        self.catch_ids = commit_path(self.cache, self.N, step.kv, carry=new, engine=self.engine)
         self.N += len(new)
         self.catch = new
         self.committed += new
-        return Step(new, len(tree) - 1)
 
     def draft_model(self) -> tuple[int, int]:
         """The draft layer's tree forwards (it reads the target's embedding and LM head too; only the layer's own

@@ -11,7 +11,7 @@ from the official code: docs/methods/lookahead.md.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -93,6 +93,8 @@ class LookaheadDecoder(Decoder):
     bonus_token: bool = False
     pool_from_prompt: bool = False
     seed: int = 0
+    # step structures by (columns, levels, guesses, device): built once per run, not per generation
+    _shapes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         check_bounds(self, "method")
@@ -147,7 +149,6 @@ class LookaheadState(StepState):
         self.pool = NgramPool(cfg.guess_set)
         if cfg.pool_from_prompt:
             self.pool.add_text(self.prompt, self.n)
-        self.shapes: dict[tuple[int, int, int], _Shape] = {}
         self.guesses_verified = 0
         self.P = len(self.prompt)  # the current token's position = its slot = committed KV entries
         self.cur = -1
@@ -169,8 +170,9 @@ class LookaheadState(StepState):
         return self.cur
 
     def _shape(self, columns: int, levels: int, n_guesses: int) -> _Shape:
-        key = (columns, levels, n_guesses)
-        if key not in self.shapes:
+        key = (columns, levels, n_guesses, str(self.engine.device))
+        shapes = self.cfg._shapes
+        if key not in shapes:
             dev, k = self.engine.device, self.n - 1
             mask = lookahead_step_mask(columns, levels, n_guesses, k).to(dev)
             col = torch.arange(columns)
@@ -178,8 +180,8 @@ class LookaheadState(StepState):
             rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
             w = levels * columns
             rows = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(w - columns, w + n_guesses * k)])
-            self.shapes[key] = _Shape(mask, rel.to(dev), rows.to(dev), w)
-        return self.shapes[key]
+            shapes[key] = _Shape(mask, rel.to(dev), rows.to(dev), w)
+        return shapes[key]
 
     def extras(self) -> dict:
         # the step's scratch slots are inside the cache: no buffer beyond it

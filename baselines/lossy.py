@@ -45,7 +45,7 @@ class _LossyState(StepState):
         capacity = len(prompt_ids) + max_new_tokens
         self.cache = engine.cache(capacity + 1)
         self.region = FixedRegion(self.cache, compress, capacity)
-        self.scratch = torch.tensor([capacity])
+        self.scratch = [capacity]
         self.rows = torch.zeros(1, dtype=torch.long) if compress.wants_decode_query else None
 
     def prefill(self) -> int:

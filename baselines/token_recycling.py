@@ -10,9 +10,11 @@ we differ from the official code: docs/methods/token_recycling.md.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from baselines.tree_drafting import DraftState, TreeDrafter
@@ -39,30 +41,50 @@ TEMPLATES = {
 }
 
 
-def template_tree(template: list[list[int]], root: int, adjacency: torch.Tensor, max_depth: int) -> DraftTree:
-    """The draft tree: template node ``path`` carries ``adjacency[token of path[:-1], path[-1]]`` (BFS order;
-    identical siblings merged); nodes deeper than ``max_depth`` are dropped."""
-    tree = DraftTree.root(root)
-    node_of = {(): 0}
-    for path in template:
-        if len(path) > max_depth:
-            continue
-        parent = node_of[tuple(path[:-1])]
-        node_of[tuple(path)] = tree.add(parent, int(adjacency[tree.tokens[parent], path[-1]]))
+class Template:
+    """A tree template as arrays, built once: node ``i + 1`` is template path ``i`` (node 0 the root), with its
+    parent node, its rank and its depth; ``levels`` the nodes of each depth (the template is in BFS order)."""
+
+    def __init__(self, paths: list[list[int]]):
+        index = {(): 0} | {tuple(path): i + 1 for i, path in enumerate(paths)}
+        self.parent = np.array([-1] + [index[tuple(path[:-1])] for path in paths])
+        self.rank = np.array([0] + [path[-1] for path in paths])
+        self.depth = np.array([0] + [len(path) for path in paths])
+        self.levels = [np.flatnonzero(self.depth == d) for d in range(1, int(self.depth.max()) + 1)]
+
+
+def template_tree(template: Template, root: int, adjacency: np.ndarray, max_depth: int) -> DraftTree:
+    """The draft tree: template node ``path`` carries ``adjacency[token of path[:-1], path[-1]]``, filled a depth
+    at a time on arrays (BFS order; identical siblings merged); nodes deeper than ``max_depth`` are dropped."""
+    tokens = np.empty(len(template.parent), dtype=np.int64)
+    tokens[0] = root
+    for nodes in template.levels[:max_depth]:
+        tokens[nodes] = adjacency[tokens[template.parent[nodes]], template.rank[nodes]]
+    tree, node_of = DraftTree.root(root), [0] * len(tokens)
+    parent = template.parent.tolist()
+    for i, (t, d) in enumerate(zip(tokens.tolist(), template.depth.tolist())):
+        if 0 < d <= max_depth:
+            node_of[i] = tree.add(node_of[parent[i]], t)
     return tree
 
 
 class _TRState(DraftState):
     def __init__(self, cfg: TokenRecyclingDecoder):
         self.cfg = cfg
+        self.template = _template(cfg.tree)
 
     def draft(self, context: list[int], max_depth: int) -> DraftTree:
-        return template_tree(TEMPLATES[self.cfg.tree], context[-1], self.cfg.adjacency, max_depth)
+        return template_tree(self.template, context[-1], self.cfg.adjacency, max_depth)
 
     def observe(self, tree: DraftTree, logits: torch.Tensor, new: list[int]) -> None:
-        top = logits.topk(self.cfg.topk, dim=-1).indices.cpu()  # [len(tree), topk]
-        # later rows win for repeated tokens (assignment with duplicate indices keeps the last on CPU)
-        self.cfg.adjacency[torch.tensor(tree.tokens)] = top
+        top = logits.topk(self.cfg.topk, dim=-1).indices.cpu().numpy()  # [len(tree), topk]
+        last = {t: i for i, t in enumerate(tree.tokens)}  # a token at several nodes: the last row wins
+        self.cfg.adjacency[list(last)] = top[list(last.values())]
+
+
+@functools.cache
+def _template(version: str) -> Template:
+    return Template(TEMPLATES[version])
 
 
 @dataclass
@@ -87,7 +109,7 @@ class TokenRecyclingDecoder(TreeDrafter):
         if self.topk < need:
             raise ConfigError(f"method.topk={self.topk!r} must be an integer >= {need} (template {self.tree} "
                               f"uses ranks up to {need - 1})")
-        self.adjacency: torch.Tensor | None = None
+        self.adjacency: np.ndarray | None = None
 
     def setup(self, engine) -> None:
         self.adjacency = None
@@ -95,11 +117,11 @@ class TokenRecyclingDecoder(TreeDrafter):
     def start(self, engine, prompt_ids, eos_ids) -> DraftState:
         vocab = engine.model.args.vocab_size
         if self.adjacency is None or self.reset_per_sample or self.adjacency.shape[0] != vocab:
-            self.adjacency = torch.zeros(vocab, self.topk, dtype=torch.long)
+            self.adjacency = np.zeros((vocab, self.topk), dtype=np.int64)  # on the host: read per node
         return _TRState(self)
 
     def max_tree(self) -> int:
         return 1 + len(TEMPLATES[self.tree])
 
     def buffer_bytes(self) -> int:
-        return 0 if self.adjacency is None else self.adjacency.numel() * self.adjacency.element_size()
+        return 0 if self.adjacency is None else self.adjacency.nbytes

@@ -174,6 +174,7 @@ class TriForceState(StepState):
         self.static = engine.static_shapes
         self.verify_len = cfg.max_proposal + 1  # [current | up to max_proposal proposed tokens]
         self.middle_len = 1 + (cfg.gamma1 if self.draft is not None else 0)  # [v's last token | gamma1 drafts]
+        self.all_rows = torch.arange(self.verify_len, device=engine.device)  # the captured rows of a verification
 
     def prefill(self) -> int:
         """Prefill the full cache capturing the last prompt token's query, build C_r, prefill the draft."""
@@ -209,11 +210,10 @@ class TriForceState(StepState):
         else:
             kv, base = self.cache, self.N  # full-cache fallback: scratch = the slots the verification rewrites
         feed = v[valid:] + drafts
-        dev = self.engine.device
         tokens = self._padded(feed, self.middle_len)
-        idx = torch.arange(len(tokens), device=dev)  # positions N + valid.., slots base + valid.. (scratch)
-        rows = torch.arange(len(v) - 1 - valid, len(feed), device=dev)  # real rows only: len(drafts) + 1
-        out = self.engine.forward(kv, tokens, self.N + valid + idx, base + valid + idx,
+        n, p, s = len(tokens), self.N + valid, base + valid  # positions p.., slots s.. (scratch): host values
+        rows = list(range(len(v) - 1 - valid, len(feed)))  # real rows only: len(drafts) + 1
+        out = self.engine.forward(kv, tokens, list(range(p, p + n)), list(range(s, s + n)),
                                   AttentionPlan(prefix=base + valid), logits=rows, kind="draft")
         return out[0]
 
@@ -283,12 +283,13 @@ class TriForceState(StepState):
         (the cache's ``extra_slots`` cover them)."""
         N = self.N
         tokens = self._padded(v, self.verify_len)
-        idx = torch.arange(len(tokens), device=self.engine.device)
+        n = len(tokens)
         plan = causal_plan(N)
         self.stats["rounds"] += 1
         if self.cfg.rebuild_interval is not None:  # every round, so compiled verifications keep one graph
-            plan.capture_rows = idx  # all rows (a fixed count); a rebuild reads row `accepted` < len(v)
-        out = self.engine.forward(self.cache, tokens, N + idx, N + idx, plan, logits="all")
+            plan.capture_rows = self.all_rows[:n]  # all rows (a fixed count); a rebuild reads row `accepted`
+        out = self.engine.forward(self.cache, tokens, list(range(N, N + n)), list(range(N, N + n)), plan,
+                                  logits="all")
         self.captured = plan.captured
         return out[:, : len(v)]  # [1, len(tokens), V] -> the real rows
 

@@ -18,17 +18,18 @@ from fafo.engine.rope import apply_rotary
 def select_chunks(keys: torch.Tensor, query: torch.Tensor, chunk: int, n_select: int, reduce: str) -> torch.Tensor:
     """The official ``init_graph_cache`` scoring: per KV head, chunk 0 then the best ``n_select - 1`` other chunks.
 
-    keys: [H_kv, T', D] post-RoPE (T' a multiple of ``chunk``); query: [H_q, D] post-RoPE -> [H_kv, n_select] chunk
-    indices, chunk 0 first, the rest in descending score order. Scores are q . mean(chunk keys), no 1/sqrt(d), no
-    softmax (as the official code), computed in float32; under GQA the query heads of a group are combined with
-    ``reduce`` (``mean``: the sum of their scores; ``max``) -- the official code is MHA only.
+    keys: [..., H_kv, T', D] post-RoPE (T' a multiple of ``chunk``); query: [..., H_q, D] post-RoPE -> [..., H_kv,
+    n_select] chunk indices, chunk 0 first, the rest in descending score order (leading dims: e.g. every layer at
+    once). Scores are q . mean(chunk keys), no 1/sqrt(d), no softmax (as the official code), computed in float32;
+    under GQA the query heads of a group are combined with ``reduce`` (``mean``: the sum of their scores; ``max``)
+    -- the official code is MHA only.
     """
-    h_kv, t, d = keys.shape
-    means = keys.float().view(h_kv, t // chunk, chunk, d).mean(dim=2)  # [H_kv, C, D]
-    q = query.float().view(h_kv, -1, d)  # [H_kv, G, D]
-    scores = group_scores(torch.matmul(q, means.transpose(1, 2)).flatten(0, 1), h_kv, reduce)  # [H_kv, C]
-    rest = torch.topk(scores[:, 1:], n_select - 1, dim=-1).indices + 1  # sorted: best first
-    return torch.cat([torch.zeros_like(rest[:, :1]), rest], dim=1)
+    h_kv, t, d = keys.shape[-3:]
+    means = keys.float().unflatten(-2, (t // chunk, chunk)).mean(dim=-2)  # [..., H_kv, C, D]
+    q = query.float().unflatten(-2, (h_kv, -1))  # [..., H_kv, G, D]
+    scores = group_scores(torch.matmul(q, means.transpose(-1, -2)).flatten(-3, -2), h_kv, reduce)  # [..., H_kv, C]
+    rest = torch.topk(scores[..., 1:], n_select - 1, dim=-1).indices + 1  # sorted: best first
+    return torch.cat([torch.zeros_like(rest[..., :1]), rest], dim=-1)
 
 
 class RetrievalCache:
@@ -54,29 +55,29 @@ class RetrievalCache:
     def build(self, full: KVCache, aligned: int, queries: dict, n_committed: int) -> None:
         """Select and gather chunks of ``full``'s first ``aligned`` slots with ``queries`` ({layer: [1, H_q, 1, D]},
         post-RoPE), then place the recent tokens ``[aligned, n_committed)`` (official ``init_graph_cache``, and
-        ``update_graph_cache_retrieval`` for a rebuild)."""
+        ``update_graph_cache_retrieval`` for a rebuild). Every layer at once: a handful of ops at any depth."""
         self.aligned = aligned
         n_sel, c = self.budget // self.chunk, self.chunk
-        for layer, (k_full, v_full) in enumerate(zip(full.keys, full.values)):
-            k = k_full[0, :, :aligned]  # [H_kv, T', D]
-            idx = select_chunks(k, queries[layer][0, :, 0], c, n_sel, self.reduce)  # [H_kv, n_sel]
-            heads = torch.arange(k.shape[0], device=k.device)[:, None]
-            for src, dst in ((k_full, self.kv.keys[layer]), (v_full, self.kv.values[layer])):
-                blocks = src[0, :, :aligned].unflatten(1, (aligned // c, c))[heads, idx]  # [H_kv, n_sel, c, D]
-                dst[0, :, : self.budget] = blocks.flatten(1, 2)
+        kv = full.kv[:, :, 0, :, :aligned]  # [2, L, H_kv, T', D]
+        q = torch.stack([queries[layer][0, :, 0] for layer in sorted(queries)])  # [L, H_q, D]
+        idx = select_chunks(kv[0], q, c, n_sel, self.reduce)  # [L, H_kv, n_sel]
+        blocks = kv.unflatten(3, (aligned // c, c))  # [2, L, H_kv, C, c, D]
+        idx = idx[None, :, :, :, None, None].expand(2, -1, -1, -1, c, blocks.shape[-1])
+        self.kv.kv[:, :, 0, :, : self.budget] = blocks.gather(3, idx).flatten(3, 4)
+        # where each later position's entry goes in the recent region (a ring from the end backwards), by position
+        ring = self.budget - self.chunk
+        pos = torch.arange(full.max_len, device=kv.device)
+        self._recent_slot = self.budget - 1 - (pos - aligned).remainder(ring)
+        self._positions = pos
         self.add_recent(full, aligned, n_committed)
 
     def add_recent(self, full: KVCache, lo: int, hi: int) -> None:
-        """Copy the full cache's committed entries at positions ``[lo, hi)`` (their slots) into the recent region."""
-        capacity = self.budget - self.chunk
-        lo = max(lo, hi - capacity)  # older ones would be overwritten within this very copy
+        """Copy the full cache's committed entries at positions ``[lo, hi)`` (their slots) into the recent region
+        (two ops: slot indices are slices of tensors built with the chunks)."""
+        lo = max(lo, hi - (self.budget - self.chunk))  # older ones would be overwritten within this very copy
         if lo >= hi:
             return
-        src = torch.arange(lo, hi, device=self.kv.keys[0].device)
-        dst = self.budget - 1 - (src - self.aligned) % capacity
-        for layer in range(len(full.keys)):
-            self.kv.keys[layer].index_copy_(2, dst, full.keys[layer].index_select(2, src))
-            self.kv.values[layer].index_copy_(2, dst, full.values[layer].index_select(2, src))
+        self.kv.copy_from(full, self._positions[lo:hi], self._recent_slot[lo:hi])
 
 
 class StreamingDraft:
@@ -104,12 +105,12 @@ class StreamingDraft:
         self.D = 0  # committed positions [0, D) are in the sink/window slots
         self.spec: list[int] = []  # tokens at positions D, D+1, ... with KV in scratch
         self.delta = 0  # the sinks' current rotation
-        self.pristine: list[torch.Tensor] | None = None
+        self.pristine: torch.Tensor | None = None  # [L, B, H_kv, start, D]: sink keys at positions 0..
 
     @property
     def nbytes(self) -> int:
-        return self.kv.nbytes + self.engine.weights_nbytes + sum(t.numel() * t.element_size()
-                                                                 for t in self.pristine or [])
+        pristine = 0 if self.pristine is None else self.pristine.numel() * self.pristine.element_size()
+        return self.kv.nbytes + self.engine.weights_nbytes + pristine
 
     def _base(self) -> int:
         return min(self.D, self.start + self.window)
@@ -127,7 +128,7 @@ class StreamingDraft:
         assert logits == "last", logits
         for s in range(0, len(tokens), pad):
             piece = tokens[s : s + pad]
-            last = torch.tensor([len(piece) - 1], device=self.engine.device)  # a fixed count (1) of logits rows
+            last = [len(piece) - 1]  # a fixed count (1) of logits rows, uploaded with the step's inputs
             out = self._run(piece + piece[-1:] * (pad - len(piece)), p0 + s, last)
         return out
 
@@ -137,9 +138,9 @@ class StreamingDraft:
         off = self._base() + p0 - self.D
         if off + len(tokens) > self.kv.max_len:
             raise RuntimeError(f"triforce draft scratch overflow ({off + len(tokens)} > {self.kv.max_len} slots)")
-        idx = torch.arange(len(tokens), device=self.engine.device)
-        return self.engine.forward(self.kv, tokens, p0 + idx, off + idx, causal_plan(off), logits=logits, eager=eager,
-                                   kind=kind)
+        n = len(tokens)  # host positions and slots: one upload with the tokens
+        return self.engine.forward(self.kv, tokens, list(range(p0, p0 + n)), list(range(off, off + n)),
+                                   causal_plan(off), logits=logits, eager=eager, kind=kind)
 
     def prefill(self, prompt: list[int]) -> None:
         self.reset()
@@ -188,10 +189,10 @@ class StreamingDraft:
         indices place them."""
         if delta == self.delta or self.start == 0:
             return
+        sinks = self.kv.kv[0, :, :, :, : self.start]  # [L, B, H_kv, start, D]: every layer's sink keys
         if self.pristine is None:  # delta was 0 so far: the sinks are still as written at positions 0..start-1
-            self.pristine = [k[:, :, : self.start].clone() for k in self.kv.keys]
+            self.pristine = sinks.clone()
         freqs = delta * self.engine.model.rotary.inv_freq  # float32 [D/2]
         emb = torch.cat((freqs, freqs))
-        for k, k0 in zip(self.kv.keys, self.pristine):
-            k[:, :, : self.start] = apply_rotary(k0.float(), emb.cos(), emb.sin()).to(k.dtype)
+        sinks.copy_(apply_rotary(self.pristine.float(), emb.cos(), emb.sin()))  # rounded to the cache's dtype
         self.delta = delta

@@ -19,12 +19,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from fafo.engine.engine import Engine
-from fafo.engine.ledger import ForwardCounts
+from fafo.engine.ledger import MODEL_TIME, ForwardCounts
 from fafo.sampling import Sampling
 
 
@@ -54,6 +55,8 @@ class Generation:
         accepted: proposed tokens that verification accepted (before the EOS / max_new_tokens cut).
         extras: method-specific diagnostics (pool sizes, retrieval budget, extra buffer bytes under
             ``buffer_bytes``...); counters that metrics read are the fields above, never keys here.
+        host_s: seconds of the decode loop (after the first token) spent outside model calls: building steps,
+            reading results, moving KV, drafting on the host (:data:`fafo.engine.ledger.MODEL_TIME`).
     """
 
     tokens: list[int]
@@ -64,6 +67,12 @@ class Generation:
     drafted: int | None = None
     accepted: int | None = None
     extras: dict = field(default_factory=dict)
+    host_s: float = 0.0
+
+    @property
+    def host_ms_per_step(self) -> float:
+        """Host milliseconds per decoding step (NaN without a step)."""
+        return 1000 * self.host_s / len(self.accept_lengths) if self.accept_lengths else math.nan
 
     @property
     def n_forwards(self) -> int:
@@ -130,12 +139,20 @@ class StepState(ABC):
         return 0, 0
 
 
+#: callables run after each decoding step (its commit included): host-work probes (fafo.bench.host_work)
+STEP_HOOKS: list = []
+
+
 def decode(engine: Engine, state: StepState, max_new_tokens: int, eos_ids=(), clock: Clock | None = None) -> Generation:
-    """The decode loop every step-based method shares (vanilla included); see :class:`StepState`."""
+    """The decode loop every step-based method shares (vanilla included); see :class:`StepState`.
+
+    Host time: the loop's wall time after the first token minus the time inside model calls
+    (:data:`~fafo.engine.ledger.MODEL_TIME`), read once the loop has ended."""
     clock = clock or NullClock()
     start = engine.ledger.mark()
     tokens, finished = truncate_at_stop([state.prefill()], max_new_tokens, eos_ids)
     clock.mark("prefill")
+    wall0, model0 = time.perf_counter(), MODEL_TIME.seconds
     accept_lengths: list[int] = []
     drafted = accepted = None
     while not finished:
@@ -148,10 +165,13 @@ def decode(engine: Engine, state: StepState, max_new_tokens: int, eos_ids=(), cl
         accept_lengths.append(len(new))
         if not finished:
             state.commit(step)
+        for hook in STEP_HOOKS:
+            hook()
     state.finish(tokens)
+    host_s = time.perf_counter() - wall0 - (MODEL_TIME.seconds - model0)
     n_draft, params = state.draft_model()
     return Generation(tokens, accept_lengths, engine.ledger.mark() - start, n_draft, params, drafted, accepted,
-                      state.extras())
+                      state.extras(), host_s)
 
 
 @dataclass

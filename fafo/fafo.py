@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fafo.compress.base import Compression, FixedRegion
@@ -141,19 +142,20 @@ class FAFOState(StepState):
             self.pool.add_text(self.prompt)
         g = torch.Generator().manual_seed(cfg.seed)
         init = torch.randint(len(self.prompt), (self.n, self.k), generator=g)
-        self.streams = torch.tensor(self.prompt)[init]  # [n, k], CPU
+        self.streams = np.asarray(self.prompt, dtype=np.int64)[init.numpy()]  # [n, k], on the host
         self.discarded: list[list[int]] = [[] for _ in range(self.n)]
         self._build_static()
 
     def _build_static(self) -> None:
-        """Masks, relative positions and output rows: fixed for the whole generation (built once)."""
+        """Masks, relative positions and output rows: fixed for the whole generation (built once). A step's host
+        values (tokens, positions, acceptance) are numpy arrays: no torch op is spent on them."""
         n, k, m, dev = self.n, self.k, self.m, self.engine.device
-        stream_rel = 1 + (torch.arange(n)[None, :] * self.cfg.stagger + torch.arange(k)[:, None]).flatten()
-        self.cand_rel = torch.arange(1, k + 1).repeat(m)
-        self.stream_rel = stream_rel  # column-wise: row j of every stream, then row j + 1...
+        stream_rel = 1 + (np.arange(n)[None, :] * self.cfg.stagger + np.arange(k)[:, None]).ravel()
+        cand_rel = np.tile(np.arange(1, k + 1), m)  # column-wise streams: row j of every stream, then row j + 1...
+        self.rel = {"fused": np.concatenate([[0], cand_rel, stream_rel]), "fumble": np.concatenate([[0], stream_rel]),
+                    "verify": np.concatenate([[0], cand_rel])}
         self.v_len = 1 + m * k  # current token + candidates
-        self.scratch_slots_cpu = torch.arange(self.scratch, self.scratch + self.v_len)  # no sync to index it
-        self.scratch_slots = self.scratch_slots_cpu.to(dev)
+        self.scratch_slots = torch.arange(self.scratch, self.scratch + self.v_len, device=dev)
         self.verify_rows = torch.arange(self.v_len, device=dev)
         self.captured: dict = {}
         stream_last = torch.arange((k - 1) * n, k * n)  # row k-1 of the stream block: each stream's newest token
@@ -188,12 +190,12 @@ class FAFOState(StepState):
         self.history.append(self.cur)
         return self.cur
 
-    def candidates(self) -> tuple[torch.Tensor, int]:
-        """[m, k] candidate tokens (padded with zeros) and how many are real."""
+    def candidates(self) -> tuple[np.ndarray, int]:
+        """[m, k] candidate tokens (padded with zeros) and how many are real, on the host."""
         found = self.pool.retrieve(self.history, self.m)
-        cands = torch.zeros(self.m, self.k, dtype=torch.long)
+        cands = np.zeros((self.m, self.k), dtype=np.int64)
         if found:
-            cands[: len(found)] = torch.tensor(found)
+            cands[: len(found)] = found
         return cands, len(found)
 
     def plan(self, mask, region_from: int | None, capture: bool = False) -> AttentionPlan:
@@ -203,25 +205,26 @@ class FAFOState(StepState):
                              dense_layers=self.cfg.compress.dense(),
                              capture_rows=rows)
 
-    def forward_logits(self, cands: torch.Tensor) -> torch.Tensor:
+    def forward_logits(self, cands: np.ndarray) -> torch.Tensor:
         """The step's logits rows: [1 + m*k verification rows, then each stream's newest-token row]."""
         P = self.layout.n  # the current token's position = number of cached entries
-        cur = torch.tensor([self.cur])
-        streams = self.streams.T.flatten()  # column-wise
+        cur = np.array([self.cur])
+        streams = self.streams.T.ravel()  # column-wise
         if self.cfg.fused:
-            tokens = torch.cat([cur, cands.flatten(), streams])
-            pos = P + torch.cat([torch.zeros(1, dtype=torch.long), self.cand_rel, self.stream_rel])
+            tokens = np.concatenate([cur, cands.ravel(), streams])
             plan = self.plan(self.masks[0], self.v_len, capture=True)
-            out = self.engine.forward(self.cache, tokens, pos, self.scratch_slots, plan, logits=self.rows)
+            out = self.engine.forward(self.cache, tokens, P + self.rel["fused"], self.scratch_slots, plan,
+                                      logits=self.rows)
             self.captured = plan.captured
             return out[0]
         f_mask, v_mask = self.masks
-        pos_f = P + torch.cat([torch.zeros(1, dtype=torch.long), self.stream_rel])
-        fumble = self.engine.forward(self.cache, torch.cat([cur, streams]), pos_f, None,
-                                     self.plan(f_mask, 1), logits=self.rows, kind="draft")
-        pos_v = P + torch.cat([torch.zeros(1, dtype=torch.long), self.cand_rel])
+        tokens_f, pos_f, tokens_v, pos_v = self.engine.upload(  # both forwards' inputs in one copy
+            np.concatenate([cur, streams]), P + self.rel["fumble"], np.concatenate([cur, cands.ravel()]),
+            P + self.rel["verify"])
+        fumble = self.engine.forward(self.cache, tokens_f, pos_f, None, self.plan(f_mask, 1), logits=self.rows,
+                                     kind="draft")
         plan = self.plan(v_mask, None, capture=True)
-        verify = self.engine.forward(self.cache, torch.cat([cur, cands.flatten()]), pos_v, self.scratch_slots, plan)
+        verify = self.engine.forward(self.cache, tokens_v, pos_v, self.scratch_slots, plan)
         self.captured = plan.captured
         return torch.cat([verify[0], fumble[0]])
 
@@ -235,29 +238,30 @@ class FAFOState(StepState):
             new, kv_rows = self._greedy_step(cands, n_real)
         return Step(new, n_real * self.k, kv_rows)
 
-    def _greedy_step(self, cands: torch.Tensor, n_real: int) -> tuple[list[int], torch.Tensor]:
-        preds = self.forward_logits(cands).argmax(-1).cpu()  # the one host sync of the step
+    def _greedy_step(self, cands: np.ndarray, n_real: int) -> tuple[list[int], np.ndarray]:
+        preds = self.forward_logits(cands).argmax(-1).cpu().numpy()  # the one host sync of the step
         v, new_stream = preds[: self.v_len], preds[self.v_len :]
         best_len, best = 0, 0
         if n_real:
-            before = torch.cat([v[:1].expand(n_real, 1), v[1:].view(self.m, self.k)[:n_real, :-1]], dim=1)
-            lengths = (cands[:n_real] == before).long().cumprod(dim=1).sum(dim=1)
-            best = int(lengths.argmax())
+            before = np.concatenate([np.repeat(v[:1], n_real)[:, None], v[1:].reshape(self.m, self.k)[:n_real, :-1]],
+                                    axis=1)
+            lengths = np.cumprod(cands[:n_real] == before, axis=1).sum(axis=1)
+            best = int(lengths.argmax())  # the first of the longest, as torch.argmax
             best_len = int(lengths[best])
         bonus = int(v[0]) if best_len == 0 else int(v[1 + best * self.k + best_len - 1])
         new = cands[best, :best_len].tolist() + [bonus]
-        kv_rows = torch.cat([torch.zeros(1, dtype=torch.long), 1 + best * self.k + torch.arange(best_len)])
+        kv_rows = np.concatenate([[0], 1 + best * self.k + np.arange(best_len)])
         self._advance_streams(new_stream)
         return new, kv_rows
 
-    def _sampled_step(self, cands: torch.Tensor, n_real: int) -> tuple[list[int], torch.Tensor]:
+    def _sampled_step(self, cands: np.ndarray, n_real: int) -> tuple[list[int], np.ndarray]:
         """Sampling (temperature > 0): the streams stay greedy (argmax over C(kv): they are only guesses); the
         candidates are verified with the deterministic-guess rule (``Sampling.verify_guesses``, Lookahead's
         sampling verification): exact in distribution because the candidates are fixed before the step's
         random draws (the argument is in ``fafo/sampling.py``). KV kept: the current token's and the accepted
         candidate tokens' (every emitted token but the last)."""
         logits = self.forward_logits(cands)
-        self._advance_streams(logits[self.v_len :].argmax(-1).cpu())
+        self._advance_streams(logits[self.v_len :].argmax(-1).cpu().numpy())
         v, k = logits[: self.v_len], self.k
 
         def logits_at(g, d):
@@ -265,12 +269,12 @@ class FAFOState(StepState):
 
         new, best = self.sampling.verify_guesses(cands[:n_real].tolist(), logits_at, k + 1, self.generator,
                                                  self.history)
-        kv_rows = torch.cat([torch.zeros(1, dtype=torch.long), 1 + best * k + torch.arange(len(new) - 1)])
+        kv_rows = np.concatenate([[0], 1 + best * k + np.arange(len(new) - 1)])
         return new, kv_rows
 
-    def _advance_streams(self, new_tokens: torch.Tensor) -> None:
+    def _advance_streams(self, new_tokens: np.ndarray) -> None:
         dropped = self.streams[:, 0].tolist()
-        self.streams = torch.cat([self.streams[:, 1:], new_tokens[:, None]], dim=1)
+        self.streams = np.concatenate([self.streams[:, 1:], new_tokens[:, None]], axis=1)
         for i, state in enumerate(self.streams.tolist()):
             buf = self.discarded[i]
             buf.append(dropped[i])
@@ -282,6 +286,6 @@ class FAFOState(StepState):
         new, kv_rows = step.tokens, step.kv
         last = int(kv_rows[-1])  # query-aware C re-selects with the newest committed token's query
         query = {layer: q[:, :, last : last + 1] for layer, q in self.captured.items()} or None
-        self.layout.commit(self.scratch_slots_cpu[kv_rows], query)
+        self.layout.commit((self.scratch + kv_rows).tolist(), query)
         self.history.extend(new)
         self.cur = new[-1]

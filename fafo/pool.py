@@ -38,11 +38,21 @@ class CandidatePool:
             bucket.popitem(last=False)
 
     def add_stream(self, discarded: Sequence[int], state: Sequence[int]) -> None:
-        """Alg. 2 for one stream: ``state`` under each suffix of ``discarded`` (its last k dropped tokens)."""
-        value = tuple(state)
+        """Alg. 2 for one stream: ``state`` under each suffix of ``discarded`` (its last k dropped tokens).
+        :meth:`add` inlined: it runs k times per stream and step, the bulk of a FAFO step's host work."""
+        value, table, cap = tuple(state), self.table, self.cap
         tail = tuple(discarded[-self.k :])
         for length in range(1, len(tail) + 1):
-            self.add(tail[-length:], value)
+            key = tail[-length:]
+            bucket = table.get(key)
+            if bucket is None:
+                table[key] = bucket = OrderedDict()
+            elif value in bucket:
+                bucket.move_to_end(value)
+                continue
+            bucket[value] = None
+            if len(bucket) > cap:
+                bucket.popitem(last=False)
 
     def add_text(self, tokens: Sequence[int]) -> None:
         """Seed from a text (e.g. the prompt): every k-gram stored under each suffix of the text before it."""

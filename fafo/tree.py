@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fafo.engine.attention import AttentionPlan
@@ -89,11 +90,16 @@ class DraftTree:
 
     # ------------------------------------------------------------------ the verification forward
     def mask(self, device=None) -> torch.Tensor:
-        """``[len, len]`` bool: node i sees itself and its ancestors."""
-        mask = torch.eye(len(self), dtype=torch.bool)
-        for i in range(1, len(self)):  # parents precede children: a row extends its parent's row
-            mask[i] |= mask[self.parents[i]]
-        return mask.to(device)
+        """``[len, len]`` bool: node i sees itself and its ancestors (built by numpy, one step per depth)."""
+        n = len(self)
+        parents = np.asarray(self.parents)
+        mask, nodes, up = np.eye(n, dtype=bool), np.arange(n), parents.copy()
+        while (up >= 0).any():
+            seen = up >= 0
+            mask[nodes[seen], up[seen]] = True
+            up = np.where(seen, parents[np.maximum(up, 0)], -1)
+        mask = torch.from_numpy(mask)
+        return mask if device is None else mask.to(device)
 
     def inputs(self, N: int) -> tuple[list[int], list[int], torch.Tensor]:
         """The verification forward's host tokens and positions ``[len]`` and step mask ``[len, len]``, with the
@@ -145,15 +151,24 @@ def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None
     the engine pads the step to it (the caller's cache must have ``N + size`` slots)."""
     tokens, positions, mask = tree.inputs(N)  # host values: the engine uploads them in one copy
     slots = list(range(N, N + len(tree)))
-    plan = AttentionPlan(prefix=N, step_mask=mask)
+    plan = AttentionPlan(prefix=N, step_mask=mask.numpy())  # a host array: gathered on the host (Engine.forward)
     return engine.forward(cache, tokens, positions, slots, plan, logits="all", pad_to=size)[0]
 
 
-def commit_path(cache, N: int, path: list[int]) -> None:
-    """Move the accepted nodes' KV from slots ``N + node`` to ``N + 1, N + 2, ...`` (no-op when in place)."""
-    if path and path != list(range(1, len(path) + 1)):
-        src, dst = upload([[N + i for i in path], list(range(N + 1, N + 1 + len(path)))], cache.keys[0].device)
-        cache.move(src, dst)
+def commit_path(cache, N: int, path: list[int], carry=None, engine: Engine | None = None):
+    """Move the accepted nodes' KV from slots ``N + node`` to ``N + 1, N + 2, ...`` (no-op when in place).
+
+    ``carry``: host values to upload in the same copy (e.g. the tokens a draft reads next), returned on the device
+    (counted in ``engine``'s ledger when given); None when there are none."""
+    moves = bool(path) and path != list(range(1, len(path) + 1))
+    if not moves and carry is None:
+        return None
+    values = ([[N + i for i in path], list(range(N + 1, N + 1 + len(path)))] if moves else []) + \
+        ([carry] if carry is not None else [])
+    out = engine.upload(*values) if engine is not None else upload(values, cache.keys[0].device)
+    if moves:
+        cache.move(out[0], out[1])
+    return out[-1] if carry is not None else None
 
 
 def greedy_tree_step(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None

@@ -20,6 +20,7 @@ random Llama built in memory on the device in the benchmark's dtype (``--shape``
   share is measured by wrapping ``attend``).
 * ``fumble``: FAFO's fumble queries over a compressed KV budget F under compiled FlexAttention, the fixed region
   vs the same entries scattered (:mod:`fafo.bench.fumble_attention`).
+* ``host``: every method config's work per decoding step outside its forwards (:mod:`fafo.bench.host_work`).
 
 Variants are interleaved over ``--repeats`` rounds::
 
@@ -28,6 +29,7 @@ Variants are interleaved over ``--repeats`` rounds::
     python scripts/bench_engine.py vs-hf --threads 1 2 --rounds 3
     python scripts/bench_engine.py fafo-step --threads 2 --context 1024
     python scripts/bench_engine.py fumble --scatter streaming random --plot
+    python scripts/bench_engine.py host --layers 32 64 --new-tokens 64 --threads 1
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fafo.bench import host_work  # noqa: E402
 from fafo.bench.cost_curve import CostCurve  # noqa: E402
 from fafo.bench.engine_timing import (AttentionTimer, bytes_per_forward, copy_bandwidth, device_name,  # noqa: E402
                                       fill_cache, forward_step, hf_ms_per_token, ours_ms_per_token, timed,
@@ -55,11 +58,11 @@ from fafo.bench.timing import load_average, sync  # noqa: E402
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions, compile_stats  # noqa: E402
 from fafo.engine.engine import DTYPES, Engine  # noqa: E402
 
-MODES = ("roofline", "vs-hf", "fafo-step", "fumble")
+MODES = ("roofline", "vs-hf", "fafo-step", "fumble", "host")
 DEFAULTS = {  # per mode: (contexts, repeats, out)
     "roofline": ([1024, 2048, 4096], 5, "engine.csv"), "vs-hf": ([1024], 3, "decode.csv"),
     "fafo-step": ([1024], 3, "decode.csv"), "fumble": ([1024, 2048, 4096, 8192, 16384, 32768], 5,
-                                                      "fumble_attention.csv")}
+                                                      "fumble_attention.csv"), "host": ([], 5, "host.csv")}
 # Peak HBM bandwidth in bytes/s, matched against torch.cuda.get_device_name().
 PEAK_BANDWIDTH = {
     "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12, "A100-PCIE-40GB": 1.555e12, "A100 80GB PCIe": 1.935e12,
@@ -349,6 +352,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--sink", type=int, default=4, help="StreamingLLM attention-sink tokens (--scatter streaming)")
     g.add_argument("--scatter", nargs="+", choices=SCATTERS, default=["streaming"])
     g.add_argument("--no-compile", action="store_true", help="eager flex_attention / create_block_mask")
+    g = p.add_argument_group("host (also --new-tokens, --repeats)")
+    g.add_argument("--layers", type=int, nargs="+", default=[32, 64])
+    g.add_argument("--methods", nargs="+", default=None, help="method configs (default: all of conf/method)")
     args = p.parse_args(argv)
     contexts, repeats, out = DEFAULTS[args.mode]
     args.contexts = args.contexts or (CURVE_CONTEXTS if args.curve else contexts)
@@ -370,7 +376,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 RUN = {"roofline": (roofline, COLUMNS, roofline_report), "vs-hf": (vs_hf, DECODE_COLUMNS, None),
-       "fafo-step": (fafo_step, DECODE_COLUMNS, None), "fumble": (fumble, FUMBLE_COLUMNS, fumble_report)}
+       "fafo-step": (fafo_step, DECODE_COLUMNS, None), "fumble": (fumble, FUMBLE_COLUMNS, fumble_report),
+       "host": (host_work.bench, host_work.COLUMNS, host_work.report)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

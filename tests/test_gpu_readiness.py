@@ -38,9 +38,10 @@ METHODS = {**COMPILED_METHODS, "quantspec": QuantSpecDecoder, "longspec": lambda
 # Host-to-device copies per decode step, at most (docs/performance.md, "The GPU path, checked on the CPU"): one
 # packed upload per forward of the target (tokens, positions, slots and a tree's mask together), plus what a method
 # moves besides.
-# FAFO uploads once per generation: its steps are built on the device.
-COPIES_PER_STEP = {"vanilla": 1, "fafo-stream": 0, "fafo-quest": 0, "fafo-snapkv": 0, "fafo-2forward": 0,
-                   "lookahead": 2, "triforce": 5, "triforce-draft": 20, "swift": 3, "quantspec": 7, "longspec": 7,
+# FAFO uploads its step's tokens and positions (both forwards' in one copy for FAFO-2forward); its KV moves are
+# slices or built on the device. LongSpec drafts its tree on the device: the verification's upload and the KV move.
+COPIES_PER_STEP = {"vanilla": 1, "fafo-stream": 1, "fafo-quest": 1, "fafo-snapkv": 1, "fafo-2forward": 1,
+                   "lookahead": 2, "triforce": 5, "triforce-draft": 20, "swift": 3, "quantspec": 7, "longspec": 2,
                    "prompt_lookup": 1, "token_recycling": 2, "suffix_decoding": 1, "sam_decoding": 1}
 
 
@@ -62,9 +63,9 @@ class FactoryCopies(TorchFunctionMode):
 
 # Device-to-host reads per decode step, at most (docs/performance.md): each is a sync on CUDA. One is the step's
 # verification (the committed tokens); drafting loops on the host read each drafted token (QuantSpec, TriForce's
-# levels, SWIFT's confidence), LongSpec one per tree depth, Token Recycling its top-k.
+# levels, SWIFT's confidence), LongSpec its drafted tree once, Token Recycling its top-k.
 READS_PER_STEP = {"vanilla": 1, "fafo-stream": 1, "fafo-quest": 1, "fafo-snapkv": 1, "fafo-2forward": 1,
-                  "lookahead": 1, "triforce": 5, "triforce-draft": 18, "swift": 3, "quantspec": 7, "longspec": 6,
+                  "lookahead": 1, "triforce": 5, "triforce-draft": 18, "swift": 3, "quantspec": 7, "longspec": 2,
                   "prompt_lookup": 1, "token_recycling": 2, "suffix_decoding": 1, "sam_decoding": 1}
 READS_PER_GENERATION = 5  # the prompt's next token, and a gathered step mask built once per mask
 

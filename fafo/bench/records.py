@@ -33,7 +33,7 @@ SAMPLE_COLUMNS = [
     "prompt_tokens", "new_tokens", "forwards", "tau", "tau_with_prefill", "tau_all", "mean_accept",
     "prefill_forwards", "draft_forwards", "aux_forwards", "target_forwards", "target_tokens",
     "draft_model_forwards", "draft_model_params", "drafted", "accepted",
-    "prefill_s", "decode_s", "total_s", "tokens_per_s", "verify_ms", "peak_mem_mb", "ref_peak_mem_mb",
+    "prefill_s", "decode_s", "total_s", "tokens_per_s", "verify_ms", "host_ms", "peak_mem_mb", "ref_peak_mem_mb",
     "mem_overhead_mb", "ref_new_tokens", "ref_total_s", "ref_decode_s", "eager_ref_total_s", "eager_ref_decode_s",
     "aa_total_s", "aa_decode_s", "speedup", "speedup_e2e", "speedup_decode",
     "exact_match", "first_mismatch", "mismatch_kind", "mismatch_gap",

@@ -21,6 +21,7 @@ import json
 import math
 import random
 import socket
+import statistics
 import sys
 import time
 import traceback
@@ -412,6 +413,7 @@ class Runner:
             "target_forwards": f.total, "target_tokens": f.tokens, "draft_model_forwards": gen.draft_model_forwards,
             "draft_model_params": gen.draft_model_params, "drafted": gen.drafted, "accepted": gen.accepted, **t,
             "tokens_per_s": n / t["total_s"], "verify_ms": 1000 * t["decode_s"] / f.verify if f.verify else "",
+            "host_ms": _nan_blank(gen.host_ms_per_step),  # outside model calls (fafo.decoding.decode)
             "peak_mem_mb": peak, "ref_peak_mem_mb": ref_peak,
             "mem_overhead_mb": peak - ref_peak if ref_peak is not None else "",
             "ref_new_tokens": ref_n, "ref_total_s": ref_total, "ref_decode_s": ref_decode, **beside,
@@ -450,7 +452,13 @@ class Runner:
                 "attention": self.engine.backend, "repeats": self.bench.repeats, "warmup_s": warmup_s,
                 "load_s": load_s, "sampling": asdict(self.sampling), "ignore_eos": bool(self.bench.ignore_eos),
                 "random_model": self.ckpt.random, "checkpoint": self.ckpt.source, "n_params": self.n_params,
-                "run_dir": str(self.run_dir)}
+                "run_dir": str(self.run_dir), "host_ms_per_step": _median_of(rows, "host_ms")}
+
+
+def _median_of(rows, key: str) -> float | None:
+    """The median of a numeric column over the rows that have it (None: none has)."""
+    values = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+    return statistics.median(values) if values else None
 
 
 def _nan_blank(x: float):

@@ -97,9 +97,13 @@ def group_scores(scores: torch.Tensor, n_kv_heads: int, reduce: str) -> torch.Te
 class FixedRegion:
     """Physical layout ``[C(kv) | R(kv)]`` of a static cache, maintained by swapping (FAFO App. H).
 
-    For each layer l and KV head h, ``pos[l, h, s]`` is the logical position held by slot ``s`` (-1: empty) and
-    ``slot_of[l, h, p]`` its inverse. Slots ``[0, n)`` hold the ``n`` cached entries; the first ``region_len``
-    of them are exactly the current selection of the compression function.
+    For each layer l and KV head h, ``pos[l, h, s]`` is the logical position held by slot ``s`` and ``slot_of[l,
+    h, p]`` its inverse. Slots ``[0, n)`` hold the ``n`` cached entries; the first ``region_len`` of them are
+    exactly the current selection of the compression function. Both start as the identity: an entry appended at
+    slot ``n`` sits at position ``n`` until a swap moves it, so appending writes nothing.
+
+    Every step's bookkeeping is a fixed handful of ops over all layers and heads at once (the selection, the swap
+    lists, one gather and one scatter of the cache: :meth:`KVCache.move_rows`), whatever the depth.
 
     Args:
         cache: the static cache whose slots are moved (batch 1).
@@ -114,36 +118,38 @@ class FixedRegion:
         self.capacity = capacity
         self.device = cache.keys[0].device
         L, H = len(cache.keys), cache.keys[0].shape[1]
-        self.pos = torch.full((L, H, capacity + 1), -1, dtype=torch.long, device=self.device)
-        self.slot_of = torch.full((L, H, capacity + 1), -1, dtype=torch.long, device=self.device)
-        self.pos[:, :, capacity] = capacity  # the junk slot holds a dummy position, so padded swaps stay no-ops
-        self.slot_of[:, :, capacity] = capacity
+        self._arange = torch.arange(capacity + 1, device=self.device)  # slices of it are every step's ranges
+        self._junk = self._arange[capacity]  # padded swaps pair this unused slot with itself
+        self.pos = self._arange.expand(L, H, -1).clone()  # [L, H, capacity + 1]; slot `capacity`: the junk slot
+        self.slot_of = self.pos.clone()
         self.n = 0
         self.region_len = 0
         self.state: dict = {}  # the compression function's per-generation state (Quest metadata, SnapKV picks)
 
+    def arange(self, start: int, end: int) -> torch.Tensor:
+        """Positions ``[start, end)`` on the device (a view: no op), ``0 <= start <= end <= capacity``."""
+        return self._arange[start:end]
+
     def prefill(self, n_prompt: int, queries: dict | None = None) -> None:
         """The prompt's KV sits at slots ``[0, T)`` in position order; select C and swap it into place."""
-        ar = torch.arange(n_prompt, device=self.device)
-        self.pos[:, :, :n_prompt] = ar
-        self.slot_of[:, :, :n_prompt] = ar
         self.n = n_prompt
         self.compression.after_prefill(self, queries)
         self._reselect(self.budget)
 
-    def commit(self, scratch_slots: torch.Tensor, query: dict | None = None) -> None:
+    def commit(self, scratch_slots, query: dict | None = None) -> None:
         """Append entries computed in scratch slots (positions ``n, n+1, ...``), then swap the fixed region so
         it holds exactly C(kv) again: newly selected entries in, evicted ones out to where those came from.
 
         Nothing here waits for the device (no host read of device data, no data-dependent shape), so a decoding
-        step's only synchronisation stays the decoder's read of its accepted tokens. ``scratch_slots`` may live
-        on the host: it is copied without blocking.
+        step's only synchronisation stays the decoder's read of its accepted tokens. ``scratch_slots``: a host list
+        of slots (moved by slice copies, :meth:`KVCache.copy_slots`) or a device tensor.
         """
-        a = scratch_slots.numel()
-        new = torch.arange(self.n, self.n + a, device=self.device)
-        self.cache.move(scratch_slots.to(self.device, non_blocking=True), new)
-        self.pos[:, :, self.n : self.n + a] = new
-        self.slot_of[:, :, self.n : self.n + a] = new
+        a = len(scratch_slots)
+        if isinstance(scratch_slots, torch.Tensor):
+            self.cache.move(scratch_slots, self.arange(self.n, self.n + a))
+        else:
+            self.cache.copy_slots(list(scratch_slots), list(range(self.n, self.n + a)))
+        new = self.arange(self.n, self.n + a)
         self.n += a
         self.compression.after_append(self, new, query)
         self._reselect(self.compression.max_swaps(self, a))
@@ -154,34 +160,27 @@ class FixedRegion:
         sel = self.compression.select(self).to(self.device)
         sel = sel.expand(L, H, -1) if sel.dim() == 1 else sel  # [L, H, K]
         K = sel.shape[-1]
-        want = torch.zeros(L, H, self.n, dtype=torch.bool, device=self.device)
-        want.scatter_(2, sel, True)
-        evict = ~want.gather(2, self.pos[:, :, :K])  # [L, H, K]: region slots holding unselected entries
-        admit_slots = self.slot_of.gather(2, sel)  # [L, H, K]: where the selected entries are now
-        admit = admit_slots >= K
         width = min(max_swaps, K)  # Python ints: no row evicts (nor admits: as many) more than this
         if width:
-            junk = self.capacity  # padded pairs swap this unused slot with itself
-            src_out = _first_true(torch.arange(K, device=self.device).expand(L, H, K), evict, width, junk)
-            src_in = _first_true(admit_slots, admit, width, junk)
-            src, dst = torch.cat([src_out, src_in], -1), torch.cat([src_in, src_out], -1)  # swap pairs
-            self._move_rows(src, dst)
+            want = torch.zeros(L, H, self.n, dtype=torch.bool, device=self.device)
+            want.scatter_(2, sel, True)
+            evict = ~want.gather(2, self.pos[:, :, :K])  # [L, H, K]: region slots holding unselected entries
+            admit_slots = self.slot_of.gather(2, sel)  # [L, H, K]: where the selected entries are now
+            src_out = _first_true(None, evict, width, self._junk)
+            src_in = _first_true(admit_slots, admit_slots >= K, width, self._junk)
+            pairs = torch.cat([src_out, src_in, src_in, src_out], -1)  # swap pairs: src then dst
+            src, dst = pairs[..., : 2 * width], pairs[..., 2 * width :]
+            self.cache.move_rows(src, dst)
             moved = self.pos.gather(2, src)
             self.pos.scatter_(2, dst, moved)
             self.slot_of.scatter_(2, moved, dst)
         self.region_len = K
 
-    def _move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Per (layer, head) slot copies: src/dst [L, H, N]; values are gathered before any write."""
-        for layer in range(src.shape[0]):
-            for buf in (self.cache.keys[layer], self.cache.values[layer]):
-                D = buf.shape[-1]
-                vals = buf.gather(2, src[layer][None, :, :, None].expand(buf.shape[0], -1, -1, D))
-                buf.scatter_(2, dst[layer][None, :, :, None].expand(buf.shape[0], -1, -1, D), vals)
 
-
-def _first_true(values: torch.Tensor, mask: torch.Tensor, width: int, fill: int) -> torch.Tensor:
-    """Per row, the values where mask is True, first ``width`` of them, padded with ``fill``: [..., width]."""
-    order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[..., :width]
-    picked = values.gather(-1, order)
-    return torch.where(mask.gather(-1, order), picked, torch.full_like(picked, fill))
+def _first_true(values: torch.Tensor | None, mask: torch.Tensor, width: int, fill: torch.Tensor) -> torch.Tensor:
+    """Per row, the values where mask is True (``values=None``: their indices), first ``width`` of them, padded
+    with ``fill`` (a 0-d tensor): [..., width]."""
+    flags, order = torch.sort(mask.view(torch.int8), dim=-1, descending=True, stable=True)  # True first, in order
+    order = order[..., :width]
+    picked = order if values is None else values.gather(-1, order)
+    return torch.where(flags[..., :width].view(torch.bool), picked, fill)

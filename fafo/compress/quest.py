@@ -60,52 +60,55 @@ class Quest(Compression):
         return torch.tensor([n_prompt - 1])
 
     def after_prefill(self, region, queries) -> None:
-        keys = region.cache.keys  # identity layout after prefill: slot = position
+        keys = region.cache.kv[0]  # [L, B, H_kv, S, D]; identity layout after prefill: slot = position
         n_pages = -(-region.capacity // self.page_size)
-        shape = (*keys[0].shape[:2], n_pages, keys[0].shape[-1])  # [B, H_kv, pages, D]
-        region.state["kmax"] = [torch.full(shape, float("-inf"), dtype=k.dtype, device=k.device) for k in keys]
-        region.state["kmin"] = [torch.full(shape, float("inf"), dtype=k.dtype, device=k.device) for k in keys]
-        self._update(region, torch.arange(region.n, device=region.device))
-        region.state["query"] = queries
+        shape = (*keys.shape[:3], n_pages, keys.shape[-1])  # [L, B, H_kv, pages, D]
+        region.state["kmax"] = torch.full(shape, float("-inf"), dtype=keys.dtype, device=keys.device)
+        region.state["kmin"] = torch.full(shape, float("inf"), dtype=keys.dtype, device=keys.device)
+        self._update(region, region.arange(0, region.n))
+        region.state["query"] = _stacked(queries)
 
     def after_append(self, region, new_slots, query) -> None:
         self._update(region, new_slots)  # appended entries sit at slot == position until reselection
         if query is not None:
-            region.state["query"] = query
+            region.state["query"] = _stacked(query)
 
     def _update(self, region, positions: torch.Tensor) -> None:
-        pages = (positions // self.page_size)[None, None, :, None]
-        for layer, k in enumerate(region.cache.keys):
-            new = k[:, :, positions]  # [B, H_kv, N, D]
-            idx = pages.expand_as(new)
-            region.state["kmax"][layer].scatter_reduce_(2, idx, new, reduce="amax")
-            region.state["kmin"][layer].scatter_reduce_(2, idx, new, reduce="amin")
+        """Fold the keys at ``positions`` into their pages' min/max, every layer at once (three ops)."""
+        new = region.cache.kv[0].index_select(3, positions)  # [L, B, H_kv, N, D]
+        idx = (positions // self.page_size)[:, None].expand_as(new)
+        region.state["kmax"].scatter_reduce_(3, idx, new, reduce="amax")
+        region.state["kmin"].scatter_reduce_(3, idx, new, reduce="amin")
 
     def upper_bound(self, q: torch.Tensor, kmax: torch.Tensor, kmin: torch.Tensor) -> torch.Tensor:
-        """q: [B, H_q, D]; kmax/kmin: [B, H_kv, P, D] -> [B, H_q, P] page scores (>= q.k for the page's keys)."""
-        group = q.shape[1] // kmax.shape[1]
-        qg = q.unflatten(1, (kmax.shape[1], group))[..., None, :]  # [B, H_kv, G, 1, D]
-        return torch.maximum(qg * kmax[:, :, None], qg * kmin[:, :, None]).sum(-1).flatten(1, 2)
+        """q: [..., H_q, D]; kmax/kmin: [..., H_kv, P, D] -> [..., H_q, P] page scores (>= q.k for the page's keys)."""
+        h_kv = kmax.shape[-3]
+        qg = q.unflatten(-2, (h_kv, -1))[..., None, :]  # [..., H_kv, G, 1, D]
+        hi, lo = kmax[..., None, :, :], kmin[..., None, :, :]  # [..., H_kv, 1, P, D]
+        return torch.maximum(qg * hi, qg * lo).sum(-1).flatten(-3, -2)
 
     def select(self, region) -> torch.Tensor:
+        """Every layer at once: [L, H_kv, K] positions (the top pages per KV head, then the current page)."""
         n, P = region.n, self.page_size
         n_pages, page_budget = -(-n // P), self.budget // P
         if n_pages <= page_budget:
-            return torch.arange(n, device=region.device)
-        last = torch.arange((n_pages - 1) * P, n, device=region.device)
-        per_layer = []
-        for layer in range(len(region.cache.keys)):
-            q = region.state["query"][layer][:, :, -1].float()  # [B, H_q, D]
-            kmax = region.state["kmax"][layer][:, :, : n_pages - 1].float()
-            kmin = region.state["kmin"][layer][:, :, : n_pages - 1].float()
-            scores = group_scores(self.upper_bound(q, kmax, kmin), kmax.shape[1], self.gqa_reduce)[0]  # [H, P']
-            pages = topk_positions_per_head(scores, page_budget - 1)  # [H_kv, page_budget - 1]
-            tokens = (pages[..., None] * P + torch.arange(P, device=region.device)).flatten(1)
-            per_layer.append(torch.cat([tokens, last.expand(tokens.shape[0], -1)], dim=1))
-        return torch.stack(per_layer)  # [L, H_kv, K]
+            return region.arange(0, n)
+        last = region.arange((n_pages - 1) * P, n)
+        q = region.state["query"][..., -1, :].float()  # [L, B, H_q, D]
+        kmax = region.state["kmax"][..., : n_pages - 1, :].float()  # [L, B, H_kv, P', D]
+        kmin = region.state["kmin"][..., : n_pages - 1, :].float()
+        scores = group_scores(self.upper_bound(q, kmax, kmin), kmax.shape[-3], self.gqa_reduce)[:, 0]  # [L, H, P']
+        pages = topk_positions_per_head(scores, page_budget - 1)  # [L, H_kv, page_budget - 1]
+        tokens = (pages[..., None] * P + region.arange(0, P)).flatten(-2)
+        return torch.cat([tokens, last.expand(*tokens.shape[:2], -1)], dim=-1)  # [L, H_kv, K]
 
     def max_swaps(self, region, n_appended: int) -> int:
         # While every page fits, C(kv) is the whole cache and nothing moves. Past that, the top pages are chosen
         # afresh from each query (and K shrinks when a new page starts), so the whole region may change.
         n_pages = -(-region.n // self.page_size)
         return 0 if n_pages <= self.budget // self.page_size else self.budget
+
+
+def _stacked(queries: dict | None) -> torch.Tensor | None:
+    """Captured queries ``{layer: [B, H_q, R, D]}`` as one ``[L, B, H_q, R, D]`` tensor (one op)."""
+    return None if queries is None else torch.stack([queries[layer] for layer in sorted(queries)])

@@ -89,7 +89,7 @@ class SnapKV(Compression):
 
     def select(self, region) -> torch.Tensor:
         kept, T, n = region.state["kept"], region.state["prompt_len"], region.n
-        recent = torch.arange(max(T, n - self.local), n, device=region.device)
+        recent = region.arange(max(T, n - self.local), n)
         if kept.dim() == 1:
             return torch.cat([kept, recent])
         return torch.cat([kept, recent.expand(*kept.shape[:2], -1)], dim=-1)

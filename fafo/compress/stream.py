@@ -40,10 +40,10 @@ class StreamingLLM(Compression):
         return self.sink + self.local
 
     def select(self, region) -> torch.Tensor:
-        n, dev = region.n, region.device
+        n = region.n
         if n <= self.budget:
-            return torch.arange(n, device=dev)
-        return torch.cat([torch.arange(self.sink, device=dev), torch.arange(n - self.local, n, device=dev)])
+            return region.arange(0, n)
+        return torch.cat([region.arange(0, self.sink), region.arange(n - self.local, n)])
 
     def max_swaps(self, region, n_appended: int) -> int:
         # The region only grows while n <= budget and C(kv) is then everything: nothing moves. Past that, the

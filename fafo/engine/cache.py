@@ -1,18 +1,23 @@
 """Static, preallocated KV cache.
 
-One key and one value tensor per layer, ``[B, H_kv, max_len, D]``, allocated once. Keys are stored *post-RoPE*,
-so a cached entry can be moved to another physical slot (compression, FAFO's fixed region) without touching its
-logical position. The cache itself keeps no notion of "length": decoders own that bookkeeping and say, per step,
-which slots new KV goes to and which slots are visible (:class:`fafo.engine.attention.AttentionPlan`).
+One tensor ``[2, L, B, H_kv, max_len, D]`` (keys, then values, of every layer), allocated once; ``keys[l]`` and
+``values[l]`` are its per-layer views ``[B, H_kv, max_len, D]``, which the model reads and writes. Keys are stored
+*post-RoPE*, so a cached entry can be moved to another physical slot (compression, FAFO's fixed region) without
+touching its logical position. Moving entries is one gather and one scatter over every layer at once
+(:meth:`KVCache.move`, :meth:`KVCache.move_rows`), whatever the depth: a decode step launches the same few ops on a
+7B model as on a 70B one. The cache itself keeps no notion of "length": decoders own that bookkeeping and say, per
+step, which slots new KV goes to and which slots are visible (:class:`fafo.engine.attention.AttentionPlan`).
 """
 
 from __future__ import annotations
 
 import torch
 
+SLOT_DIM = 4  # the slot axis of KVCache.kv: [2, L, B, H_kv, S, D]
+
 
 class KVCache:
-    """Per-layer static key/value buffers.
+    """Static key/value buffers of every layer in one tensor.
 
     Args:
         n_layers: number of transformer layers.
@@ -24,14 +29,18 @@ class KVCache:
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
-        shape = (batch, n_kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]  # [B, Hkv, S, D]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.kv = torch.zeros((2, n_layers, batch, n_kv_heads, max_len, head_dim), dtype=dtype, device=device)
+        self.keys = list(self.kv[0].unbind(0))  # per layer [B, Hkv, S, D], views of kv
+        self.values = list(self.kv[1].unbind(0))
         self.max_len = max_len
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The buffer and its per-layer views (what CUDA graphs must keep at static addresses)."""
+        return [self.kv, *self.keys, *self.values]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+        return self.kv.numel() * self.kv.element_size()
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots: [Q] long; k, v: [B, Hkv, Q, D]."""
@@ -39,11 +48,34 @@ class KVCache:
         self.values[layer].index_copy_(2, slots, v)
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy the entries of slots ``src`` to slots ``dst`` in every layer (src, dst: [N] long).
+        """Copy the entries of slots ``src`` to slots ``dst`` in every layer and head (src, dst: [N] long).
 
         Used to compact accepted tokens written to scratch slots into their final place. ``src`` and ``dst`` may
-        overlap: the source entries are gathered before anything is written.
+        overlap: the source entries are gathered before anything is written. Two ops, whatever the depth.
         """
-        for layer in range(len(self.keys)):
-            for buf in (self.keys[layer], self.values[layer]):
-                buf.index_copy_(2, dst, buf.index_select(2, src))
+        self.kv.index_copy_(SLOT_DIM, dst, self.kv.index_select(SLOT_DIM, src))
+
+    def copy_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy slots listed on the host, one slice copy per run of consecutive pairs: no index reaches the device
+        (FAFO's commit: the current token's entry and the accepted candidate's run). ``src`` and ``dst`` must not
+        overlap."""
+        start = 0
+        for i in range(1, len(src) + 1):
+            if i == len(src) or src[i] != src[i - 1] + 1 or dst[i] != dst[i - 1] + 1:
+                a, b, n = src[start], dst[start], i - start
+                self.kv[:, :, :, :, b : b + n].copy_(self.kv[:, :, :, :, a : a + n])
+                start = i
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Per (layer, KV head) slot copies: src, dst ``[L, H_kv, N]`` long (the same in keys and values, for every
+        batch row); values are gathered before any write. Two ops, whatever the depth."""
+        _, L, B, H, _, D = self.kv.shape
+        n = src.shape[-1]
+        shape = (2, L, B, H, n, D)
+        src = src[None, :, None, :, :, None].expand(shape)
+        dst = dst[None, :, None, :, :, None].expand(shape)
+        self.kv.scatter_(SLOT_DIM, dst, self.kv.gather(SLOT_DIM, src))
+
+    def copy_from(self, other: "KVCache", src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy ``other``'s entries at slots ``src`` to this cache's slots ``dst`` in every layer (same model)."""
+        self.kv.index_copy_(SLOT_DIM, dst, other.kv.index_select(SLOT_DIM, src))

@@ -5,8 +5,10 @@ A fair race needs identical kernels, so vanilla and every method run on this obj
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from fafo.engine.attention import BACKENDS, AttentionPlan, causal_plan
@@ -14,7 +16,8 @@ from fafo.engine.cache import KVCache
 from fafo.engine.compiled import CompiledStep, CompileOptions
 from fafo.engine.context import context_limit
 from fafo.engine.flex_masks import FlexMasks
-from fafo.engine.ledger import ForwardLedger
+from fafo.engine.kernels import GatheredMask
+from fafo.engine.ledger import ForwardLedger, model_call
 from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
 from fafo.engine.model import Transformer, plan_is_plain_causal
 from fafo.engine.static_shapes import pad_step
@@ -104,6 +107,8 @@ class Engine:
     def enable_compile(self, options: CompileOptions | None = None) -> None:
         """Compile decode steps from now on (see :mod:`fafo.engine.compiled`); decoders pad to static shapes."""
         self.compiled = CompiledStep(self.model, options or CompileOptions(), self.device)
+        # the compiled graph alone is the model call: what CompiledStep prepares around it is host work
+        self.compiled.fn = functools.partial(model_call, self.compiled.fn, device=self.device)
         self.static_shapes = True
         self._cache = None  # reallocated (with static addresses for CUDA graphs) at the next request
 
@@ -116,7 +121,7 @@ class Engine:
         """A cache of its own for a decoder (e.g. a retrieval cache); CUDA graphs may keep its address."""
         cache = self.model.new_cache(max_len)
         if self.compiled is not None and self.compiled.options.cudagraphs:
-            for t in cache.keys + cache.values:
+            for t in cache.tensors():
                 torch._dynamo.mark_static_address(t)
         return cache
 
@@ -153,6 +158,10 @@ class Engine:
         ``pad_to``: the most rows this kind of step can have (host inputs only). Under :attr:`static_shapes` the
         step is padded to it (:mod:`fafo.engine.static_shapes`) and only the real rows come back.
 
+        ``plan.step_mask`` may be a numpy bool array: a mask built on the host for this step (a tree's). Its
+        per-query key lists (:class:`~fafo.engine.kernels.GatheredMask`) are then computed on the host too and
+        travel with the step's inputs in one copy: nothing is read back from the device to size them.
+
         Decode steps (``plan.prefix > 0``) without layer skipping run compiled when :meth:`enable_compile` was
         called; prefill, layer-skipping forwards and ``eager=True`` ones (e.g. a chunked prefill, whose lengths
         vary) run eagerly.
@@ -164,11 +173,20 @@ class Engine:
                 logits = [n_real - 1]  # the last real row, uploaded with the step's inputs
         if appends_one_token_host(tokens, slots, plan):  # decided on host values: no device read
             plan = replace(plan, step_in_cache=True)
-        mask = plan.step_mask if plan.step_mask is not None and plan.step_mask.device != self.device else None
+        mask, index, valid = plan.step_mask, None, None
+        if isinstance(mask, np.ndarray):
+            index, valid = host_gathered(mask)
+        elif mask is not None and mask.device == self.device:
+            mask = None  # already there
         rows = logits if isinstance(logits, list) else None
-        tokens, positions, slots, mask, rows = self.upload(tokens, positions, slots, mask, rows)
+        tokens, positions, slots, mask, rows, index, valid = self.upload(tokens, positions, slots, mask, rows,
+                                                                         index, valid)
         if mask is not None:  # a tree's mask built on the host travels in the same copy
-            plan = replace(plan, step_mask=mask)
+            gathered = None
+            if index is not None:
+                gathered = GatheredMask.__new__(GatheredMask)
+                gathered.index, gathered.valid, gathered.width = index, valid, index.shape[1]
+            plan = replace(plan, step_mask=mask, step_gather=gathered)
         logits = logits if rows is None else rows
         if tokens.dim() == 1:
             tokens = tokens[None]
@@ -176,12 +194,13 @@ class Engine:
         share = 1 - (len(skip[0]) + len(skip[1])) / (2 * self.model.args.n_layers) if skip is not None else 1.0
         self.ledger.record(kind, tokens.shape[-1], plan.prefix, region_rows, plan.region_len, share)
         if self.compiled is not None and plan.prefix > 0 and skip is None and not eager:
-            out = self.compiled(tokens, positions, cache, slots, plan, logits)
+            out = self.compiled(tokens, positions, cache, slots, plan, logits)  # times its graph (enable_compile)
         else:
             if self.backend == "flex":  # the block masks the plan implies, built once (fafo.engine.flex_masks)
                 self._flex = self._flex or FlexMasks(self.device)
                 plan = self._flex.fill(plan, tokens.shape[-1])
-            out = self.model(tokens, positions, cache, slots, plan, self.backend, logits, skip)
+            out = model_call(self.model, tokens, positions, cache, slots, plan, self.backend, logits, skip,
+                             device=self.device)
         return out[:, :n_real] if n_real is not None and isinstance(logits, str) else out
 
     def prefill(self, cache: KVCache, prompt_ids: list[int], logits="last") -> torch.Tensor:
@@ -191,28 +210,52 @@ class Engine:
 
 
 def upload(values, device: torch.device, dtype=torch.long):
-    """Every host value of ``values`` (ints, lists, CPU tensors; ``None`` and device tensors pass through) on
-    ``device`` in ONE copy: packed into one ``dtype`` host tensor (pinned on CUDA), copied without blocking, split
-    into views (bool tensors, e.g. a tree's mask, come back as bool). Returns a new list, or ``values`` itself
-    when nothing had to move."""
+    """Every host value of ``values`` (ints, lists, ranges, numpy arrays, CPU tensors; ``None`` and device tensors
+    pass through) on ``device`` in ONE copy: packed on the host by numpy (no torch op), pinned on CUDA, copied
+    without blocking, split into views (bool values, e.g. a tree's mask, come back as bool). Returns a new list,
+    or ``values`` itself when nothing had to move."""
     device = torch.device(device)
     host = [i for i, v in enumerate(values)
             if v is not None and not (isinstance(v, torch.Tensor) and v.device == device)]
     if not host:
         return values
-    parts = [torch.as_tensor(values[i]) for i in host]
-    if any(p.is_floating_point() for p in parts):
+    parts = [_host_array(values[i]) for i in host]
+    if any(p.dtype.kind not in "iub" for p in parts):
         raise TypeError("upload packs integer and bool values only")
-    sizes = [-(-p.numel() // ALIGN) * ALIGN for p in parts]  # each view starts aligned (compiled kernels)
-    flat = torch.zeros(sum(sizes), dtype=dtype)
+    sizes = [-(-p.size // ALIGN) * ALIGN for p in parts]  # each view starts aligned (compiled kernels)
+    packed = np.zeros(sum(sizes), dtype=np.int64)
     for p, start in zip(parts, _starts(sizes)):
-        flat[start: start + p.numel()] = p.reshape(-1)
+        packed[start: start + p.size] = p.reshape(-1)
+    flat = torch.from_numpy(packed).to(dtype)
     flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat.to(device)
     out = list(values)
     for i, p, start in zip(host, parts, _starts(sizes)):
-        view = flat[start: start + p.numel()].view(p.shape)
-        out[i] = view.bool() if p.dtype == torch.bool else view
+        view = flat[start: start + p.size].view(p.shape)
+        out[i] = view.bool() if p.dtype == np.bool_ else view
     return out
+
+
+def host_gathered(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A host ``[Q, Q]`` step mask as per-query key lists ``(index, valid)``, both ``[Q, L]``: exactly
+    :class:`~fafo.engine.kernels.GatheredMask`'s (L = the most keys a query sees, rounded up to a power of two;
+    visible keys first in key order, padding entries point at key 0), computed by numpy."""
+    counts = mask.sum(axis=1)
+    Q = mask.shape[0]
+    width = max(1, int(counts.max()))
+    width = min(Q, 1 << (width - 1).bit_length())
+    order = np.argsort(~mask, axis=1, kind="stable")[:, :width]
+    valid = np.arange(width)[None] < counts[:, None]
+    return np.where(valid, order, 0), valid
+
+
+def _host_array(value) -> np.ndarray:
+    """A host value as a numpy array without a torch op (a CPU tensor shares its memory)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex():
+            raise TypeError("upload packs integer and bool values only")
+        return value.detach().cpu().numpy()
+    out = np.asarray(value)
+    return out.astype(np.int64) if out.size == 0 else out
 
 
 ALIGN = 8  # elements: 64 bytes for int64, the alignment inductor's kernels assume of their inputs
@@ -229,8 +272,11 @@ def appends_one_token_host(tokens, slots, plan: AttentionPlan) -> bool:
     if isinstance(slots, torch.Tensor) or isinstance(tokens, torch.Tensor) or slots is None:
         return False
     slots = [slots] if isinstance(slots, int) else slots
-    n = 1 if isinstance(tokens, int) else len(tokens[0]) if tokens and isinstance(tokens[0], (list, tuple)) \
-        else len(tokens)
+    if isinstance(tokens, np.ndarray):
+        n = tokens.shape[-1] if tokens.ndim else 1
+    else:
+        n = 1 if isinstance(tokens, int) else len(tokens[0]) if tokens and isinstance(tokens[0], (list, tuple)) \
+            else len(tokens)
     return (n == 1 and len(slots) == 1 and int(slots[0]) == plan.prefix and plan_is_plain_causal(plan))
 
 

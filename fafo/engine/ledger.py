@@ -12,11 +12,20 @@ every method's tau comparable: a forward cannot be left out by one method and co
 
 A separate draft model (TriForce's llama-68m) has an engine and a ledger of its own; a draft that is not an
 engine (LongSpec's draft layer) reports its forwards to the decode loop directly.
+
+Every model call (any engine's, and LongSpec's draft layer) also goes through :func:`model_call`, which adds its
+duration to the process-wide :data:`MODEL_TIME`: the decode loop's *host time* is its wall time minus that
+(:func:`fafo.decoding.decode`). Host-work probes (:mod:`fafo.bench.host_work`) registered in
+:data:`MODEL_TIME` are suspended inside model calls, so they count only the work a step does around its forwards.
 """
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass, field, fields
+
+import torch
 
 KINDS = ("prefill", "verify", "draft", "aux")
 
@@ -74,3 +83,52 @@ class ForwardLedger:
 
     def mark(self) -> ForwardCounts:
         return ForwardCounts(**self.counts, tokens=self.tokens)
+
+
+class ModelTime:
+    """Seconds spent inside model calls in this process, and the host-work probes to suspend there.
+
+    On CUDA a call's time is its device time (CUDA events, read when :attr:`seconds` is asked for, after the
+    step's own synchronisation): wall time minus it is what the device spends waiting for the host. Elsewhere
+    the call is synchronous and its wall time is used.
+    """
+
+    def __init__(self):
+        self._seconds = 0.0
+        self._events: list = []  # (start, end) CUDA event pairs not yet read
+        self.probes: list = []  # objects with .around(call) -> call() (fafo.bench.host_work)
+
+    @property
+    def seconds(self) -> float:
+        self.fold()
+        return self._seconds
+
+    def fold(self) -> None:
+        """Add the recorded CUDA calls' device time (waits for the last one)."""
+        if self._events:
+            self._events[-1][1].synchronize()
+            self._seconds += sum(a.elapsed_time(b) for a, b in self._events) / 1000
+            self._events.clear()
+
+
+MODEL_TIME = ModelTime()
+
+
+def model_call(fn, *args, device: torch.device | None = None, **kwargs):
+    """``fn(*args, **kwargs)``, one forward of a model, timed into :data:`MODEL_TIME` (probes suspended)."""
+    call = functools.partial(fn, *args, **kwargs)
+    for probe in MODEL_TIME.probes:
+        call = functools.partial(probe.around, call)
+    if device is not None and device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = call()
+        end.record()
+        MODEL_TIME._events.append((start, end))
+        if len(MODEL_TIME._events) >= 8192:  # calls outside any decode loop: bounded memory (one wait)
+            MODEL_TIME.fold()
+        return out
+    t = time.perf_counter()
+    out = call()
+    MODEL_TIME._seconds += time.perf_counter() - t
+    return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 
@@ -26,7 +27,7 @@ def pad_step(tokens, positions, slots, plan, pad_to: int):
 
     tokens, positions, slots: host values (lists, ranges or CPU tensors) of the ``n_real`` real rows; ``plan``
     an :class:`~fafo.engine.attention.AttentionPlan` whose ``step_mask``, if any, is a host ``[n_real, n_real]``
-    bool tensor.
+    bool array or CPU tensor (padded as a numpy array, without a torch op).
     """
     for name, v in (("tokens", tokens), ("positions", positions), ("slots", slots), ("step_mask", plan.step_mask)):
         if isinstance(v, torch.Tensor) and v.device.type != "cpu":
@@ -42,7 +43,7 @@ def pad_step(tokens, positions, slots, plan, pad_to: int):
     positions = positions + positions[-1:] * pad
     slots = slots + list(range(slots[-1] + 1, slots[-1] + 1 + pad))
     if plan.step_mask is not None:
-        mask = torch.eye(pad_to, dtype=torch.bool)
-        mask[:n_real, :n_real] = plan.step_mask
+        mask = np.eye(pad_to, dtype=bool)
+        mask[:n_real, :n_real] = np.asarray(plan.step_mask)
         plan = replace(plan, step_mask=mask)
     return tokens, positions, slots, plan, n_real

@@ -1,0 +1,129 @@
+"""Host work per decoding step (fafo/bench/host_work.py): every method config dispatches a listed handful of ops per
+step outside its model forwards, the same number at 4 layers as at 8, and the probe, the host-time measurement and
+the ``host`` table count what they say."""
+
+import csv
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from fafo.bench.host_work import HostWork, budget_overrides, build_method, count_host_work, host_model
+from fafo.engine.attention import causal_plan
+from fafo.engine.engine import Engine
+from fafo.engine.model import Block
+from tests.helpers import make_cfg, read_rows
+from tests.lossless import PROMPTS
+from tests.methods import METHODS
+
+# Most torch ops one decoding step (its commit included) dispatches outside model forwards, per method config, at
+# any depth (docs/performance.md, "Host work per step"): the ops a device would launch eagerly around its
+# (compiled) forwards. Reads and copies are counted apart (tests/test_gpu_readiness.py holds them).
+OPS_PER_STEP = {
+    "vanilla": 1, "lossy": 20,
+    "fafo_stream": 21, "fafo_2forward": 22, "fafo_snapkv": 21, "fafo_quest": 36,
+    "lookahead": 5, "lookahead_13b": 5, "lookahead_specbench": 5,
+    "prompt_lookup": 3, "token_recycling": 8, "suffix_decoding": 3, "sam_decoding": 3, "sam_decoding_published": 3,
+    "triforce": 21, "triforce_nodraft": 9, "triforce_official": 15,
+    "longspec": 36, "longspec_chain": 30,
+    "swift": 14, "swift_script": 14, "quantspec": 7, "quantspec_fp16": 7,
+}
+LIMIT = 40  # the most any method may dispatch per step (docs/performance.md)
+# their skip sets cover different layers at another depth: the drafts, hence the steps, differ
+SAME_STEPS_EXCEPT = {"swift", "swift_script"}
+NEW_TOKENS = 40  # past SWIFT's first layer-set scoring (context_window + 2 tokens)
+
+
+def identity_layers(ckpt, extra: int) -> Engine:
+    """The model of ``ckpt`` with ``extra`` layers appended that change nothing (zero output projections): every
+    logit, hence every token and step, is the shallow model's, while the cache and every per-layer loop grow."""
+    eng = Engine.from_pretrained(str(ckpt))
+    args = eng.model.args
+    for i in range(extra):
+        block = Block(args, args.n_layers + i)
+        torch.nn.init.zeros_(block.self_attn.o_proj.weight)
+        torch.nn.init.zeros_(block.mlp.down_proj.weight)
+        eng.model.model.layers.append(block.to(eng.device))
+    args.n_layers += extra
+    eng.model.hf_config.num_hidden_layers = args.n_layers
+    return eng
+
+
+@pytest.fixture(scope="module")
+def depths(ckpt_root):
+    ckpt = host_model(4, ckpt_root)
+    shallow, deep = Engine.from_pretrained(str(ckpt)), identity_layers(ckpt, 4)
+    ids = shallow.tokenizer(PROMPTS[0] * 12).input_ids[:160]
+    return shallow, deep, ids
+
+
+def test_every_method_config_has_a_budget():
+    assert set(OPS_PER_STEP) == set(METHODS)
+    assert max(OPS_PER_STEP.values()) <= LIMIT
+
+
+@pytest.mark.slow  # every method config at two depths: about a minute
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_host_ops_per_step_are_few_and_do_not_grow_with_depth(name, depths):
+    shallow, deep, ids = depths
+    overrides = [*METHODS[name].overrides, *budget_overrides(name)]  # budgets below the prompt: swaps happen
+    probes = {}
+    for eng in (shallow, deep):
+        probes[eng.model.args.n_layers] = count_host_work(build_method(name, overrides), eng, ids, NEW_TOKENS)
+    four, eight = probes[4], probes[8]
+    assert four.steps and eight.steps, "no decoding step was counted"
+    for probe in (four, eight):
+        assert probe.per_step("ops")[1] <= OPS_PER_STEP[name], [s["ops"] for s in probe.steps]
+    if name not in SAME_STEPS_EXCEPT:
+        assert four.generation.tokens == eight.generation.tokens
+        assert four.steps == eight.steps, "per-layer work outside the forwards"
+
+
+def test_the_probe_counts_outside_model_calls_only(engine):
+    eng = engine("llama_gqa")
+    cache = eng.model.new_cache(16)
+    with HostWork([eng]) as probe:
+        probe.start_steps()
+        logits = eng.forward(cache, [5, 6], [0, 1], [0, 1], causal_plan(0), kind="prefill")  # one upload
+        best = logits[0].argmax(-1)  # one op (the forward's own ops are not counted)
+        _ = best.tolist(), int(torch.tensor(3))  # one read; a host value's is free
+        cache.move(torch.tensor([0], device=eng.device), torch.tensor([2], device=eng.device))  # two copies, two ops
+        probe._step()
+    assert probe.steps == [{"ops": 3, "h2d": 3, "d2h": 1, "forward_ops": 0}]
+
+
+def test_host_time_is_measured_per_step(engine):
+    from baselines.vanilla import VanillaDecoder
+
+    eng = engine("llama_gqa")
+    gen = VanillaDecoder().generate(eng, eng.tokenizer(PROMPTS[1]).input_ids, 8)
+    assert 0 < gen.host_s and gen.host_ms_per_step == pytest.approx(1000 * gen.host_s / len(gen.accept_lengths))
+
+
+def test_runs_record_host_ms_per_step(tmp_path):
+    from fafo.bench.runner import Runner
+
+    cfg = make_cfg(tmp_path, "model=tiny_llama", "method=prompt_lookup", "bench.max_samples=2",
+                   "bench.max_new_tokens=8", "bench.warmup=0")
+    summary = Runner(cfg, tmp_path / "run").run(report=False)
+    rows = read_rows(tmp_path / "run")
+    assert rows and all(float(r["host_ms"]) > 0 for r in rows)
+    assert summary["host_ms_per_step"] == pytest.approx(statistics.median(float(r["host_ms"]) for r in rows))
+
+
+def test_bench_engine_host_mode_writes_the_table(tmp_path, capsys):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
+    spec = importlib.util.spec_from_file_location("bench_engine", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "host.csv"
+    module.main(["host", "--layers", "2", "3", "--methods", "vanilla", "fafo_stream", "--new-tokens", "6",
+                 "--repeats", "1", "--out", str(out)])
+    rows = list(csv.DictReader(open(out)))
+    assert [(r["method"], r["layers"]) for r in rows] == [("vanilla", "2"), ("fafo_stream", "2"), ("vanilla", "3"),
+                                                         ("fafo_stream", "3")]
+    assert all(r["exact"] == "True" and float(r["host_ms"]) > 0 for r in rows)
+    assert rows[0]["ops_max"] == rows[2]["ops_max"] == "1"
+    assert "| fafo_stream |" in capsys.readouterr().out
