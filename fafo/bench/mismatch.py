@@ -74,13 +74,9 @@ class MismatchJudge:
                     torch.cuda.empty_cache()
 
     def _classify(self, engine: Engine, prefix: list[int], token: int, ref_token: int) -> tuple[str, float]:
-        # the check must not count as the method's work: the ledger is restored afterwards
-        counts = dict(engine.ledger.counts), engine.ledger.tokens
         cache = engine.cache(len(prefix)) if engine is self.engine else engine.new_cache(len(prefix))
-        try:
+        with engine.ledger.paused():  # the check is not the method's work
             logits = engine.prefill(cache, prefix)[0, -1].float()
-        finally:
-            engine.ledger.counts, engine.ledger.tokens = counts
         gap = abs(float(logits[token] - logits[ref_token]))
         return ("tie" if gap <= self.margin else "divergence"), gap
 

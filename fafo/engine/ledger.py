@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -83,6 +84,16 @@ class ForwardLedger:
 
     def mark(self) -> ForwardCounts:
         return ForwardCounts(**self.counts, tokens=self.tokens)
+
+    @contextmanager
+    def paused(self):
+        """Forwards inside are not counted (a check that is no decoder's work, e.g. the float32 tie check)."""
+        counts, tokens, log = dict(self.counts), self.tokens, self.log
+        self.log = None
+        try:
+            yield
+        finally:
+            self.counts, self.tokens, self.log = counts, tokens, log
 
 
 class ModelTime:
