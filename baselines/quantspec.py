@@ -104,7 +104,7 @@ class QuantSpecDecoder(Decoder):
         if self.target == "fp16":
             full = engine.cache(capacity)
         elif engine.compiled is None:
-            engine._cache = None  # not used: release it, so peak memory is this method's own
+            engine.release_cache()  # not used: release it, so peak memory is this method's own
         state = _QuantSpecState(self, engine, prompt_ids, self._new_cache(engine, capacity, full), eos_ids)
         return decode(engine, state, max_new_tokens, eos_ids, clock)
 
@@ -156,11 +156,11 @@ class _QuantSpecState(StepState):
         out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all", eager=True)
         y = out[0].argmax(-1).tolist()
         a = next((i for i, (d, t) in enumerate(zip(drafts, y)) if d != t), len(drafts))  # accepted prefix
-        return Step(drafts[:a] + [y[a]], len(drafts), a)
+        return Step(drafts[:a] + [y[a]], len(drafts))
 
     def commit(self, step: Step) -> None:
         """[cur | accepted drafts] now have final KV; rejected drafts' slots are scratch."""
-        self.N += step.kv + 1
+        self.N += step.accepted + 1
         self.cur = step.tokens[-1]
         self.kv.advance(self.N)
         self.fp_tokens.append(self.N - self.kv.nq)

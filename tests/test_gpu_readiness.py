@@ -219,7 +219,7 @@ def test_release_leaves_only_the_weights(tmp_path):
     runner = Runner(make_cfg(tmp_path, "model=tiny_llama", "method=triforce_nodraft", "method.budget=16",
                              "bench.max_samples=1", "bench.max_new_tokens=8", "bench.warmup=0"), tmp_path / "run")
     runner.run(report=False)
-    assert runner.engine._cache is None and runner.engine.compiled is None and runner.judge is None
+    assert runner.engine.static_cache is None and runner.engine.compiled is None and runner.judge is None
     init = {f.name: getattr(runner.method, f.name) for f in dataclasses.fields(runner.method) if f.init}
     assert vars(runner.method).keys() == vars(type(runner.method)(**init)).keys()
     held = [k for k, v in vars(runner.method).items() if isinstance(v, (torch.Tensor, Engine, KVCache))]

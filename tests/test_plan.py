@@ -249,7 +249,7 @@ def test_memory_estimate_matches_the_measured_cpu_peak(tmp_path, method):
     assert summary["n_dropped"] == 0 and summary["context_limit"] == 8192
     if "quantspec" in method[0]:
         assert plan.kv_gb == 0  # the engine's fp cache is released: neither decoder reads it
-        assert runner.engine._cache is None
+        assert runner.engine.static_cache is None
 
 
 # ------------------------------------------------------------------ LongSpec at a rope-scaled 16k context

@@ -127,8 +127,8 @@ class HostWork:
         self.forwards = forwards
         seeds = [p for e in engines for p in e.model.parameters()]
         for e in engines:
-            if e._cache is not None:
-                seeds += e._cache.tensors()
+            if e.static_cache is not None:
+                seeds += e.static_cache.tensors()
         self._ops = _Ops()
         self._io = _Transfers(seeds, self._ops)
         self.steps: list[dict] = []

@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -282,20 +282,9 @@ class Runner:
                 "replay-free steps. Fix the decoder, or run with bench.compile_mode=default")
         return total
 
-    @contextmanager
     def _backend(self, eager: bool):
-        """Decode steps run eagerly inside (``eager``) on an engine whose steps are compiled: the static cache is
-        kept (compiled graphs are specialised to its address), only the compiled step and static padding are off."""
-        engine = self.engine
-        if not eager or engine.compiled is None:
-            yield
-            return
-        compiled, static, cache = engine.compiled, engine.static_shapes, engine._cache
-        engine.compiled, engine.static_shapes = None, False
-        try:
-            yield
-        finally:
-            engine.compiled, engine.static_shapes, engine._cache = compiled, static, cache
+        """Decode steps run eagerly inside (``eager``) on an engine whose steps are compiled."""
+        return self.engine.eager_steps() if eager and self.engine.compiled is not None else nullcontext()
 
     def _expected_keys(self) -> set[tuple[str, int, int]]:
         return {(str(s.id), t, r) for s in self.samples for t in range(len(s.turns)) for r in range(self.bench.repeats)}

@@ -83,8 +83,7 @@ class PeakMemory:
         """The peak of the generation since :meth:`reset`, by the decoder ``key`` names (its warm-up peak kept)."""
         if self.device.type == "cuda":
             return generation_peak(torch.cuda.max_memory_allocated(self.device), self.warm_bytes.get(key, 0)) / 2**20
-        cache = engine._cache.nbytes if engine._cache is not None else 0
-        return (engine.weights_nbytes + cache + int(extras.get("buffer_bytes", 0))) / 2**20
+        return (engine.weights_nbytes + engine.cache_nbytes + int(extras.get("buffer_bytes", 0))) / 2**20
 
 
 def generation_peak(timed_bytes: int, warm_bytes: int) -> int:

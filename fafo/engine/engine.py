@@ -6,6 +6,7 @@ A fair race needs identical kernels, so vanilla and every method run on this obj
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -116,6 +117,30 @@ class Engine:
         """Drop the static cache and the compiled steps (the weights stay): with
         :func:`~fafo.engine.compiled.reset_compiled_state` the device holds only the weights afterwards."""
         self._cache, self.compiled, self.static_shapes, self._flex = None, None, False, None
+
+    def release_cache(self) -> None:
+        """Free the shared static cache (a decoder that reads a cache of its own: its peak is then its own)."""
+        self._cache = None
+
+    @property
+    def static_cache(self) -> KVCache | None:
+        """The shared static cache, None while none is allocated (:meth:`cache` allocates it)."""
+        return self._cache
+
+    @property
+    def cache_nbytes(self) -> int:
+        return self._cache.nbytes if self._cache is not None else 0
+
+    @contextmanager
+    def eager_steps(self):
+        """Decode steps run eagerly inside on an engine whose steps are compiled: the static cache is kept (compiled
+        graphs are specialised to its address), only the compiled step and static padding are off."""
+        compiled, static, cache = self.compiled, self.static_shapes, self._cache
+        self.compiled, self.static_shapes = None, False
+        try:
+            yield
+        finally:
+            self.compiled, self.static_shapes, self._cache = compiled, static, cache
 
     def new_cache(self, max_len: int) -> KVCache:
         """A cache of its own for a decoder (e.g. a retrieval cache); CUDA graphs may keep its address."""
