@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fafo.engine.cache import Cache
 from fafo.engine.kernels import merge, reference_attention_lse
 
 
@@ -86,7 +87,7 @@ def quantized_count(position: int, group: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- the cache
-class QuantKVCache:
+class QuantKVCache(Cache):
     """Packed hierarchical planes + a full-precision buffer; the model calls :meth:`attend` in every layer.
 
     Args:
@@ -223,8 +224,9 @@ class QuantKVCache:
         vh, vl, vmn, vsc = quantize(v, dim=3, lower=lower)
         return dequantize(kh, kl, kmn, ksc, self.dtype).view(B, H, n, D), dequantize(vh, vl, vmn, vsc, self.dtype)
 
-    def attend(self, layer: int, q, k, v, slots, plan, scale: float) -> torch.Tensor:
-        """The model's attention hook (see :meth:`fafo.engine.model.Attention.forward`).
+    def attend(self, layer: int, q, k, v, slots, plan, scale: float, backend: str = "sdpa") -> torch.Tensor:
+        """:meth:`fafo.engine.cache.Cache.attend` over the planes and the buffer (its own kernels: ``backend`` is
+        not read).
 
         q: [B, Hq, Q, D] post-RoPE; k, v: [B, Hkv, Q, D]; the step is a causal chain: query ``i`` is at position
         ``plan.prefix + i`` and sees positions ``[0, prefix + i]``. Returns [B, Hq, Q, D].

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-import fafo.engine.model as model_module
+import fafo.engine.cache as cache_module
 from fafo.bench.timing import SyncClock, sync
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
@@ -163,11 +163,11 @@ def hf_ms_per_token(hf, prompt: list[int], new_tokens: int, cache: str = "static
 
 
 class AttentionTimer:
-    """Wraps the model's ``attend`` and sums the wall time spent in it (eager steps on a CPU, where ops run in
+    """Wraps the cache's ``attend`` and sums the wall time spent in it (eager steps on a CPU, where ops run in
     order: the share of a step spent in attention)."""
 
     def __init__(self):
-        self.seconds, self._orig = 0.0, model_module.attend
+        self.seconds, self._orig = 0.0, cache_module.attend
 
     def __enter__(self):
         def timed_attend(*a, **kw):
@@ -176,11 +176,11 @@ class AttentionTimer:
             self.seconds += time.perf_counter() - t0
             return out
 
-        model_module.attend = timed_attend
+        cache_module.attend = timed_attend
         return self
 
     def __exit__(self, *exc):
-        model_module.attend = self._orig
+        cache_module.attend = self._orig
 
 
 @dataclass

@@ -11,12 +11,33 @@ step, which slots new KV goes to and which slots are visible (:class:`fafo.engin
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
+
+from fafo.engine.attention import AttentionPlan, attend
 
 SLOT_DIM = 4  # the slot axis of KVCache.kv: [2, L, B, H_kv, S, D]
 
 
-class KVCache:
+class Cache(ABC):
+    """What the model's attention layers ask of a cache: keep a step's KV and attend over it
+    (:meth:`fafo.engine.model.Attention.forward`). :class:`KVCache` is the engine's; a method may bring its own
+    (QuantSpec's quantized cache, ``baselines/quantspec_cache.py``)."""
+
+    @abstractmethod
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None,
+               plan: AttentionPlan, scale: float, backend: str) -> torch.Tensor:
+        """One layer's attention of a step: q [B, Hq, Q, D] post-RoPE, the step's k, v [B, Hkv, Q, D], the slots
+        keeping the KV of the step's first ``len(slots)`` tokens (None: nothing kept) -> [B, Hq, Q, D]."""
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Bytes the cache holds on its device."""
+
+
+class KVCache(Cache):
     """Static key/value buffers of every layer in one tensor.
 
     Args:
@@ -41,6 +62,12 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.kv.numel() * self.kv.element_size()
+
+    def attend(self, layer, q, k, v, slots, plan, scale, backend):
+        if slots is not None:  # the first len(slots) tokens of the step are kept; the rest stay scratch
+            n = slots.shape[0]
+            self.write(layer, slots, k[:, :, :n], v[:, :, :n])
+        return attend(backend, q, self.keys[layer], self.values[layer], k, v, plan, scale)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots: [Q] long; k, v: [B, Hkv, Q, D]."""

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fafo.engine.attention import AttentionPlan, attend
-from fafo.engine.cache import KVCache
+from fafo.engine.attention import AttentionPlan
+from fafo.engine.cache import Cache, KVCache
 from fafo.engine.rope import Rotary, apply_rotary
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "mistral")
@@ -88,7 +88,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(h * d, args.dim, bias=False)
         self.scale = d**-0.5
 
-    def forward(self, x, cos, sin, cache: KVCache, slots, plan: AttentionPlan, backend: str):
+    def forward(self, x, cos, sin, cache: Cache, slots, plan: AttentionPlan, backend: str):
         B, Q, _ = x.shape
         d = self.args.head_dim
         q = self.q_proj(x).view(B, Q, -1, d).transpose(1, 2)  # [B, Hq, Q, D]
@@ -97,14 +97,7 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if plan.capture_rows is not None:
             plan.captured[self.layer] = q[:, :, plan.capture_rows]
-        plan = plan.for_layer(self.layer)
-        if hasattr(cache, "attend"):  # a cache that stores and reads its own KV (baselines/quantspec_cache.py)
-            out = cache.attend(self.layer, q, k, v, slots, plan, self.scale)
-            return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
-        if slots is not None:  # the first len(slots) tokens of the step are kept; the rest stay scratch
-            n = slots.shape[0]
-            cache.write(self.layer, slots, k[:, :, :n], v[:, :, :n])
-        out = attend(backend, q, cache.keys[self.layer], cache.values[self.layer], k, v, plan, self.scale)
+        out = cache.attend(self.layer, q, k, v, slots, plan.for_layer(self.layer), self.scale, backend)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
 
 
