@@ -233,7 +233,7 @@ class _LongSpecState(StepState):
         return cur
 
     def step(self, remaining: int) -> Step:
-        """Draft and verify; ``kv`` of the step: the accepted nodes (moved by :meth:`commit`)."""
+        """Draft and verify; the step's ``rows``: the accepted nodes (moved by :meth:`commit`)."""
         cfg, engine, N, catch = self.cfg, self.engine, self.N, self.catch
         tree, ck, cv, c_pos = cfg._draft_tree(engine, self.layer, self.ring, self.cache, catch, N, self.catch_ids)
         self.draft_forwards += len(cfg.shape)
@@ -246,12 +246,12 @@ class _LongSpecState(StepState):
         else:
             hist = self.prompt + self.committed if self.samp.uses_history else None
             path, new = tree.accept_sampled(logits, self.samp, self.generator, hist)
-        return Step(new, len(tree) - 1, path)
+        return Step(new, len(tree) - 1, rows=path)
 
     def commit(self, step: Step) -> None:
         """The accepted path's KV move and the next round's catch-up tokens: one copy to the device."""
         new = step.tokens
-        self.catch_ids = commit_path(self.cache, self.N, step.kv, carry=new, engine=self.engine)
+        self.catch_ids = commit_path(self.cache, self.N, step.rows, carry=new, engine=self.engine)
         self.N += len(new)
         self.catch = new
         self.committed += new

@@ -188,7 +188,7 @@ class LookaheadState(StepState):
         return {"pool_entries": len(self.pool), "guesses_verified": self.guesses_verified, "buffer_bytes": 0}
 
     def step(self, remaining: int) -> Step:
-        """One forward; the step's ``kv`` are the rows (relative to P) of the accepted guess tokens, whose KV is
+        """One forward; the step's ``rows`` are the rows (relative to P) of the accepted guess tokens, whose KV is
         kept after the current token's. Under ``engine.static_shapes`` the guesses are padded to G after the
         warm-up (the current token repeated, isolated by the mask and never accepted)."""
         levels, k = self.levels, self.n - 1
@@ -207,7 +207,7 @@ class LookaheadState(StepState):
         first, top, checked = preds[0], preds[1 : 1 + columns], preds[1 + columns :]
         if warm:  # every level drops column 0; the top level's predictions, minus column 0, are the new level
             self.levels = [lv[1:] for lv in levels] + [top[1:]]
-            return Step([self._select(out[0], first)], 0, [])
+            return Step([self._select(out[0], first)], 0)
         self.guesses_verified += len(guesses)
         # most tokens committed; official: `gg` stops at N-2 even after a full match (<= N-1 tokens/step)
         limit = k + 1 if self.cfg.bonus_token else k
@@ -228,11 +228,11 @@ class LookaheadState(StepState):
         if self.cfg.guess_set:
             self.pool.add_window(self.cur, levels, top)
         self.levels = [levels[1][1:], *levels[2:], top]  # one column forward, whatever was accepted
-        return Step(new, len(guesses) * k, [s.guess_base + best * k + t for t in range(len(new) - 1)])
+        return Step(new, len(guesses) * k, rows=[s.guess_base + best * k + t for t in range(len(new) - 1)])
 
     def commit(self, step: Step) -> None:
         """The current token's KV is already at slot P; move the accepted guess tokens' KV next to it."""
-        commit_path(self.cache, self.P, step.kv)
+        commit_path(self.cache, self.P, step.rows)
         self.P += len(step.tokens)
         self._extend(step.tokens)
 

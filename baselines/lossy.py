@@ -52,9 +52,9 @@ class _LossyState(StepState):
         T = len(self.prompt)
         plan = causal_plan(0)
         plan.capture_rows = self.compress.prefill_query_rows(T)
-        logits = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan, logits="last",
-                                     kind="prefill")
-        self.region.prefill(T, plan.captured or None)
+        logits, queries = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan,
+                                              logits="last", kind="prefill", queries=True)
+        self.region.prefill(T, queries or None)
         self.cur = int(self.sampling.select(logits[0, -1], self.generator))
         return self.cur
 
@@ -62,9 +62,10 @@ class _LossyState(StepState):
         plan = AttentionPlan(prefix=self.region.n, region_from=0, region_len=self.region.region_len,
                              region_capacity=min(self.compress.budget, self.cache.max_len),
                              dense_layers=self.compress.dense(), capture_rows=self.rows)
-        logits = self.engine.forward(self.cache, [self.cur], [self.region.n], self.scratch, plan, logits="last")
-        return Step([int(self.sampling.select(logits[0, -1], self.generator))], kv=plan.captured or None)
+        logits, queries = self.engine.forward(self.cache, [self.cur], [self.region.n], self.scratch, plan,
+                                              logits="last", queries=True)
+        return Step([int(self.sampling.select(logits[0, -1], self.generator))], queries=queries or None)
 
     def commit(self, step: Step) -> None:
-        self.region.commit(self.scratch, step.kv)
+        self.region.commit(self.scratch, step.queries)
         self.cur = step.tokens[0]

@@ -169,7 +169,6 @@ class TriForceState(StepState):
         self.rebuilt_at = 0  # rebuild_interval multiples of generated tokens covered by the last (re)build
         # the budget held every prompt entry (or the middle level reads the full cache): no retrieval took place
         self.covers_prompt = cfg.budget >= self.aligned
-        self.captured: dict = {}
         # per-round forward lengths under engine.static_shapes (else each forward has its real length)
         self.static = engine.static_shapes
         self.verify_len = cfg.max_proposal + 1  # [current | up to max_proposal proposed tokens]
@@ -182,9 +181,10 @@ class TriForceState(StepState):
         plan = causal_plan(0)
         plan.capture_rows = torch.tensor([T - 1], device=dev)
         idx = torch.arange(T, device=dev)
-        logits = self.engine.forward(self.cache, self.prompt, idx, idx, plan, logits="last", kind="prefill")
+        logits, queries = self.engine.forward(self.cache, self.prompt, idx, idx, plan, logits="last", kind="prefill",
+                                              queries=True)
         if self.retrieval is not None:
-            self.retrieval.build(self.cache, self.aligned, plan.captured, T)
+            self.retrieval.build(self.cache, self.aligned, queries, T)
         if self.draft is not None:
             self.draft.prefill(self.prompt)
         s = self.sampling
@@ -272,15 +272,16 @@ class TriForceState(StepState):
             stats["draft_accepted"] += j
             valid = len(v) + j
             v += drafts[:j] + [tok]
-        a, tok, _ = self._accept(self._verify(v)[0], v[1:], qs, v[:1])
+        logits, queries = self._verify(v)
+        a, tok, _ = self._accept(logits[0], v[1:], qs, v[:1])
         stats["proposed"] += len(v) - 1
         stats["accepted"] += a
-        return Step(v[1 : 1 + a] + [tok], len(v) - 1, a)
+        return Step(v[1 : 1 + a] + [tok], len(v) - 1, queries=queries or None)
 
-    def _verify(self, v: list[int]) -> torch.Tensor:
-        """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits.
-        Under static shapes ``v`` is padded to ``verify_len`` tokens, whose KV goes past anything the commit keeps
-        (the cache's ``extra_slots`` cover them)."""
+    def _verify(self, v: list[int]) -> tuple[torch.Tensor, dict]:
+        """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits,
+        and every row's query when a rebuild may need one. Under static shapes ``v`` is padded to ``verify_len``
+        tokens, whose KV goes past anything the commit keeps (the cache's ``extra_slots`` cover them)."""
         N = self.N
         tokens = self._padded(v, self.verify_len)
         n = len(tokens)
@@ -288,10 +289,9 @@ class TriForceState(StepState):
         self.stats["rounds"] += 1
         if self.cfg.rebuild_interval is not None:  # every round, so compiled verifications keep one graph
             plan.capture_rows = self.all_rows[:n]  # all rows (a fixed count); a rebuild reads row `accepted`
-        out = self.engine.forward(self.cache, tokens, list(range(N, N + n)), list(range(N, N + n)), plan,
-                                  logits="all")
-        self.captured = plan.captured
-        return out[:, : len(v)]  # [1, len(tokens), V] -> the real rows
+        out, queries = self.engine.forward(self.cache, tokens, list(range(N, N + n)), list(range(N, N + n)), plan,
+                                           logits="all", queries=True)
+        return out[:, : len(v)], queries  # [1, len(tokens), V] -> the real rows
 
     def commit(self, step: Step) -> None:
         """The KV of [current | accepted] is at slots N..N+accepted; update C_r (and maybe rebuild) and the draft.
@@ -299,12 +299,12 @@ class TriForceState(StepState):
         A rebuild is due when the commit brings the generated tokens with full-cache KV (``end - prompt``) to the
         next multiple of ``rebuild_interval`` since the last (re)build; it uses the newest committed token's query
         (row ``accepted`` of the verification)."""
-        new, accepted = step.tokens, step.kv
+        new, accepted = step.tokens, step.accepted
         end = self.N + accepted + 1
         every = self.cfg.rebuild_interval
         if self.retrieval is not None:
-            if self.captured and every is not None and (end - len(self.prompt)) // every > self.rebuilt_at:
-                queries = {layer: q[:, :, accepted : accepted + 1] for layer, q in self.captured.items()}
+            if step.queries and every is not None and (end - len(self.prompt)) // every > self.rebuilt_at:
+                queries = {layer: q[:, :, accepted : accepted + 1] for layer, q in step.queries.items()}
                 self.retrieval.build(self.cache, self.aligned, queries, end)
                 self.stats["rebuilds"] += 1
                 self.rebuilt_at = (end - len(self.prompt)) // every

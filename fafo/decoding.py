@@ -21,6 +21,7 @@ import dataclasses
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -102,12 +103,21 @@ class Step:
     Attributes:
         tokens: accepted guesses then the bonus (or correction) token, before any EOS / max_new_tokens cut.
         drafted: guess tokens this step verified (None: the method does not draft).
-        kv: the method's own handle for :meth:`StepState.commit` (e.g. which scratch rows hold the KV).
+        rows: rows of the step's forward whose KV the commit keeps, in commit order (a list or a 1-D integer
+            array: a tree's accepted path, FAFO's current token and accepted candidate); empty when none move.
+        queries: post-RoPE queries the step's forward returned ({layer: [B, H_q, R, D]}), for a commit that
+            re-selects a compressed cache with them (Quest, SnapKV, TriForce's rebuild); None: none captured.
     """
 
     tokens: list[int]
     drafted: int | None = None
-    kv: object = None
+    rows: Sequence[int] = ()
+    queries: dict | None = None
+
+    @property
+    def accepted(self) -> int:
+        """Proposed tokens this step accepted: every token but the bonus (or correction)."""
+        return len(self.tokens) - 1
 
 
 class StepState(ABC):

@@ -157,7 +157,6 @@ class FAFOState(StepState):
         self.v_len = 1 + m * k  # current token + candidates
         self.scratch_slots = torch.arange(self.scratch, self.scratch + self.v_len, device=dev)
         self.verify_rows = torch.arange(self.v_len, device=dev)
-        self.captured: dict = {}
         stream_last = torch.arange((k - 1) * n, k * n)  # row k-1 of the stream block: each stream's newest token
         self.region_capacity = min(self.cfg.compress.budget, self.cache.max_len)  # static across samples
         if self.cfg.fused:
@@ -180,9 +179,9 @@ class FAFOState(StepState):
         T = len(self.prompt)
         plan = causal_plan(0)
         plan.capture_rows = self.cfg.compress.prefill_query_rows(T)
-        logits = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan, logits="last",
-                                     kind="prefill")
-        self.layout.prefill(T, plan.captured or None)
+        logits, queries = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan,
+                                              logits="last", kind="prefill", queries=True)
+        self.layout.prefill(T, queries or None)
         if self.sampling is None:
             self.cur = int(logits[0, -1].argmax())
         else:
@@ -205,18 +204,18 @@ class FAFOState(StepState):
                              dense_layers=self.cfg.compress.dense(),
                              capture_rows=rows)
 
-    def forward_logits(self, cands: np.ndarray) -> torch.Tensor:
-        """The step's logits rows: [1 + m*k verification rows, then each stream's newest-token row]."""
+    def forward_logits(self, cands: np.ndarray) -> tuple[torch.Tensor, dict]:
+        """The step's logits rows: [1 + m*k verification rows, then each stream's newest-token row], and the
+        verification rows' queries (query-aware compressions)."""
         P = self.layout.n  # the current token's position = number of cached entries
         cur = np.array([self.cur])
         streams = self.streams.T.ravel()  # column-wise
         if self.cfg.fused:
             tokens = np.concatenate([cur, cands.ravel(), streams])
             plan = self.plan(self.masks[0], self.v_len, capture=True)
-            out = self.engine.forward(self.cache, tokens, P + self.rel["fused"], self.scratch_slots, plan,
-                                      logits=self.rows)
-            self.captured = plan.captured
-            return out[0]
+            out, queries = self.engine.forward(self.cache, tokens, P + self.rel["fused"], self.scratch_slots, plan,
+                                               logits=self.rows, queries=True)
+            return out[0], queries
         f_mask, v_mask = self.masks
         tokens_f, pos_f, tokens_v, pos_v = self.engine.upload(  # both forwards' inputs in one copy
             np.concatenate([cur, streams]), P + self.rel["fumble"], np.concatenate([cur, cands.ravel()]),
@@ -224,22 +223,22 @@ class FAFOState(StepState):
         fumble = self.engine.forward(self.cache, tokens_f, pos_f, None, self.plan(f_mask, 1), logits=self.rows,
                                      kind="draft")
         plan = self.plan(v_mask, None, capture=True)
-        verify = self.engine.forward(self.cache, tokens_v, pos_v, self.scratch_slots, plan)
-        self.captured = plan.captured
-        return torch.cat([verify[0], fumble[0]])
+        verify, queries = self.engine.forward(self.cache, tokens_v, pos_v, self.scratch_slots, plan, queries=True)
+        return torch.cat([verify[0], fumble[0]]), queries
 
     def step(self, remaining: int) -> Step:
         """One FAFO step: the committed tokens (accepted + bonus), the candidate tokens verified, and the scratch
         rows holding the committed tokens' KV (the current token's and the accepted candidate tokens')."""
         cands, n_real = self.candidates()
+        logits, queries = self.forward_logits(cands)
         if self.sampling is not None:
-            new, kv_rows = self._sampled_step(cands, n_real)
+            new, kv_rows = self._sampled_step(logits, cands, n_real)
         else:
-            new, kv_rows = self._greedy_step(cands, n_real)
-        return Step(new, n_real * self.k, kv_rows)
+            new, kv_rows = self._greedy_step(logits, cands, n_real)
+        return Step(new, n_real * self.k, rows=kv_rows, queries=queries or None)
 
-    def _greedy_step(self, cands: np.ndarray, n_real: int) -> tuple[list[int], np.ndarray]:
-        preds = self.forward_logits(cands).argmax(-1).cpu().numpy()  # the one host sync of the step
+    def _greedy_step(self, logits: torch.Tensor, cands: np.ndarray, n_real: int) -> tuple[list[int], np.ndarray]:
+        preds = logits.argmax(-1).cpu().numpy()  # the one host sync of the step
         v, new_stream = preds[: self.v_len], preds[self.v_len :]
         best_len, best = 0, 0
         if n_real:
@@ -254,13 +253,12 @@ class FAFOState(StepState):
         self._advance_streams(new_stream)
         return new, kv_rows
 
-    def _sampled_step(self, cands: np.ndarray, n_real: int) -> tuple[list[int], np.ndarray]:
+    def _sampled_step(self, logits: torch.Tensor, cands: np.ndarray, n_real: int) -> tuple[list[int], np.ndarray]:
         """Sampling (temperature > 0): the streams stay greedy (argmax over C(kv): they are only guesses); the
         candidates are verified with the deterministic-guess rule (``Sampling.verify_guesses``, Lookahead's
         sampling verification): exact in distribution because the candidates are fixed before the step's
         random draws (the argument is in ``fafo/sampling.py``). KV kept: the current token's and the accepted
         candidate tokens' (every emitted token but the last)."""
-        logits = self.forward_logits(cands)
         self._advance_streams(logits[self.v_len :].argmax(-1).cpu().numpy())
         v, k = logits[: self.v_len], self.k
 
@@ -283,9 +281,9 @@ class FAFOState(StepState):
 
     def commit(self, step: Step) -> None:
         """Keep the KV of the current token and the accepted candidate tokens; the bonus becomes current."""
-        new, kv_rows = step.tokens, step.kv
+        new, kv_rows = step.tokens, step.rows
         last = int(kv_rows[-1])  # query-aware C re-selects with the newest committed token's query
-        query = {layer: q[:, :, last : last + 1] for layer, q in self.captured.items()} or None
+        query = {layer: q[:, :, last : last + 1] for layer, q in (step.queries or {}).items()} or None
         self.layout.commit((self.scratch + kv_rows).tolist(), query)
         self.history.extend(new)
         self.cur = new[-1]

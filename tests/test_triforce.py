@@ -47,8 +47,8 @@ def fresh_queries(eng, tokens):
     plan = causal_plan(0)
     plan.capture_rows = torch.tensor([len(tokens) - 1])
     idx = torch.arange(len(tokens))
-    eng.model(torch.tensor([tokens]), idx, eng.model.new_cache(len(tokens)), idx, plan, "sdpa", "last")
-    return plan.captured
+    _, queries = eng.model(torch.tensor([tokens]), idx, eng.model.new_cache(len(tokens)), idx, plan, "sdpa", "last")
+    return queries
 
 
 def brute_force_check(state, queries, reduce):
@@ -272,12 +272,13 @@ class StepShapes:
         return "retrieval" if self.method._rkv is not None and cache is self.method._rkv[1] else "full"
 
     def wrap(self, forward):
-        def record(cache, tokens, positions, slots, plan, logits="all", skip=None, eager=False, kind="verify"):
+        def record(cache, tokens, positions, slots, plan, logits="all", skip=None, eager=False, kind="verify",
+                   queries=False):
             if self.on and plan.prefix > 0 and not eager:  # eager: the draft's chunked prefill
                 rows = {"all": len(tokens), "last": 1}[logits] if isinstance(logits, str) else len(logits)
                 shape = (len(tokens), len(positions), len(slots), rows)
                 self.seen.setdefault(self.kind(cache), set()).add(shape)
-            return forward(cache, tokens, positions, slots, plan, logits, skip, eager, kind)
+            return forward(cache, tokens, positions, slots, plan, logits, skip, eager, kind, queries=queries)
 
         return record
 

@@ -21,7 +21,7 @@ Because the two parts are computed apart, no dense ``[Q, max_len]`` mask is ever
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -60,8 +60,9 @@ class AttentionPlan:
         prefix_length, region_length: ``[1]`` long tensors set by compiled steps: the live lengths of the prefix
             and of the region, when ``prefix`` and ``region_len`` are their static capacities.
         dense_layers: layers in which the region queries see the whole prefix after all (Quest's dense layers).
-        capture_rows: rows whose post-RoPE queries the model stores in ``captured`` ({layer: [B, H_q, R, D]}),
-            for query-aware compression (Quest, SnapKV).
+        capture_rows: rows whose post-RoPE queries the forward returns beside its logits ({layer: [B, H_q, R, D]};
+            :meth:`fafo.engine.engine.Engine.forward` ``queries=True``), for query-aware compression (Quest,
+            SnapKV) and TriForce's retrieval.
         step_in_cache: set by the engine when a causal step's KV was written to slots ``[prefix, prefix + Q)``
             before attention: the ``sdpa`` backend then reads a single token's own KV from the cache (one kernel
             call, no merge).
@@ -86,7 +87,6 @@ class AttentionPlan:
     region_length: torch.Tensor | None = None
     dense_layers: frozenset = frozenset()
     capture_rows: torch.Tensor | None = None
-    captured: dict = field(default_factory=dict)
     step_in_cache: bool = False
     step_gather: GatheredMask | None = None
     prefix_live: torch.Tensor | None = None

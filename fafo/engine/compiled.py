@@ -96,9 +96,9 @@ class CompiledStep:
             torch.compiler.cudagraph_mark_step_begin()
         out = self.fn(tokens, positions, cache, slots, plan, self.attention, logits, skip)
         if self.options.cudagraphs:  # graph outputs are overwritten by the next replay: keep copies
+            if isinstance(out, tuple):
+                return out[0].clone(), {layer: q.clone() for layer, q in out[1].items()}
             out = out.clone()
-            for layer, q in plan.captured.items():
-                plan.captured[layer] = q.clone()
         return out
 
     def static_plan(self, cache: KVCache, plan: AttentionPlan, n_queries: int) -> AttentionPlan:

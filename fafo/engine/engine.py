@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from fafo.engine.attention import BACKENDS, AttentionPlan, causal_plan
-from fafo.engine.cache import KVCache
+from fafo.engine.cache import Cache, KVCache
 from fafo.engine.compiled import CompiledStep, CompileOptions
 from fafo.engine.context import context_limit
 from fafo.engine.flex_masks import FlexMasks
@@ -174,11 +174,12 @@ class Engine:
         return out
 
     @torch.inference_mode()
-    def forward(self, cache: KVCache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None,
-                eager: bool = False, kind: str = "verify", pad_to: int | None = None):
+    def forward(self, cache: Cache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None,
+                eager: bool = False, kind: str = "verify", pad_to: int | None = None, queries: bool = False):
         """One model step (see :meth:`Transformer.forward`); tokens/positions/slots may be lists or tensors.
         ``kind`` is what the forward is for, recorded in :attr:`ledger` (``prefill``, ``verify``, ``draft``,
-        ``aux``: :mod:`fafo.engine.ledger`).
+        ``aux``: :mod:`fafo.engine.ledger`). ``queries=True``: returns ``(logits, queries)``, the post-RoPE queries
+        of the rows ``plan.capture_rows`` names per layer ({} when it names none).
 
         ``pad_to``: the most rows this kind of step can have (host inputs only). Under :attr:`static_shapes` the
         step is padded to it (:mod:`fafo.engine.static_shapes`) and only the real rows come back.
@@ -226,7 +227,9 @@ class Engine:
                 plan = self._flex.fill(plan, tokens.shape[-1])
             out = model_call(self.model, tokens, positions, cache, slots, plan, self.backend, logits, skip,
                              device=self.device)
-        return out[:, :n_real] if n_real is not None and isinstance(logits, str) else out
+        out, captured = out if isinstance(out, tuple) else (out, {})
+        out = out[:, :n_real] if n_real is not None and isinstance(logits, str) else out
+        return (out, captured) if queries else out
 
     def prefill(self, cache: KVCache, prompt_ids: list[int], logits="last") -> torch.Tensor:
         """Write the prompt's KV to slots ``[0, T)`` at positions ``[0, T)``; returns its logits rows."""

@@ -88,15 +88,15 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(h * d, args.dim, bias=False)
         self.scale = d**-0.5
 
-    def forward(self, x, cos, sin, cache: Cache, slots, plan: AttentionPlan, backend: str):
+    def forward(self, x, cos, sin, cache: Cache, slots, plan: AttentionPlan, backend: str, queries: dict | None):
         B, Q, _ = x.shape
         d = self.args.head_dim
         q = self.q_proj(x).view(B, Q, -1, d).transpose(1, 2)  # [B, Hq, Q, D]
         k = self.k_proj(x).view(B, Q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
         v = self.v_proj(x).view(B, Q, -1, d).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if plan.capture_rows is not None:
-            plan.captured[self.layer] = q[:, :, plan.capture_rows]
+        if queries is not None:  # the forward returns them (plan.capture_rows)
+            queries[self.layer] = q[:, :, plan.capture_rows]
         out = cache.attend(self.layer, q, k, v, slots, plan.for_layer(self.layer), self.scale, backend)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
 
@@ -120,9 +120,9 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
 
-    def forward(self, x, cos, sin, cache, slots, plan, backend, skip_attn=False, skip_mlp=False):
+    def forward(self, x, cos, sin, cache, slots, plan, backend, skip_attn=False, skip_mlp=False, queries=None):
         if not skip_attn:
-            x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slots, plan, backend)
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slots, plan, backend, queries)
         if not skip_mlp:
             x = x + self.mlp(self.post_attention_layernorm(x))
         return x
@@ -190,23 +190,23 @@ class Transformer(nn.Module):
                 attention layer writes no KV.
 
         Returns:
-            [B, Q', V] logits (``Q'`` = rows asked for), or [B, Q, dim] hidden states for ``logits="none"``.
+            [B, Q', V] logits (``Q'`` = rows asked for), or [B, Q, dim] hidden states for ``logits="none"``; with
+            ``plan.capture_rows`` the pair (that, {layer: [B, H_q, R, D] post-RoPE queries of those rows}).
         """
         if positions.dim() == 1:
             positions = positions[None].expand(tokens.shape[0], -1)
         x = self.model.embed_tokens(tokens)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
         skip_attn, skip_mlp = skip or (frozenset(), frozenset())
+        queries = {} if plan.capture_rows is not None else None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, slots, plan, backend, i in skip_attn, i in skip_mlp)
-        if isinstance(logits, str):
-            if logits == "none":
-                return self.model.norm(x)
-            if logits == "last":
-                x = x[:, -1:]
-        else:
+            x = layer(x, cos, sin, cache, slots, plan, backend, i in skip_attn, i in skip_mlp, queries)
+        if not isinstance(logits, str):
             x = x[:, logits]
-        return self.lm_head(self.model.norm(x))
+        elif logits == "last":
+            x = x[:, -1:]
+        out = self.model.norm(x) if isinstance(logits, str) and logits == "none" else self.lm_head(self.model.norm(x))
+        return out if queries is None else (out, queries)
 
 
 def plan_is_plain_causal(plan: AttentionPlan) -> bool:
