@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import platform
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,15 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions
 from fafo.engine.engine import DTYPES, check_backend
-from fafo.engine.context import trained_context
-from fafo.engine.gguf import gguf_checkpoint
-from fafo.engine.loader import check_weights_match, load_hf_config, load_tokenizer, resolve_checkpoint
-from fafo.bench.naming import model_name, model_source
-from fafo.engine.tiny import tiny_checkpoint
+from fafo.engine.loader import Checkpoint, open_checkpoint
+from fafo.bench.naming import model_source
 from fafo.bench.metrics import SPEEDUP_KINDS
-from fafo.bounds import check_bound
+from fafo.bounds import check_bound, plain
 from fafo.errors import ConfigError
-from fafo.files import Source, check_checkpoint, check_directory_or_creatable
+from fafo.files import Source, check_directory_or_creatable
 
 
 def build(node: DictConfig, setting: str, **kwargs):
@@ -167,73 +163,17 @@ def resolve_compile(bench: DictConfig, device: torch.device) -> CompileOptions |
     return options
 
 
-@dataclass
-class Checkpoint:
-    """A resolved model: its directory, transformers config and tokenizer (weights not loaded yet).
-
-    ``source`` is what was asked for (hub id, with ``@revision`` when one is set; a local directory as an absolute
-    path; the built tiny model's directory), ``name`` what records, summaries and W&B call it, ``random`` whether it
-    is a built-in random tiny model.
-    """
-
-    path: Path
-    config: object
-    tokenizer: object
-    identity: str  # what the reference key uses to name the weights
-    name: str = ""
-    source: str = ""
-    random: bool = False
-
-    @property
-    def context(self) -> int:
-        """Positions the checkpoint was trained for (rope scaling and ``max_sequence_length`` included)."""
-        return trained_context(self.config)
-
-
 def resolve_model(model_cfg: DictConfig, overrides=(), choice: str | None = None, weights: bool = True) -> Checkpoint:
-    """Find (or build, for the tiny models) the checkpoint and read its config and tokenizer (``weights=False``:
-    a hub checkpoint is fetched without its weight files, for ``bench.plan``).
-
-    ``model.path`` / ``model.gguf_file`` win over what only comes with the model group (a ``tiny`` spec, a preset's
-    GGUF file); ``overrides`` (the command line's) decide whether both were given explicitly (an error) and the
-    name: see :mod:`fafo.bench.naming`.
-    """
+    """The checkpoint the model config names (:func:`fafo.engine.loader.open_checkpoint`; ``weights=False``: no
+    weight files, for ``bench.plan``). ``model.path`` / ``model.gguf_file`` win over what only comes with the model
+    group (a ``tiny`` spec, a preset's GGUF file): see :mod:`fafo.bench.naming`."""
     kind = model_source(model_cfg, overrides, choice)  # ConfigError where a built-in model and a path are both given
     check_backend(model_cfg.get("attention", "sdpa"))
-    name = model_name(model_cfg, overrides, choice)
-    if kind == "gguf":  # a GGUF file (in model.path's directory / hub repo, or alone), converted once
-        gguf, given, revision = str(model_cfg.gguf_file), model_cfg.get("path"), model_cfg.get("revision")
-        path = gguf_checkpoint(gguf, None if given is None else str(given), revision)
-        source = f"{given}:{gguf}" if given else gguf
-        config = checked_config(path, Source("model.gguf_file", gguf, f"delete {path} so that it is converted again"))
-        return Checkpoint(path, config, load_tokenizer(path), f"gguf:{path.name}", name, source)
-    if kind == "path":
-        given, revision = str(model_cfg.path), model_cfg.get("revision")
-        path = resolve_checkpoint(given, revision, weights)
-        config = checked_config(path, Source("model.path", given, "re-download the checkpoint (or copy all of it "
-                                             "again) and point model.path at the complete directory"), weights)
-        local = Path(given).expanduser()
-        source = str(local.resolve()) if local.is_dir() else given + (f"@{revision}" if revision else "")
-        identity = f"{given}@{revision or 'main'}"
-        return Checkpoint(path, config, load_tokenizer(path), identity, name, source)
-    if kind == "tiny":
-        spec = OmegaConf.to_container(model_cfg.tiny, resolve=True)
-        path = tiny_checkpoint(spec)
-        config = checked_config(path, Source("model.tiny", str(path), f"delete {path} so that it is built again"))
-        return Checkpoint(path, config, load_tokenizer(path), f"tiny:{path.name}", name, str(path), random=True)
-    raise ConfigError("model.path is not set; give a hub id or a local checkpoint directory "
-                      "(or choose model=tiny_llama)")
-
-
-def checked_config(path: Path, src: Source, weights: bool = True):
-    """The transformers config of a checkpoint directory whose every file was checked (:mod:`fafo.files`) and whose
-    safetensors headers hold the tensors that config needs, before any weight is read (``weights=False``: a
-    config-only checkpoint, as ``bench.plan`` reads, has its other files checked)."""
-    check_checkpoint(path, src, weights=weights)
-    config = load_hf_config(path)
-    if weights:
-        check_weights_match(path, config, src)
-    return config
+    if kind is None:
+        raise ConfigError("model.path is not set; give a hub id or a local checkpoint directory "
+                          "(or choose model=tiny_llama)")
+    given = {"gguf": ("gguf_file", "path", "revision"), "path": ("path", "revision"), "tiny": ("tiny",)}[kind]
+    return open_checkpoint(weights=weights, **{k: plain(model_cfg.get(k)) for k in given})
 
 
 def cpu_name() -> str:

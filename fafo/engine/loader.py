@@ -1,24 +1,99 @@
-"""Loading Hugging Face checkpoints (hub id or local directory) into :class:`fafo.engine.model.Transformer`.
+"""Loading Hugging Face checkpoints (hub id, local directory, GGUF file or a built tiny model) into
+:class:`fafo.engine.model.Transformer`.
 
-transformers does what it is good at (``AutoConfig``, ``AutoTokenizer`` with the chat template, rope init);
-the weights come straight from safetensors (or ``pytorch_model*.bin``) into our module, whose parameter names
-match Hugging Face's.
+:func:`open_checkpoint` finds (or builds) a checkpoint, checks its every file and reads its config and tokenizer
+before any weight loads; :func:`load_model` then reads the weights. transformers does what it is good at
+(``AutoConfig``, ``AutoTokenizer`` with the chat template, rope init); the weights come straight from safetensors
+(or ``pytorch_model*.bin``) into our module, whose parameter names match Hugging Face's.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from fafo.engine.context import trained_context
 from fafo.errors import ConfigError
-from fafo.files import Source, check_safetensors, weight_files
+from fafo.files import Source, check_checkpoint, check_safetensors, weight_files
 from fafo.engine.model import SUPPORTED_FAMILIES, ModelArgs, Transformer
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_ALLOW = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]  # what a hub fetch keeps
+
+
+@dataclass
+class Checkpoint:
+    """A resolved model: its directory, transformers config and tokenizer (weights not loaded yet).
+
+    ``source`` is what was asked for (hub id, with ``@revision`` when one is set; a local directory as an absolute
+    path; a GGUF file; the built tiny model's directory), ``identity`` what the vanilla reference store keys the
+    weights by, ``random`` whether it is a built-in random tiny model.
+    """
+
+    path: Path
+    config: object
+    tokenizer: object
+    identity: str
+    source: str = ""
+    random: bool = False
+
+    @property
+    def context(self) -> int:
+        """Positions the checkpoint was trained for (rope scaling and ``max_sequence_length`` included)."""
+        return trained_context(self.config)
+
+
+def open_checkpoint(*, path: str | None = None, revision: str | None = None, gguf_file: str | None = None,
+                    tiny: dict | None = None, weights: bool = True, setting: str = "model") -> Checkpoint:
+    """The checkpoint one source names: ``gguf_file`` (inside ``path``'s directory or hub repo when both are
+    given, converted once), else ``path`` (a hub id or a checkpoint directory), else ``tiny`` (a random model's
+    spec, built once). Every file is checked and the config and tokenizer read; no weight loads (``weights=False``:
+    a hub checkpoint is fetched without its weight files and only its other files are checked, as ``bench.plan``
+    reads). Errors name ``<setting>.path`` etc. (``method.draft`` for a draft model)."""
+    try:
+        if gguf_file:
+            from fafo.engine.gguf import gguf_checkpoint
+
+            where = gguf_checkpoint(str(gguf_file), None if path is None else str(path), revision)
+            config = checked_config(where, Source("model.gguf_file", str(gguf_file),
+                                                  f"delete {where} so that it is converted again"))
+            source = f"{path}:{gguf_file}" if path else str(gguf_file)
+            return Checkpoint(where, config, load_tokenizer(where), f"gguf:{where.name}", source)
+        if path:
+            where = resolve_checkpoint(str(path), revision, weights)
+            config = checked_config(where, Source("model.path", str(path), "re-download the checkpoint (or copy all "
+                                                  "of it again) and point model.path at the complete directory"),
+                                    weights)
+            local = Path(str(path)).expanduser()
+            source = str(local.resolve()) if local.is_dir() else str(path) + (f"@{revision}" if revision else "")
+            return Checkpoint(where, config, load_tokenizer(where), f"{path}@{revision or 'main'}", source)
+        if tiny:
+            from fafo.engine.tiny import tiny_checkpoint
+
+            where = tiny_checkpoint(dict(tiny))
+            config = checked_config(where, Source("model.tiny", str(where), f"delete {where} so that it is built "
+                                                  "again"))
+            return Checkpoint(where, config, load_tokenizer(where), f"tiny:{where.name}", str(where), random=True)
+    except ConfigError as exc:
+        if setting == "model":
+            raise
+        raise ConfigError(re.sub(r"\bmodel\.(path|gguf_file|tiny|revision)\b", rf"{setting}.\1", str(exc))) from None
+    raise ConfigError(f"{setting}.path is not set; give a hub id or a local checkpoint directory")
+
+
+def checked_config(path: Path, src: Source, weights: bool = True):
+    """The transformers config of a checkpoint directory whose every file was checked (:mod:`fafo.files`) and whose
+    safetensors headers hold the tensors that config needs, before any weight is read (``weights=False``: a
+    config-only checkpoint has its other files checked)."""
+    check_checkpoint(path, src, weights=weights)
+    config = load_hf_config(path)
+    if weights:
+        check_weights_match(path, config, src)
+    return config
 
 
 def resolve_checkpoint(path: str, revision: str | None = None, weights: bool = True) -> Path:
@@ -35,13 +110,13 @@ def resolve_checkpoint(path: str, revision: str | None = None, weights: bool = T
             raise ConfigError(f"model.path={path!r} is a directory without config.json; point it at a Hugging Face "
                               "checkpoint directory (save_pretrained output)")
         return local
-    if not _HUB_ID.match(path):
+    if not HUB_ID.match(path):
         raise ConfigError(f"model.path={path!r} is neither an existing directory nor a hub id like 'org/name'; "
                           "fix the path or use a hub id")
     from huggingface_hub import snapshot_download
 
     try:
-        allow = _ALLOW if weights else [p for p in _ALLOW if p != "*.safetensors"]
+        allow = HUB_FILES if weights else [p for p in HUB_FILES if p != "*.safetensors"]
         return Path(snapshot_download(path, revision=revision, allow_patterns=allow))
     except Exception as exc:  # offline, unknown repo, gated repo, no network...
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
