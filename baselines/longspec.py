@@ -19,7 +19,7 @@ import torch
 
 from baselines.longspec_draft import (WindowCache, check_shapes, load_draft, new_draft, read_draft_config,
                                      resolve_draft)
-from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
+from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
 from fafo.engine.ledger import model_call
@@ -77,6 +77,13 @@ class LongSpecDecoder(Decoder):
 
     def extra_slots(self, max_new_tokens: int) -> int:
         return self.tree_size  # the verification writes the tree past the committed tokens
+
+    def plan_bytes(self, args, slots: int, nbytes: int, compiled: bool) -> Buffers:
+        """The draft layer (self and cross attention, MLP, three norms) and its window ring of self-attention KV."""
+        q, kv = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+        attn = args.dim * (q + 2 * kv) + (q + 2 * kv) + q * args.dim
+        layer = 2 * attn + 3 * args.dim * args.intermediate_size + 3 * args.dim
+        return Buffers((layer + 2 * self.window * kv) * nbytes)
 
     def check_target(self, hf_config, tokenizer, weights: bool = True) -> None:
         """Refuse a draft whose files are damaged or whose config does not fit the target (before weights load)."""

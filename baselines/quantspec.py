@@ -18,8 +18,8 @@ from typing import ClassVar
 
 import torch
 
-from baselines.quantspec_cache import Int4MLP, QuantKVCache, swapped_mlps
-from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
+from baselines.quantspec_cache import Int4MLP, QuantKVCache, cache_bytes, swapped_mlps
+from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds, one_of
@@ -74,6 +74,19 @@ class QuantSpecDecoder(Decoder):
 
     def extra_slots(self, max_new_tokens: int) -> int:
         return self.gamma + 1  # [current | drafts] past the committed tokens
+
+    def plan_bytes(self, args, slots: int, nbytes: int, compiled: bool) -> Buffers:
+        """The quantized cache (freed after each generation) and the 4-bit draft MLPs (codes and per-group
+        min/scale, plus the dequantized copy with ``resident_weights``); ``int8kv`` releases the engine's cache
+        unless steps are compiled."""
+        int8 = self.target == "int8kv"
+        cache = cache_bytes(args, slots, nbytes, self.group_size, self.gamma + 1, lower=int8, full=not int8)
+        weights = 0
+        if self.weight_bits is not None and self.gamma > 0:
+            n = 3 * args.dim * args.intermediate_size
+            weights = args.n_layers * (n // 2 + 2 * (n // self.weight_group) * nbytes
+                                       + (n * nbytes if self.resident_weights else 0))
+        return Buffers(weights, cache, uses_engine_cache=not int8, releases_engine_cache=int8 and not compiled)
 
     # ---------------------------------------------------------------- state reused across generations
     def _draft_mlps(self, engine: Engine):
@@ -213,6 +226,12 @@ class Int8KVReference(Decoder):
 
     def extra_slots(self, max_new_tokens: int) -> int:
         return self._inner.extra_slots(max_new_tokens)
+
+    def plan_bytes(self, args, slots: int, nbytes: int, compiled: bool) -> Buffers:
+        if self.kv == "fp":
+            return Buffers()
+        cache = cache_bytes(args, slots, nbytes, self.group_size, 1, lower=True, full=False)
+        return Buffers(0, cache, uses_engine_cache=False, releases_engine_cache=not compiled)
 
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:

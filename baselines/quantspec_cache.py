@@ -86,6 +86,18 @@ def quantized_count(position: int, group: int) -> int:
     return max(0, (position - group) // group * group)
 
 
+def cache_bytes(args, slots: int, nbytes: int, group: int, scratch: int, lower: bool, full: bool) -> int:
+    """Bytes a :class:`QuantKVCache` of ``slots`` positions holds for a model of architecture ``args``: the 4-bit
+    planes (upper, and lower for INT8), per-group key and per-token value min/scale, the full-precision buffer
+    unless a full cache stands in for it."""
+    t = quantized_count(slots, group)
+    per_head = 2 * t * args.head_dim // 2 * (2 if lower else 1)  # k and v upper (+ lower) 4-bit planes
+    per_head += 2 * (t // group) * args.head_dim * nbytes + 2 * t * nbytes  # key min/scale, value min/scale
+    if not full:
+        per_head += 2 * (2 * group + scratch) * args.head_dim * nbytes  # the full-precision buffer
+    return args.n_layers * args.n_kv_heads * per_head
+
+
 # ---------------------------------------------------------------------------------------------- the cache
 class QuantKVCache(Cache):
     """Packed hierarchical planes + a full-precision buffer; the model calls :meth:`attend` in every layer.

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 import torch
 
 from baselines.triforce_cache import RetrievalCache, StreamingDraft
-from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
+from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.engine import Engine
+from fafo.engine.loader import open_checkpoint
+from fafo.engine.model import ModelArgs
 from fafo.engine.rope import rope_parameters
 from fafo.bounds import at_least, check_bounds, one_of, plain
 from fafo.errors import ConfigError
@@ -84,18 +86,20 @@ class TriForceDecoder(Decoder):
     def extra_slots(self, max_new_tokens: int) -> int:
         return self.max_proposal + 1  # the verification writes [current | proposal] past the committed tokens
 
+    def plan_bytes(self, args, slots: int, nbytes: int, compiled: bool) -> Buffers:
+        """The retrieval cache and the draft model (weights and its StreamingLLM cache), kept across generations."""
+        retrieval = (self.budget + self.max_proposal + 1) * args.kv_bytes_per_slot(nbytes)
+        if self.draft is None:
+            return Buffers(retrieval)
+        draft = ModelArgs.from_hf(self._draft_checkpoint(weights=False).config)
+        window = (self.draft_budget + self.gamma2 + 1) * draft.kv_bytes_per_slot(nbytes)
+        return Buffers(retrieval + draft.n_params() * nbytes + window)
+
     # ---------------------------------------------------------------- the draft model
     def _draft_checkpoint(self, weights: bool = True):
         """The draft's checkpoint (``weights=False``: its config and tokenizer only, as ``bench.plan`` reads)."""
         if self._ckpt is None or (weights and not self._ckpt[1]):
-            from omegaconf import OmegaConf
-
-            from fafo.bench.setup import resolve_model
-
-            try:
-                self._ckpt = (resolve_model(OmegaConf.create(self.draft), weights=weights), weights)
-            except ConfigError as exc:
-                raise ConfigError(str(exc).replace("model.path", "method.draft.path")) from None
+            self._ckpt = (open_checkpoint(**self.draft, weights=weights, setting="method.draft"), weights)
             rope = rope_parameters(self._ckpt[0].config)["rope_type"]
             if rope in ("dynamic", "longrope"):
                 raise ConfigError(f"method.draft: a {rope}-rope draft cannot slide its window at original positions "

@@ -27,6 +27,7 @@ from typing import ClassVar, Protocol
 
 from fafo.engine.engine import Engine
 from fafo.engine.ledger import MODEL_TIME, ForwardCounts
+from fafo.engine.model import ModelArgs
 from fafo.sampling import Sampling
 
 
@@ -184,6 +185,19 @@ def decode(engine: Engine, state: StepState, max_new_tokens: int, eos_ids=(), cl
                       state.extras(), host_s)
 
 
+@dataclass(frozen=True)
+class Buffers:
+    """What a decoder holds on the device besides the weights, estimated from the target's config alone
+    (``bench.plan``): ``kept`` across generations (draft models, 4-bit weights, retrieval caches, adjacency
+    matrices), ``transient`` only while it generates; and whether it ``uses_engine_cache`` (the shared static cache)
+    or ``releases_engine_cache`` when it starts (QuantSpec's INT8 verifier, eager)."""
+
+    kept: int = 0
+    transient: int = 0
+    uses_engine_cache: bool = True
+    releases_engine_cache: bool = False
+
+
 @dataclass
 class Decoder(ABC):
     """Base class of all decoding methods."""
@@ -231,6 +245,12 @@ class Decoder(ABC):
     def extra_slots(self, max_new_tokens: int) -> int:
         """Cache slots this method needs beyond ``prompt + max_new_tokens`` (scratch for drafts, windows...)."""
         return 0
+
+    def plan_bytes(self, args: ModelArgs, slots: int, nbytes: int, compiled: bool) -> Buffers:
+        """The device memory this method adds to a target of architecture ``args`` whose shared cache has
+        ``slots`` slots, at ``nbytes`` per value (``compiled``: steps compiled, the shared cache allocated up
+        front); what ``bench.plan`` adds up before any weight loads. None beyond the shared cache by default."""
+        return Buffers()
 
     @abstractmethod
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = (),

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fafo.decoding import Buffers
+from fafo.engine.model import ModelArgs
+
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 HEADROOM = 0.95  # fraction of the GPU a job may plan to fill (allocator fragmentation, CUDA context)
 CACHE_BLOCK = 256  # Engine.cache allocates whole blocks of this many slots
@@ -67,91 +70,9 @@ class Dims:
         return 2 * self.layers * self.kv_heads * self.head_dim * nbytes
 
 
-def _quantspec_cache(d: Dims, slots: int, nbytes: int, group: int, scratch: int, lower: bool, full: bool) -> int:
-    """Bytes of a :class:`baselines.quantspec_cache.QuantKVCache` (planes, per-group scales, fp buffer)."""
-    from baselines.quantspec_cache import quantized_count
-
-    t = quantized_count(slots, group)
-    per_layer_head = 2 * t * d.head_dim // 2 * (2 if lower else 1)  # k and v upper (+ lower) 4-bit planes
-    per_layer_head += 2 * (t // group) * d.head_dim * nbytes + 2 * t * nbytes  # key min/scale, value min/scale
-    if not full:
-        per_layer_head += 2 * (2 * group + scratch) * d.head_dim * nbytes  # the full-precision buffer
-    return d.layers * d.kv_heads * per_layer_head
-
-
-@dataclass
-class Buffers:
-    """What a decoder holds besides the weights: ``kept`` across generations (draft models, 4-bit weights,
-    retrieval caches), ``transient`` only while it generates (freed after), and what it does with the engine's
-    shared cache: ``uses`` it, or ``releases`` it when it starts (QuantSpec's INT8 verifier, eager)."""
-
-    kept: int = 0
-    transient: int = 0
-    uses_engine_cache: bool = True
-    releases_engine_cache: bool = False
-
-
-def _quantspec(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
-    int8 = m.target == "int8kv"
-    cache = _quantspec_cache(d, slots, nbytes, m.group_size, m.gamma + 1, int8, not int8)
-    weights = 0
-    if m.weight_bits is not None and m.gamma > 0:  # 4-bit draft MLPs: codes + per-group min/scale
-        n = 3 * d.hidden * d.intermediate
-        weights = d.layers * (n // 2 + 2 * (n // m.weight_group) * nbytes + (n * nbytes if m.resident_weights else 0))
-    # the quantized cache is freed after each generation; int8kv releases the engine's cache unless compiled
-    return Buffers(weights, cache, uses_engine_cache=not int8, releases_engine_cache=int8 and not compiled)
-
-
-def _int8_reference(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
-    if m.kv == "fp":
-        return Buffers()
-    cache = _quantspec_cache(d, slots, nbytes, m.group_size, 1, True, False)
-    return Buffers(0, cache, uses_engine_cache=False, releases_engine_cache=not compiled)
-
-
-def _triforce(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
-    retrieval = (m.budget + m.max_proposal + 1) * d.kv_per_slot(nbytes)
-    draft = 0
-    if m.draft is not None:
-        try:
-            ckpt = m._draft_checkpoint()
-            dd = Dims.of(ckpt.config)
-            draft = dd.params() * nbytes + (m.draft_budget + m.gamma2 + 1) * dd.kv_per_slot(nbytes)
-        except Exception:  # noqa: BLE001 - an unreadable draft is reported by check_target
-            draft = 0
-    return Buffers(retrieval + draft)
-
-
-def _longspec(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
-    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
-    attn = d.hidden * (q + 2 * kv) + (q + 2 * kv) + q * d.hidden
-    layer = 2 * attn + 3 * d.hidden * d.intermediate + 3 * d.hidden  # self + cross attention, MLP, 3 norms
-    window = 2 * m.window * kv * nbytes  # the draft's ring of self-attention KV
-    return Buffers(layer * nbytes + window)
-
-
-def _token_recycling(m, d: Dims, slots: int, nbytes: int, compiled: bool) -> Buffers:
-    return Buffers(d.vocab * m.topk * 8)  # the adjacency matrix: top-k next ids of every token (int64)
-
-
-# class name -> (decoder, dims, cache slots, dtype bytes, compiled) -> its Buffers
-METHOD_BYTES = {
-    "QuantSpecDecoder": _quantspec,
-    "Int8KVReference": _int8_reference,
-    "TriForceDecoder": _triforce,
-    "LongSpecDecoder": _longspec,
-    "TokenRecyclingDecoder": _token_recycling,
-}
-
-
 def method_buffers(decoder, config, slots: int, nbytes: int, compiled: bool) -> Buffers:
-    """A decoder's :class:`Buffers`: its own ``plan_bytes(config, slots, nbytes, compiled)`` if it has one, else
-    :data:`METHOD_BYTES`, else nothing beyond the engine's cache."""
-    own = getattr(decoder, "plan_bytes", None)
-    if callable(own):
-        return own(config, slots, nbytes, compiled)
-    fn = METHOD_BYTES.get(type(decoder).__name__)
-    return fn(decoder, Dims.of(config), slots, nbytes, compiled) if fn else Buffers()
+    """A decoder's :class:`~fafo.decoding.Buffers` (its own ``plan_bytes``)."""
+    return decoder.plan_bytes(ModelArgs.from_hf(config), slots, nbytes, compiled)
 
 
 def activation_bytes(config, prompt_tokens: int, step_tokens: int, nbytes: int) -> int:

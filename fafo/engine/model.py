@@ -63,6 +63,17 @@ class ModelArgs:
             sliding_window=sliding,
         )
 
+    def n_params(self) -> int:
+        """Parameters of the transformer: embeddings, layers with their norms, final norm, LM head unless tied."""
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        attn = self.dim * (q + 2 * kv) + q * self.dim + ((q + 2 * kv) if self.qkv_bias else 0)
+        layer = attn + 3 * self.dim * self.intermediate_size + 2 * self.dim
+        return self.vocab_size * self.dim * (1 if self.tie_embeddings else 2) + self.n_layers * layer + self.dim
+
+    def kv_bytes_per_slot(self, nbytes: int) -> int:
+        """Bytes of one cache slot over every layer: keys and values of the KV heads (GQA: not the query heads)."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * nbytes
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
