@@ -150,7 +150,7 @@ class StepState(ABC):
         return 0, 0
 
 
-#: callables run after each decoding step (its commit included): host-work probes (fafo.bench.host_work)
+#: callables run after each decoding step (its commit included): host-work probes (fafo.bench.tools.host_work)
 STEP_HOOKS: list = []
 
 
@@ -239,7 +239,7 @@ class Decoder(ABC):
     def forward_tokens(self) -> tuple[int, ...] | None:
         """Tokens in each target forward of one decode step ((1,) for vanilla), or None where it varies (drafts).
         The run summary reports their sum as ``tokens_per_forward`` and, given ``bench.cost_curve``, the
-        break-even tau (:mod:`fafo.bench.cost_curve`)."""
+        break-even tau (:mod:`fafo.bench.tools.cost_curve`)."""
         return None
 
     def extra_slots(self, max_new_tokens: int) -> int:

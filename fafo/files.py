@@ -16,11 +16,11 @@ JSON: ``{name: {dtype, shape, data_offsets: [begin, end]}}``, offsets relative t
 loading them: a 16 GB checkpoint is checked in milliseconds. The same headers tell weights of another model in the
 right place (:func:`fafo.engine.loader.check_weights_match`, which knows the tensors a config needs).
 
-Who calls what: :func:`fafo.bench.setup.resolve_model` (``model.path``, ``model.gguf_file``, the tiny models and,
-through it, TriForce's ``method.draft``), :func:`baselines.longspec_draft.resolve_draft` (``method.draft.path``),
-:mod:`tasks.sources` and :mod:`tasks.prompts` (``task.data_path``), :class:`fafo.bench.cost_curve.CostCurve`
+Who calls what: :func:`fafo.engine.loader.open_checkpoint` (``model.path``, ``model.gguf_file``, the tiny models and
+TriForce's ``method.draft``), :func:`baselines.longspec_draft.resolve_draft` (``method.draft.path``),
+:mod:`tasks.sources` and :mod:`tasks.prompts` (``task.data_path``), :class:`fafo.bench.tools.cost_curve.CostCurve`
 (``bench.cost_curve``), :func:`baselines.sam_decoding.read_corpus` (``method.corpus_path``) and
-:func:`fafo.bench.setup.check_config` (``bench.reference_dir``); all of them run before a model loads.
+:func:`fafo.bench.settings.check_config` (``bench.reference_dir``); all of them run before a model loads.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ random Llama built in memory on the device in the benchmark's dtype (``--shape``
   prefix KV), GB/s, the fraction of a device-to-device copy's bandwidth measured here and, on a known GPU, of the
   peak. ``--cache-slots N`` sizes the cache as a long run would. ``--curve``: the cost curve (steps 1..512,
   contexts 256..4096) and each method setting's tokens per forward and break-even tau
-  (:mod:`fafo.bench.cost_curve`; give the CSV to a run as ``bench.cost_curve=<csv>``).
+  (:mod:`fafo.bench.tools.cost_curve`; give the CSV to a run as ``bench.cost_curve=<csv>``).
 * ``vs-hf``: vanilla greedy decode per token, ours vs transformers ``generate`` (sdpa; dynamic and static cache)
   on the same weights (shared tensors) at ``--prompts`` lengths, prefill excluded alike: both compiled on CUDA
   (transformers compiles its static-cache decode itself), both eager on a CPU.
@@ -19,8 +19,8 @@ random Llama built in memory on the device in the benchmark's dtype (``--shape``
   of the step inside ``attend``, on ``dense`` (reference maths) and ``sdpa`` (fast paths); eager by design (the
   share is measured by wrapping ``attend``).
 * ``fumble``: FAFO's fumble queries over a compressed KV budget F under compiled FlexAttention, the fixed region
-  vs the same entries scattered (:mod:`fafo.bench.fumble_attention`).
-* ``host``: every method config's work per decoding step outside its forwards (:mod:`fafo.bench.host_work`).
+  vs the same entries scattered (:mod:`fafo.bench.tools.fumble_attention`).
+* ``host``: every method config's work per decoding step outside its forwards (:mod:`fafo.bench.tools.host_work`).
 
 Variants are interleaved over ``--repeats`` rounds::
 
@@ -47,13 +47,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fafo.bench import host_work  # noqa: E402
-from fafo.bench.cost_curve import CostCurve  # noqa: E402
-from fafo.bench.engine_timing import (AttentionTimer, bytes_per_forward, copy_bandwidth, device_name,  # noqa: E402
+from fafo.bench.tools import host_work  # noqa: E402
+from fafo.bench.tools.cost_curve import CostCurve  # noqa: E402
+from fafo.bench.tools.engine_timing import (AttentionTimer, bytes_per_forward, copy_bandwidth, device_name,  # noqa: E402
                                       fill_cache, forward_step, hf_ms_per_token, ours_ms_per_token, timed,
                                       warm_calls)
-from fafo.bench.fumble_attention import FUMBLE_COLUMNS, SCATTERS, fumble  # noqa: E402
-from fafo.bench.random_model import SHAPES, llama_config, random_engine, transformers_twin  # noqa: E402
+from fafo.bench.tools.fumble_attention import FUMBLE_COLUMNS, SCATTERS, fumble  # noqa: E402
+from fafo.bench.tools.random_model import SHAPES, llama_config, random_engine, transformers_twin  # noqa: E402
 from fafo.bench.timing import load_average, sync  # noqa: E402
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions, compile_stats  # noqa: E402
 from fafo.engine.engine import DTYPES, Engine  # noqa: E402

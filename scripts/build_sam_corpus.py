@@ -33,14 +33,16 @@ def corpus_records(cfg, answers_path: str | None, temperature: float, top_p: flo
     """One record per (sample, turn): ``ids`` = the turn's prompt ids + the answer's ids."""
     from baselines.sam_decoding import tokenizer_fingerprint
     from baselines.vanilla import VanillaDecoder
-    from fafo.bench.setup import build, resolve_device, resolve_dtype, resolve_model
+    from fafo.bench.naming import checkpoint, model_name
+    from fafo.bench.settings import resolve_device, resolve_dtype
+    from fafo.bench.spec import build
     from fafo.engine.engine import Engine
     from fafo.files import Source, parse_jsonl, read_text
     from fafo.sampling import Sampling
 
-    task, ckpt = build(cfg.task, "task"), resolve_model(cfg.model)
+    task, ckpt = build(cfg.task, "task"), checkpoint(cfg.model)
     tok = ckpt.tokenizer
-    base = {"model": ckpt.name, "tokenizer": tokenizer_fingerprint(tok)}
+    base = {"model": model_name(cfg.model), "tokenizer": tokenizer_fingerprint(tok)}
     samples = task.samples(tok)[: cfg.bench.max_samples or None]
     given = {}
     if answers_path is not None:

@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     from hydra import compose, initialize_config_dir
 
     from baselines.vanilla import VanillaDecoder
-    from fafo.bench.setup import build, method_node, resolve_model
+    from fafo.bench.naming import checkpoint
+    from fafo.bench.spec import build, method_node
     from fafo.engine.engine import Engine
     from fafo.sampling_check import compare, exact_joint, run_many
 
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     sampling = build(cfg.sampling, "sampling")
     method = build(method_node(cfg.method), "method")
     method.check_sampling(sampling)
-    ckpt = resolve_model(cfg.model)
+    ckpt = checkpoint(cfg.model)
     method.check_target(ckpt.config, ckpt.tokenizer)
     engine = Engine.load(ckpt.path, ckpt.config, ckpt.tokenizer, device="cpu", dtype=torch.float32,
                          backend=cfg.model.get("attention", "sdpa"))

@@ -48,6 +48,7 @@ from fafo.bench import report  # noqa: E402
 from fafo.bench import report_format as rf  # noqa: E402
 from fafo.bench.paper import (AXES, AXIS_LABELS, CONF_EXPERIMENT, TABLE_AXES, TITLES,  # noqa: E402,F401
                                mismatches, not_comparable, preset, titles)
+from fafo.bench.records import turn_key  # noqa: E402
 from fafo.bench.report import Collected, Run, collect, dotted  # noqa: E402
 from fafo.bench.report_format import DASH, norm_value, num  # noqa: E402
 
@@ -394,7 +395,7 @@ def split_by_category(collected: Collected) -> Collected:
         rows = run.sample_rows() or []
         for cat in dict.fromkeys(subtask(r.get("category", "")) for r in rows):
             part = [r for r in rows if subtask(r.get("category", "")) == cat]
-            summary = report.resummarize(run, {report.row_key(r) for r in part})
+            summary = report.resummarize(run, {turn_key(r) for r in part})
             out.runs.append(replace(run, summary=summary, config={**run.config, "_category": cat}, rows=part))
     return out
 

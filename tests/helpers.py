@@ -113,7 +113,7 @@ def write_jsonl(path, rows):
 
 def task_from_conf(name, *overrides):
     """The task ``task=<name>`` builds, as a run would."""
-    from fafo.bench.setup import build
+    from fafo.bench.spec import build
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"task={name}", *overrides])

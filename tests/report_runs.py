@@ -13,7 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from fafo.bench.metrics import summarize
-from fafo.bench.records import SAMPLE_COLUMNS
+from fafo.bench.records import SAMPLE_COLUMNS, row_crc
 
 # samples.csv as written before the forward ledger (fafo/bench/records.py SAMPLE_COLUMNS at that time)
 OLD_COLUMNS = [
@@ -102,13 +102,19 @@ def write_run(root: Path, rel: str, model: str, method: str, task: str = "builti
     with open(d / "samples.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(with_crc(rows, columns))
     (d / "outputs.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outputs))
     if summary:
         s = {"model": model, "method": method, "task": task, **summarize(read(d), n_boot=200)}
         (d / "summary.json").write_text(json.dumps(s if old else {**s, **contract_keys(rows, outputs)}))
     (d / "config.yaml").write_text(yaml.safe_dump({"bench": {"bootstrap": 200}, **(config or {})}))
     return d, read(d)
+
+
+def with_crc(rows: list[dict], columns: list[str]) -> list[dict]:
+    """Rows with the checksum the runner gives each (over their fields as csv writes them)."""
+    written = [{c: "" if r.get(c) is None else str(r.get(c, "")) for c in columns} for r in rows]
+    return [{**w, "crc": row_crc(w, columns)} for w in written]
 
 
 def read(run_dir: Path) -> list[dict]:
@@ -129,7 +135,7 @@ def write_paper_run(root: Path, rel: str, summary: dict | None, config: dict, sa
         with open(d / "samples.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
             w.writeheader()
-            w.writerows(samples)
+            w.writerows(with_crc(samples, SAMPLE_COLUMNS))
     if error is not None:
         (d / "error.txt").write_text(error + "\n")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from fafo.bench.setup import build, method_node
+from fafo.bench.spec import build, method_node
 from fafo.engine import attention
 from tests.helpers import DRAFT_SPEC
 from tests.lossless import PROMPTS

@@ -1,6 +1,6 @@
 """``scripts/bench_engine.py`` on CPU in CI-size settings (roofline, curve, decode modes write their CSVs; no
 timing checks), and the library it stands on: the in-memory random model and its transformers twin, the roofline's
-byte count, the cost curve and the device CSV (:mod:`fafo.bench.cost_curve`)."""
+byte count, the cost curve and the device CSV (:mod:`fafo.bench.tools.cost_curve`)."""
 
 import csv
 import importlib.util
@@ -51,7 +51,7 @@ def test_bench_engine_times_compiled_steps_warm(tmp_path, checkpoint, bench, fre
 def test_random_model_is_built_on_the_device_and_shared_with_transformers():
     """No checkpoint on disk: the weights are drawn in place, and transformers' twin holds the same tensors and
     computes the same logits."""
-    from fafo.bench.random_model import llama_config, random_engine, transformers_twin
+    from fafo.bench.tools.random_model import llama_config, random_engine, transformers_twin
     from fafo.engine.attention import causal_plan
 
     engine = random_engine(llama_config("embedded", num_hidden_layers=2), "cpu", "float32")
@@ -66,8 +66,8 @@ def test_random_model_is_built_on_the_device_and_shared_with_transformers():
 
 
 def test_bytes_per_forward_reads_one_embedding_row():
-    from fafo.bench.engine_timing import bytes_per_forward, kv_bytes_per_token
-    from fafo.bench.random_model import llama_config, random_engine
+    from fafo.bench.tools.engine_timing import bytes_per_forward, kv_bytes_per_token
+    from fafo.bench.tools.random_model import llama_config, random_engine
 
     engine = random_engine(llama_config("embedded", num_hidden_layers=1), "cpu", "float16")
     a = engine.model.args
@@ -80,13 +80,13 @@ def test_bytes_per_forward_reads_one_embedding_row():
 @pytest.mark.parametrize("name,slug", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-80GB", "a100"),
                                        ("NVIDIA L40S", "l40s"), ("NVIDIA GeForce RTX 4090", "nvidia-geforce-rtx-4090")])
 def test_gpu_slug(name, slug):
-    from fafo.bench.engine_timing import gpu_slug
+    from fafo.bench.tools.engine_timing import gpu_slug
 
     assert gpu_slug(name) == slug
 
 
 def test_cost_curve_interpolates_and_gives_break_even_tau(tmp_path):
-    from fafo.bench.cost_curve import CostCurve
+    from fafo.bench.tools.cost_curve import CostCurve
     from fafo.errors import ConfigError
 
     path = tmp_path / "curve.csv"
@@ -107,7 +107,7 @@ def test_cost_curve_interpolates_and_gives_break_even_tau(tmp_path):
 
 
 def test_device_csv_holds_the_curve_and_the_methods(tmp_path):
-    from fafo.bench.cost_curve import DEVICE_COLUMNS, CostCurve, write_device_csv
+    from fafo.bench.tools.cost_curve import DEVICE_COLUMNS, CostCurve, write_device_csv
     from fafo.errors import ConfigError
 
     curve = [{"context": c, "step_tokens": s, "median_ms": 5.0 + s / 100 + c / 1000} for c in (512, 4096)
@@ -132,7 +132,7 @@ def test_device_csv_holds_the_curve_and_the_methods(tmp_path):
 
 
 def test_bench_engine_curve_prints_break_even_tau(tmp_path, checkpoint, capsys, bench):
-    from fafo.bench.cost_curve import CostCurve
+    from fafo.bench.tools.cost_curve import CostCurve
 
     out = tmp_path / "curve.csv"
     bench.main(["--model", str(checkpoint("llama_gqa")), "--contexts", "32", "64", "--steps", "1", "8", "64",

@@ -1,4 +1,4 @@
-"""Smoke test of ``scripts/bench_engine.py fumble`` (:mod:`fafo.bench.fumble_attention`): CSV layout and the
+"""Smoke test of ``scripts/bench_engine.py fumble`` (:mod:`fafo.bench.tools.fumble_attention`): CSV layout and the
 block-sparsity structure (no timings)."""
 
 import os
@@ -13,7 +13,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import fafo.bench.fumble_attention as fumble  # noqa: E402
+import fafo.bench.tools.fumble_attention as fumble  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
 

@@ -8,7 +8,7 @@ import pytest
 from hydra._internal.utils import _locate
 from omegaconf import OmegaConf
 
-from fafo.bench.setup import build, method_node
+from fafo.bench.spec import build, method_node
 from fafo.bounds import at_least, bound_of, check_bound, check_bounds, one_of
 from fafo.errors import ConfigError
 from tests.helpers import cli_in_process, compose_with

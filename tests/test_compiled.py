@@ -21,6 +21,7 @@ from fafo.engine.compiled import CompileOptions, compile_stats
 from fafo.engine.engine import Engine
 from fafo.engine.tiny import tiny_checkpoint
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from fafo.errors import ConfigError
 from tests.compiled_cases import CAPACITY, METHODS, SAMPLES, SMALL, WARMUP, check_compiled, compiled_engine
 from tests.helpers import make_cfg, read_rows
@@ -100,7 +101,7 @@ def test_runner_compiles_in_warmup_only(overrides, tmp_path, fresh_dynamo):
     cfg = make_cfg(tmp_path, "method=fafo_stream", "method.n=4", "method.k=3", "bench.compile=true",
                    "bench.max_new_tokens=12", "bench.max_samples=5", *overrides)
     run_dir = tmp_path / "run"
-    summary = Runner(cfg, run_dir).run()
+    summary = Runner().run(resolve(cfg, run_dir))
     rows = read_rows(run_dir)
     assert len(rows) > 5 and {r["status"] for r in rows} == {"ok"}  # two-turn samples included
     assert len({r["prompt_tokens"] for r in rows}) > 3
@@ -113,13 +114,13 @@ def test_runner_compiles_in_warmup_only(overrides, tmp_path, fresh_dynamo):
 @pytest.mark.parametrize("overrides,message", [
     (["bench.compile=maybe"], "bench.compile='maybe'"),
     (["bench.compile=true", "bench.compile_mode=reduce-overhead"], "needs a CUDA device"),
-    (["bench.compile=true", "bench.compile_mode=fastest"], "not a torch.compile mode"),
+    (["bench.compile=true", "bench.compile_mode=fastest"], "(a torch.compile mode)"),
     (["bench.compile=true", "bench.compile_attention=flex"], "bench.compile_backend=aot_eager"),
 ])
 def test_bad_compile_settings_fail_before_loading(overrides, message, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        Runner(make_cfg(tmp_path, *overrides), tmp_path / "run")
+        resolve(make_cfg(tmp_path, *overrides), tmp_path / "run")
 
 
 def test_compile_is_off_by_default_on_cpu(tmp_path):
-    assert Runner(make_cfg(tmp_path), tmp_path / "run").compile is None
+    assert resolve(make_cfg(tmp_path), tmp_path / "run").compile is None

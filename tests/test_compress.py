@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from baselines.lossy import LossyDecoder
 from baselines.vanilla import VanillaDecoder
-from fafo.bench.setup import check_region_fits
+from fafo.bench.spec import check_region_fits
 from fafo.compress.base import FixedRegion
 from fafo.compress.quest import Quest
 from fafo.compress.snapkv import SnapKV

@@ -3,7 +3,7 @@
 
 import pytest
 
-from fafo.bench.setup import build, method_node
+from fafo.bench.spec import build, method_node
 from fafo.decoding import Decoder
 from fafo.sampling import Sampling
 from tests.helpers import CONF, PRESETS, compose_with, sweep_jobs

@@ -7,6 +7,7 @@ import pytest
 
 from fafo.bench.records import RecordWriter, row_crc
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from tests.helpers import make_cfg, read_rows, run_cli
 
 ARGS = ["bench.max_new_tokens=6", "bench.warmup=0", "bench.repeats=2", "task.ids=[chat-01,multi-01,code-01]"]
@@ -24,7 +25,7 @@ def _records(run_dir):
 def undamaged(tmp_path_factory):
     root = tmp_path_factory.mktemp("undamaged")
     run_dir = root / "run"
-    Runner(make_cfg(root, *ARGS), run_dir).run()
+    Runner().run(resolve(make_cfg(root, *ARGS), run_dir))
     return root, run_dir, _records(run_dir)
 
 
@@ -54,7 +55,7 @@ def test_torn_records_are_repaired_on_rerun(undamaged, tmp_path, name, where):
     else:
         offset = int(len(text) * where)
     path.write_bytes(text.encode()[:offset])
-    summary = Runner(make_cfg(root, *ARGS), run_dir).run()
+    summary = Runner().run(resolve(make_cfg(root, *ARGS), run_dir))
     assert _records(run_dir) == expected  # same keys, statuses, token ids; nothing lost or duplicated
     assert summary["repaired"] and summary["records_check"] == "ok" and summary["n_failed"] == 0
     assert summary["n_turns"] == 4
@@ -69,7 +70,7 @@ def test_a_garbled_row_in_the_middle_is_caught_by_its_crc(undamaged, tmp_path):
     row[4] = "tiny-llamX"  # one flipped byte, every field still parses
     lines[3] = ",".join(row)
     (run_dir / "samples.csv").write_text("".join(lines))
-    summary = Runner(make_cfg(root, *ARGS), run_dir).run()
+    summary = Runner().run(resolve(make_cfg(root, *ARGS), run_dir))
     assert _records(run_dir) == expected
     assert any("garbled" in r for r in summary["repaired"])
 

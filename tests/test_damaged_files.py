@@ -64,10 +64,10 @@ def ckpt(checkpoint, tmp_path):
 
 
 def resolve(path, setting="model.path"):
-    from fafo.bench.setup import resolve_model
+    from fafo.bench.naming import checkpoint
 
     try:
-        return resolve_model(OmegaConf.create({"path": str(path), "revision": None, "tiny": None}))
+        return checkpoint(OmegaConf.create({"path": str(path), "revision": None, "tiny": None}))
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("model.path", setting)) from None
 
@@ -312,7 +312,7 @@ CURVE = "context,step_tokens,median_ms,device_name\n256,1,1.0,cpu\n256,8,2.5,cpu
 
 @pytest.mark.parametrize("how", WAYS)
 def test_a_damaged_cost_curve_is_one_line(tmp_path, how):
-    from fafo.bench.cost_curve import CostCurve
+    from fafo.bench.tools.cost_curve import CostCurve
 
     path = tmp_path / "curve.csv"
     path.write_text(CURVE)

@@ -1,4 +1,4 @@
-"""python -m fafo.bench.diff RUN_A RUN_B: config differences, where two runs' tokens part (both texts), per-metric
+"""python -m fafo.bench.tools.diff RUN_A RUN_B: config differences, where two runs' tokens part (both texts), per-metric
 differences with a paired interval; a directory that is not a run is one error line."""
 
 import csv
@@ -8,10 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from fafo.bench import diff
+from fafo.bench.tools import diff
 from fafo.bench.metrics import summarize
 from fafo.bench.records import SAMPLE_COLUMNS
 from tests.helpers import ENV, REPO, run_cli
+from tests.report_runs import with_crc
 
 
 def write_rows(run_dir, rows):
@@ -19,7 +20,7 @@ def write_rows(run_dir, rows):
     with open(run_dir / "samples.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(with_crc(rows, SAMPLE_COLUMNS))  # as the runner writes them
     (run_dir / "config.yaml").write_text("bench:\n  repeats: 1\n")
 
 
@@ -68,7 +69,7 @@ def test_cli_shows_where_two_runs_part_and_refuses_a_directory_that_is_not_a_run
     a, b = sorted(p.parent for p in out.rglob("summary.json"))
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "fafo.bench.diff", *map(str, args)], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "fafo.bench.tools.diff", *map(str, args)], capture_output=True,
                               text=True, env=ENV, cwd=REPO, timeout=300)
 
     proc = cli(a, b, "--show", 2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fafo.bench.setup import build, method_node
+from fafo.bench.spec import build, method_node
 from tests.helpers import compose_with, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ def test_sweep_through_the_cli_reports_tokens_per_forward_and_break_even_tau(tmp
                  for p in (tmp_path / "runs").glob("**/summary.json")}
     assert summaries["fafo-stream"]["tokens_per_forward"] == 17 and summaries["lookahead"]["tokens_per_forward"] == 16
     assert summaries["fafo-stream"]["break_even_tau"] == pytest.approx((10 + 1.7) / 10.1, rel=1e-6)
-    s = summaries["fafo-stream"]  # the curve's device, pricing this run's own forwards (fafo.bench.projection)
+    s = summaries["fafo-stream"]  # the curve's device, pricing this run's own forwards (fafo.bench.tools.projection)
     assert s["projected_speedup"] > 0 and s["projection_rows"] == s["n_turns"] and s["projection_measured"] > 0
     assert "break_even_tau" in proc.stdout and "tokens_per_forward" in proc.stdout
     # the equal-budget table and plot read those fields

@@ -16,7 +16,7 @@ from tests.helpers import ENV, REPO
 
 @pytest.mark.slow
 def test_quick_cpu_check_passes_and_writes_its_report(tmp_path):
-    from fafo.bench.cost_curve import CostCurve
+    from fafo.bench.tools.cost_curve import CostCurve
 
     out = tmp_path / "check"
     # a generous budget: on a busy CI machine no stage may be cut short (this test checks content, not speed)

@@ -23,6 +23,7 @@ from baselines.token_recycling import TokenRecyclingDecoder
 from baselines.vanilla import VanillaDecoder
 from fafo.bench.metrics import summarize
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from fafo.engine.compiled import CompiledStep, CompileOptions, reset_compiled_state
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
@@ -216,13 +217,14 @@ def test_upload_is_one_packed_copy_with_aligned_views():
 
 
 def test_release_leaves_only_the_weights(tmp_path):
-    runner = Runner(make_cfg(tmp_path, "model=tiny_llama", "method=triforce_nodraft", "method.budget=16",
-                             "bench.max_samples=1", "bench.max_new_tokens=8", "bench.warmup=0"), tmp_path / "run")
-    runner.run(report=False)
-    assert runner.engine.static_cache is None and runner.engine.compiled is None and runner.judge is None
-    init = {f.name: getattr(runner.method, f.name) for f in dataclasses.fields(runner.method) if f.init}
-    assert vars(runner.method).keys() == vars(type(runner.method)(**init)).keys()
-    held = [k for k, v in vars(runner.method).items() if isinstance(v, (torch.Tensor, Engine, KVCache))]
+    spec = resolve(make_cfg(tmp_path, "model=tiny_llama", "method=triforce_nodraft", "method.budget=16",
+                            "bench.max_samples=1", "bench.max_new_tokens=8", "bench.warmup=0"), tmp_path / "run")
+    runner = Runner()
+    runner.run(spec, report=False)
+    assert runner.engine.static_cache is None and runner.engine.compiled is None
+    init = {f.name: getattr(spec.method, f.name) for f in dataclasses.fields(spec.method) if f.init}
+    assert vars(spec.method).keys() == vars(type(spec.method)(**init)).keys()
+    held = [k for k, v in vars(spec.method).items() if isinstance(v, (torch.Tensor, Engine, KVCache))]
     assert held == []
 
 
@@ -245,7 +247,7 @@ def test_cuda_graph_skip_is_an_error(tmp_path, monkeypatch):
     cfg = make_cfg(tmp_path, "model=tiny_llama", "bench.max_samples=1", "bench.max_new_tokens=4",
                    "bench.compile=true", "bench.compile_backend=aot_eager")
     with pytest.raises(RuntimeError, match="not recorded as CUDA graphs"):
-        Runner(cfg, tmp_path / "run").run(report=False)
+        Runner().run(resolve(cfg, tmp_path / "run"), report=False)
 
 
 def _demo(tmp_path, *overrides) -> dict[str, dict]:

@@ -1,4 +1,4 @@
-"""Host work per decoding step (fafo/bench/host_work.py): every method config dispatches a listed handful of ops per
+"""Host work per decoding step (fafo/bench/tools/host_work.py): every method config dispatches a listed handful of ops per
 step outside its model forwards, the same number at 4 layers as at 8, and the probe, the host-time measurement and
 the ``host`` table count what they say."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fafo.bench.host_work import HostWork, budget_overrides, build_method, count_host_work, host_model
+from fafo.bench.tools.host_work import HostWork, budget_overrides, build_method, count_host_work, host_model
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
 from fafo.engine.model import Block
@@ -104,10 +104,11 @@ def test_host_time_is_measured_per_step(engine):
 
 def test_runs_record_host_ms_per_step(tmp_path):
     from fafo.bench.runner import Runner
+    from fafo.bench.spec import resolve
 
     cfg = make_cfg(tmp_path, "model=tiny_llama", "method=prompt_lookup", "bench.max_samples=2",
                    "bench.max_new_tokens=8", "bench.warmup=0")
-    summary = Runner(cfg, tmp_path / "run").run(report=False)
+    summary = Runner().run(resolve(cfg, tmp_path / "run"), report=False)
     rows = read_rows(tmp_path / "run")
     assert rows and all(float(r["host_ms"]) > 0 for r in rows)
     assert summary["host_ms_per_step"] == pytest.approx(statistics.median(float(r["host_ms"]) for r in rows))

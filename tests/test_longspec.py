@@ -340,7 +340,7 @@ def test_draft_trained_on_the_real_models_own_generations_is_accepted(tmp_path):
 @pytest.mark.parametrize("model", ["llama_gqa", "qwen2_gqa_rep"])
 def test_longspec_chain_config_is_token_identical_with_a_trained_draft(model, engine, trained, tmp_path):
     """`method=longspec_chain` composed as a user types it (draft path given): a chain of gamma drafts, exact."""
-    from fafo.bench.setup import build, method_node
+    from fafo.bench.spec import build, method_node
     from tests.helpers import make_cfg
 
     cfg = make_cfg(tmp_path, "method=longspec_chain", f"method.draft.path={trained(model)}", "method.window=16")

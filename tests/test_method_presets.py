@@ -7,7 +7,7 @@ own test file. TriForce presets get a tiny draft (llama-68m cannot be fetched of
 
 import pytest
 
-from fafo.bench.setup import build, method_node
+from fafo.bench.spec import build, method_node
 from tests.lossless import PROMPTS, assert_lossless
 from tests.helpers import make_cfg
 from tests.methods import METHODS

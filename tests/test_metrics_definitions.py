@@ -25,6 +25,7 @@ from baselines.token_recycling import TokenRecyclingDecoder
 from baselines.triforce import TriForceDecoder
 from baselines.vanilla import VanillaDecoder, _VanillaState
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from fafo.compress.stream import StreamingLLM
 from fafo.decoding import Step, decode
 from fafo.fafo import FAFODecoder
@@ -71,9 +72,9 @@ KEYS = ("tau", "tau_with_prefill", "tau_all", "speedup_e2e", "speedup_decode", "
 
 def test_summary_is_recomputed_from_samples_csv_alone(tmp_path):
     run_dir = tmp_path / "run"
-    summary = Runner(make_cfg(tmp_path, "method=fafo_2forward", "method.n=4", "method.k=3", "bench.repeats=2",
+    summary = Runner().run(resolve(make_cfg(tmp_path, "method=fafo_2forward", "method.n=4", "method.k=3", "bench.repeats=2",
                               "bench.max_new_tokens=10", "task.ids=[chat-01,multi-01,code-01]",
-                              "bench.speedup_kind=decode"), run_dir).run()
+                              "bench.speedup_kind=decode"), run_dir))
     rows = read_rows(run_dir)
     want = recompute(rows)
     for key in KEYS:
@@ -197,8 +198,8 @@ def test_decode_loop_counts_engine_forwards_by_kind(engine):
 def test_every_timing_repeat_starts_from_the_same_state(method, checkpoint, tmp_path):
     common = [f"method={method}", f"model.path={checkpoint('llama_mha_rep')}", "bench.max_new_tokens=24",
               "task.ids=[chat-01,code-01,multi-01]", "bench.max_spread=1000"]
-    Runner(make_cfg(tmp_path, *common, "bench.repeats=3", "bench.warmup=1"), tmp_path / "r3").run()
-    Runner(make_cfg(tmp_path, *common, "bench.repeats=1", "bench.warmup=0"), tmp_path / "r1").run()
+    Runner().run(resolve(make_cfg(tmp_path, *common, "bench.repeats=3", "bench.warmup=1"), tmp_path / "r3"))
+    Runner().run(resolve(make_cfg(tmp_path, *common, "bench.repeats=1", "bench.warmup=0"), tmp_path / "r1"))
     rows = read_rows(tmp_path / "r3")
     counts = ("new_tokens", "forwards", "tau", "drafted", "accepted", "mean_accept")
     by_turn = defaultdict(list)
@@ -238,7 +239,7 @@ def test_bf16_mismatches_are_classified_in_fp32(worst, kind, tmp_path):
                    "bench.warmup=0", f"bench.tie_margin={margin}")
     OmegaConf.update(cfg, "method._target_", "tests.test_metrics_definitions.RunnerUp")
     OmegaConf.update(cfg, "method.worst", worst, force_add=True)
-    summary = Runner(cfg, tmp_path / "run").run()
+    summary = Runner().run(resolve(cfg, tmp_path / "run"))
     rows = read_rows(tmp_path / "run")
     assert all(int(r["first_mismatch"]) >= 0 and r["mismatch_kind"] == kind for r in rows), rows
     gaps = [float(r["mismatch_gap"]) for r in rows]
@@ -257,7 +258,7 @@ def test_the_tie_check_never_holds_a_copy_on_the_device_and_cannot_fail_a_row(tm
         cfg = make_cfg(tmp_path, "bench.dtype=bfloat16", "bench.max_new_tokens=12", "task.ids=[chat-01,code-01]",
                        "bench.warmup=0", *extra)
         OmegaConf.update(cfg, "method._target_", "tests.test_metrics_definitions.RunnerUp")
-        return Runner(cfg, tmp_path / name).run(report=False), read_rows(tmp_path / name)
+        return Runner().run(resolve(cfg, tmp_path / name), report=False), read_rows(tmp_path / name)
 
     loads = []
     real_load = Engine.load.__func__

@@ -14,7 +14,7 @@ from fafo.extras import EXTRAS, install_hint
 from tests.helpers import ENV, REPO, cli_in_process, import_script
 
 OPTIONAL = sorted(m for m in EXTRAS if m != "pyarrow")  # pandas imports pyarrow itself where it is installed
-OTHER_EXTRAS = {"fafo.sampling_check": "dev (scipy)", "fafo.bench.slurm": "slurm"}  # modules of other extras
+OTHER_EXTRAS = {"fafo.sampling_check": "dev (scipy)", "fafo.bench.tools.slurm": "slurm"}  # modules of other extras
 NOTE = "note: wandb is not installed, so W&B logging is off (wandb.mode=offline); to log: " + install_hint("wandb")
 
 

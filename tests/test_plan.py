@@ -15,10 +15,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 from transformers import AutoConfig
 
-from fafo.bench.plan import _fix, plan_job
-from fafo.bench.plan_memory import Dims, cache_slots, job_memory
+from fafo.bench.plan import JobPlan, _fix, assess, memory
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from fafo.engine.context import context_limit, trained_context
+from fafo.engine.engine import cache_slots
+from fafo.engine.model import ModelArgs
 from fafo.fafo import FAFODecoder
 from tests.plan_hub import MODELS, config_json, text, write_data, write_hub
 from tests.helpers import CONF, ENV, PRESETS, sweep_jobs
@@ -96,7 +98,7 @@ def test_every_paper_preset_plans_on_its_real_models(hub):
                 with open_dict(cfg):
                     cfg.task.data_path = paths[cfg.task.name]
                 HydraConfig().set_config(cfg)
-                plan = plan_job(cfg, overrides, cfg.hydra.runtime.choices.model)
+                plan = assess(resolve(cfg, weights=False))
                 assert plan.fits, f"{preset} {job}: {plan.problems}"
                 assert plan.n_fit > 0 and 0 < plan.peak_gb <= 0.95 * plan.gpu_gb
                 plans[(preset, *job)] = plan
@@ -199,29 +201,32 @@ def test_plan_estimates_gpu_hours_from_a_cost_curve(hub, tmp_path):
 
 
 def test_an_overflowing_scratch_names_the_method_settings_that_size_it():
-    job = SimpleNamespace(method=FAFODecoder(n=40, k=6))  # 1 + n * k = 241 scratch slots; stagger, seed size nothing
-    assert _fix(job, 900, 1024, 241, 2048, 2048) == "lower method.n or method.k, or raise model.max_len to 2165"
-    assert _fix(job, 1900, 1024, 241, 2048, 4096).startswith("raise model.max_len to 3165, lower bench.max_new_tokens")
+    spec = SimpleNamespace(method=FAFODecoder(n=40, k=6), context=2048)  # 1 + n * k = 241 scratch slots
+    assert _fix(spec, 900, 1024, 241, 2048) == "lower method.n or method.k, or raise model.max_len to 2165"
+    assert _fix(spec, 1900, 1024, 241, 4096).startswith("raise model.max_len to 3165, lower bench.max_new_tokens")
 
 
 # ------------------------------------------------------------------ memory
 def test_memory_agrees_with_independent_counts():
-    llama2, llama3 = Dims.of(hf_config("meta-llama/Llama-2-7b-chat-hf")), Dims.of(hf_config(
-        "meta-llama/Meta-Llama-3-8B-Instruct"))
-    assert abs(llama2.params() / 6.74e9 - 1) < 0.1 and abs(llama3.params() / 8.03e9 - 1) < 0.1  # model cards
-    assert llama2.kv_per_slot(2) == 2 * 32 * 32 * 128 * 2 == 2**19  # 0.5 MB per token, MHA
-    assert llama3.kv_per_slot(2) == 2 * 32 * 8 * 128 * 2 == 2**17  # GQA: 8 KV heads
+    llama2, llama3 = (ModelArgs.from_hf(hf_config(f"meta-llama/{name}"))
+                      for name in ("Llama-2-7b-chat-hf", "Meta-Llama-3-8B-Instruct"))
+    assert abs(llama2.n_params() / 6.74e9 - 1) < 0.1 and abs(llama3.n_params() / 8.03e9 - 1) < 0.1  # model cards
+    assert llama2.kv_bytes_per_slot(2) == 2 * 32 * 32 * 128 * 2 == 2**19  # 0.5 MB per token, MHA
+    assert llama3.kv_bytes_per_slot(2) == 2 * 32 * 8 * 128 * 2 == 2**17  # GQA: 8 KV heads
     from baselines.vanilla import VanillaDecoder
 
-    mem = job_memory(hf_config("meta-llama/Llama-3.1-8B-Instruct"), VanillaDecoder(), VanillaDecoder(), 100_000,
-                     99_000, "float16", compiled=True)
-    assert abs(mem.kv / (cache_slots(100_000) * 2**17) - 1) < 0.1 and abs(mem.weights / (8.03e9 * 2) - 1) < 0.1
+    spec = SimpleNamespace(dtype="float16", compile=True, method=VanillaDecoder(), reference=VanillaDecoder(),
+                           ckpt=SimpleNamespace(config=hf_config("meta-llama/Llama-3.1-8B-Instruct")))
+    plan = JobPlan(cache_slots=100_000)
+    memory(plan, spec, 99_000)
+    assert abs(plan.kv_gb * 1e9 / (cache_slots(100_000) * 2**17) - 1) < 0.1
+    assert abs(plan.weights_gb * 1e9 / (8.03e9 * 2) - 1) < 0.1
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2_gqa"])  # qwen2: qkv bias, tied embeddings
 def test_parameter_count_matches_the_built_model(engine, name):
     eng = engine(name)
-    assert Dims.of(eng.model.hf_config).params() == sum(p.numel() for p in eng.model.parameters())
+    assert ModelArgs.from_hf(eng.model.hf_config).n_params() == sum(p.numel() for p in eng.model.parameters())
 
 
 def _compose(tmp_path, *overrides):
@@ -238,9 +243,9 @@ def _compose(tmp_path, *overrides):
 def test_memory_estimate_matches_the_measured_cpu_peak(tmp_path, method):
     """CPU peak = weights + the cache the method held + its buffers (QuantSpec: no full-precision cache)."""
     cfg = _compose(tmp_path, "task=builtin", "task.ids=[chat-01,code-01]", "bench.max_new_tokens=8", *method)
-    runner = Runner(cfg, tmp_path / "run")
-    plan = runner.plan
-    summary = runner.run(report=False)
+    spec = resolve(cfg, tmp_path / "run")
+    plan, runner = spec.plan, Runner()
+    summary = runner.run(spec, report=False)
     import pandas as pd
 
     peak = pd.read_csv(tmp_path / "run" / "samples.csv")["peak_mem_mb"].max() * 2**20 / 1e9
@@ -266,9 +271,9 @@ def test_longspec_on_a_vicuna_16k_shaped_tiny_model_takes_a_10k_prompt_and_drops
                    "task.max_kept_tokens=14384", "method=longspec", "method.draft.path=null",
                    "method.draft.random_seed=0", "method.tree_shape=[2,2]", "bench.max_new_tokens=4",
                    f"++model.tiny={tiny}")
-    runner = Runner(cfg, tmp_path / "run")
-    assert runner.context == 16384 and [s.id for s in runner.samples] == ["mid"]
-    summary = runner.run(report=False)
+    spec = resolve(cfg, tmp_path / "run")
+    assert spec.context == 16384 and [s.id for s in spec.samples] == ["mid"]
+    summary = Runner().run(spec, report=False)
     assert summary["n_dropped"] == 2 and summary["n_dropped_filter"] == 2 and summary["n_failed"] == 0
     import pandas as pd
 

@@ -8,10 +8,12 @@ import types
 import pytest
 
 from fafo.bench import timing
-from fafo.bench.cost_curve import CostCurve
-from fafo.bench.projection import compact, project, vanilla_log
-from fafo.bench.projection import main as check_main
+from fafo.bench.tools.cost_curve import CostCurve
+from fafo.bench.runner import compact
+from fafo.bench.tools.projection import project, vanilla_log
+from fafo.bench.tools.projection import main as check_main
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from fafo.engine.ledger import ForwardLedger, ForwardRecord
 from tests.helpers import make_cfg, read_rows
 
@@ -83,7 +85,7 @@ def test_the_projection_recovers_the_speedup_measured_on_the_curves_device(metho
     cfg = make_cfg(tmp_path, *method, f"model.path={checkpoint('llama_mha_rep')}", "bench.max_new_tokens=24",
                    "task.ids=[chat-01,code-01,multi-01]", f"bench.cost_curve={curve}", "bench.warmup=0",
                    "bench.repeats=2")
-    summary = Runner(cfg, tmp_path / "run").run(report=False)
+    summary = Runner().run(resolve(cfg, tmp_path / "run"), report=False)
     assert summary["tau"] > 1  # a repetitive model: the method accepts guesses
     assert summary["projection_measured"] == pytest.approx(summary["speedup_decode"], rel=1e-9)
     assert summary["projected_speedup"] == pytest.approx(summary["speedup_decode"], rel=1e-6)
@@ -101,7 +103,7 @@ def test_the_check_command_fails_a_projection_that_misses(simulated_device, chec
     curve = write_curve(tmp_path / "curve.csv")
     cfg = make_cfg(tmp_path, "method=lookahead", "method.window=4", "method.guess_set=4", "bench.warmup=0",
                    f"model.path={checkpoint('llama_mha_rep')}", "bench.max_new_tokens=16", "task.ids=[chat-01,code-01]")
-    Runner(cfg, tmp_path / "runs" / "lookahead").run(report=False)  # no curve in the run: priced afterwards
+    Runner().run(resolve(cfg, tmp_path / "runs" / "lookahead"), report=False)  # no curve in the run: priced afterwards
     assert check_main([str(tmp_path / "runs"), "--curve", str(curve), "--within", "0.2"]) == 0
     assert "| lookahead |" in capsys.readouterr().out
     slower = tmp_path / "slower.csv"  # another device: many-token forwards three times as dear, vanilla's not

@@ -261,7 +261,7 @@ def test_infinitebench_sum_reads_the_jsonl_release(tmp_path):
 def test_table3_preset_composes_every_cell_with_both_references():
     from hydra import compose, initialize_config_dir
 
-    from fafo.bench.setup import build, method_node
+    from fafo.bench.spec import build, method_node
     from tests.helpers import CONF
 
     rows = sorted(p.stem for p in (CONF / "experiment" / "rows" / "quantspec_table3").glob("*.yaml"))

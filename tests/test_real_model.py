@@ -20,7 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from baselines.vanilla import VanillaDecoder
-from fafo.bench.setup import build, method_node
+from fafo.bench.spec import build, method_node
 from fafo.engine.engine import Engine
 from fafo.engine.gguf import gguf_checkpoint, locate_gguf
 from fafo.errors import ConfigError

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 import fafo.bench  # noqa: F401  (registers the fafo_run_dir resolver used by hydra.run.dir)
 from fafo.bench.records import SAMPLE_COLUMNS
-from fafo.bench.setup import build, method_node
+from fafo.bench.spec import build, method_node
 from fafo.decoding import Decoder
 
 from tests.helpers import CONF, PRESETS, REPO, compose_with, import_script, run_cli, sweep_jobs

@@ -17,6 +17,7 @@ from baselines.prompt_lookup import PromptLookupDecoder
 from baselines.vanilla import VanillaDecoder
 from fafo.bench.records import SAMPLE_COLUMNS
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 from tests.helpers import REPO, make_cfg, read_rows, run_cli
@@ -45,7 +46,7 @@ class FailingDecoder(VanillaDecoder):
 
 def test_end_to_end_records_and_metrics(tmp_path):
     run_dir = tmp_path / "run"
-    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=12", "bench.max_samples=6"), run_dir).run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=12", "bench.max_samples=6"), run_dir))
     rows = read_rows(run_dir)
     assert list(rows[0]) == SAMPLE_COLUMNS
     assert {r["status"] for r in rows} == {"ok"}
@@ -66,7 +67,7 @@ def test_end_to_end_records_and_metrics(tmp_path):
 
 def test_second_turn_is_built_from_first_answer(tmp_path):
     run_dir = tmp_path / "run"
-    Runner(make_cfg(tmp_path, "bench.max_new_tokens=8", "task.ids=[multi-01]"), run_dir).run()
+    Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=8", "task.ids=[multi-01]"), run_dir))
     rows = read_rows(run_dir)
     assert [r["turn"] for r in rows] == ["0", "1"]
     first = json.loads((run_dir / "outputs.jsonl").read_text().splitlines()[0])
@@ -80,13 +81,13 @@ def test_crashed_run_resumes_without_redoing_or_losing_rows(tmp_path):
     OmegaConf.update(cfg, "method.crash_after", 7, force_add=True)
     FailingDecoder.calls = 0
     with pytest.raises(KeyboardInterrupt):
-        Runner(cfg, run_dir).run()
+        Runner().run(resolve(cfg, run_dir))
     before = read_rows(run_dir)
     assert 0 < len(before) < 14 and not (run_dir / "summary.json").exists()
     with open(run_dir / "samples.csv", "a") as f:  # killed in the middle of writing a row
         f.write("chat-09,0,0,chat,tiny-lla")
     OmegaConf.update(cfg, "method.crash_after", -1)
-    summary = Runner(cfg, run_dir).run()
+    summary = Runner().run(resolve(cfg, run_dir))
     after = read_rows(run_dir)
     keys = [(r["sample_id"], r["turn"], r["repeat"]) for r in after]
     assert len(keys) == len(set(keys)) == 14  # 12 samples, two of them two-turn: each exactly once
@@ -97,11 +98,11 @@ def test_crashed_run_resumes_without_redoing_or_losing_rows(tmp_path):
 def test_failing_sample_is_recorded_and_the_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     cfg = make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.warmup=0", "task.ids=[chat-01,multi-01,code-01]")
-    runner = Runner(cfg, run_dir)
-    bad = len(runner.task.prompt_ids(runner.ckpt.tokenizer, runner.samples[1], 0, []))
+    spec = resolve(cfg, run_dir)
+    bad = len(spec.task.prompt_ids(spec.ckpt.tokenizer, spec.samples[1], 0, []))
     OmegaConf.update(cfg, "method._target_", "tests.test_runner.FailingDecoder")
     OmegaConf.update(cfg, "method.fail_prompt_len", bad, force_add=True)
-    summary = Runner(cfg, run_dir).run()
+    summary = Runner().run(resolve(cfg, run_dir))
     status = {(r["sample_id"], r["turn"]): r["status"] for r in read_rows(run_dir)}
     assert status[("chat-01", "0")] == status[("code-01", "0")] == "ok"
     assert status[("multi-01", "0")].startswith("error: RuntimeError: CUDA out of memory")
@@ -110,16 +111,16 @@ def test_failing_sample_is_recorded_and_the_run_goes_on(tmp_path):
 
 
 def test_reference_timing_is_interleaved_unless_a_stored_one_qualifies(tmp_path):
-    Runner(make_cfg(tmp_path, "bench.max_new_tokens=5", "bench.max_samples=3"), tmp_path / "a").run()
+    Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=5", "bench.max_samples=3"), tmp_path / "a"))
     assert all(r["ref_source"] == "interleaved" for r in read_rows(tmp_path / "a"))
     # one stored timing per sample is never reused: timed again beside the method
     reuse = ["bench.reuse_reference=true", "bench.busy_load=1000"]
-    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=5", "bench.max_samples=3", *reuse),
-                     tmp_path / "b").run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=5", "bench.max_samples=3", *reuse),
+                     tmp_path / "b"))
     assert all(r["ref_source"] == "interleaved" for r in read_rows(tmp_path / "b"))
     assert summary["ref_reuse_refused"]["n"] == 3 and summary["exact_match_rate"] == 1.0
-    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
-                              "bench.max_spread=1000"), tmp_path / "d").run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
+                              "bench.max_spread=1000"), tmp_path / "d"))
     rows = read_rows(tmp_path / "d")
     assert sorted({r["repeat"] for r in rows}) == ["0", "1", "2"] and len(rows) == 6
     per_repeat = [sum(float(r["ref_total_s"]) for r in rows if r["repeat"] == k)
@@ -131,16 +132,16 @@ def test_reference_timing_is_interleaved_unless_a_stored_one_qualifies(tmp_path)
     assert all(int(r["threads"]) >= 1 and r["load"] != "" for r in rows)
     assert {"threads", "load_start", "load_end", "cpu_name"} <= set(summary)
     # three repeats within the spread bound: reused by a later run that asks for it, and reported as such
-    summary = Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
-                              "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "e").run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
+                              "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "e"))
     assert {r["ref_source"] for r in read_rows(tmp_path / "e")} == {"stored"}
     assert summary["ref_sources"] == {"stored": 6}
     # the key holds the thread count (and the host and the engine's commit): other threads, no reuse
     threads = torch.get_num_threads()
     torch.set_num_threads(threads + 1)
     try:
-        Runner(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
-                        "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "f").run()
+        Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
+                        "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "f"))
     finally:
         torch.set_num_threads(threads)
     assert {r["ref_source"] for r in read_rows(tmp_path / "f")} == {"interleaved"}
@@ -161,7 +162,7 @@ def test_bad_settings_fail_before_loading_a_model(tmp_path, monkeypatch, overrid
     if override.startswith("bench.device=cuda"):
         pytest.importorskip("torch").cuda.is_available() and pytest.skip("CUDA present")
     with pytest.raises(ConfigError, match=setting.replace(".", r"\.")) as err:
-        Runner(make_cfg(tmp_path, override), tmp_path / "run").run()
+        Runner().run(resolve(make_cfg(tmp_path, override), tmp_path / "run"))
     assert "\n" not in str(err.value)
 
 
@@ -195,7 +196,7 @@ def test_user_prompts_file_and_wandb_offline_log(tmp_path):
     run_dir = tmp_path / "run"
     cfg = make_cfg(tmp_path, "task=prompts", f"task.data_path={data}", "bench.max_new_tokens=null",
                    "task.max_new_tokens=5", "wandb.mode=offline")
-    summary = Runner(cfg, run_dir).run()
+    summary = Runner().run(resolve(cfg, run_dir))
     rows = read_rows(run_dir)
     assert [(r["sample_id"], r["turn"], r["new_tokens"]) for r in rows] == [("1", "0", "5"), ("c", "0", "3"),
                                                                           ("c", "1", "3")]
@@ -240,7 +241,7 @@ def test_sigkilled_run_resumes_each_sample_exactly_once(tmp_path):
 def test_fafo_through_the_runner_is_lossless(tmp_path, method, label):
     cfg = make_cfg(tmp_path, f"method={method}", "method.n=6", "method.k=3", "bench.max_new_tokens=12",
                    "bench.max_samples=4", "method.compress.local=16")
-    summary = Runner(cfg, tmp_path / "run").run()
+    summary = Runner().run(resolve(cfg, tmp_path / "run"))
     rows = read_rows(tmp_path / "run")
     assert summary["exact_match_rate"] == 1.0 and summary["method"] == label
     assert all(int(r["forwards"]) <= int(r["new_tokens"]) - 1 for r in rows)
@@ -262,8 +263,8 @@ def eos_first(checkpoint, tmp_path, sample: str = "chat-01") -> Path:
     src, dst = checkpoint("llama_mha"), tmp_path / "eos_first"
     shutil.copytree(src, dst)
     probe = tmp_path / "probe"
-    Runner(make_cfg(tmp_path, f"model.path={dst}", "bench.max_new_tokens=2", f"task.ids=[{sample}]",
-                    "bench.warmup=0"), probe).run(report=False)
+    Runner().run(resolve(make_cfg(tmp_path, f"model.path={dst}", "bench.max_new_tokens=2", f"task.ids=[{sample}]",
+                    "bench.warmup=0"), probe), report=False)
     first = json.loads((probe / "outputs.jsonl").read_text().splitlines()[0])["tokens"][0]
     (dst / "generation_config.json").write_text(json.dumps({"eos_token_id": first}))
     return dst
@@ -275,7 +276,7 @@ def test_a_one_token_answer_is_recorded_without_a_speedup(checkpoint, tmp_path):
     model = eos_first(checkpoint, tmp_path)
     cfg = make_cfg(tmp_path, f"model.path={model}", "method=prompt_lookup", "bench.max_new_tokens=8",
                    "task.ids=[chat-01,code-01,struct-01]", "bench.progress=true")
-    summary = Runner(cfg, tmp_path / "run").run()
+    summary = Runner().run(resolve(cfg, tmp_path / "run"))
     rows = {r["sample_id"]: r for r in read_rows(tmp_path / "run")}
     one = rows["chat-01"]
     assert one["status"] == "ok" and one["new_tokens"] == "1" and one["forwards"] == "0"
@@ -322,7 +323,7 @@ def test_a_method_that_cannot_compile_races_the_compiled_vanilla(tmp_path):
     cfg = make_cfg(tmp_path, *ONE_BASELINE)
     OmegaConf.update(cfg, "method._target_", "tests.test_runner.EagerLookup")
     OmegaConf.update(cfg, "method.name", "eager-lookup", force_add=True)
-    summary = Runner(cfg, tmp_path / "run").run(report=False)
+    summary = Runner().run(resolve(cfg, tmp_path / "run"), report=False)
     rows = read_rows(tmp_path / "run")
     assert summary["reference_backend"] == "compiled" and summary["method_backend"] == "eager"
     assert summary["compile"] is not None and "test method's own eager forwards" in summary["timing_note"]

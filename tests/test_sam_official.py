@@ -352,10 +352,10 @@ def test_corpus_builder_reads_the_official_prompt_response_records(tmp_path):
     answers.write_text(json.dumps({"prompt": "USER: hi\nASSISTANT:", "response": " hello there"}) + "\n")
     assert main(["--answers", str(answers), "--out", str(tmp_path / "c.jsonl")]) == 0
     record = json.loads((tmp_path / "c.jsonl").read_text())
-    from fafo.bench.setup import resolve_model
+    from fafo.bench.naming import checkpoint
     from tests.helpers import make_cfg
 
-    tok = resolve_model(make_cfg(tmp_path).model).tokenizer
+    tok = checkpoint(make_cfg(tmp_path).model).tokenizer
     assert record["ids"] == tok("USER: hi\nASSISTANT: hello there").input_ids
     assert record["tokenizer"] == tokenizer_fingerprint(tok)
     assert main(["--answers", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "d.jsonl")]) == 2

@@ -146,6 +146,7 @@ def test_runner_resolves_model_default(checkpoint, tmp_path):
     from transformers import GenerationConfig
 
     from fafo.bench.runner import Runner
+    from fafo.bench.spec import resolve
     from tests.helpers import make_cfg
 
     ckpt = tmp_path / "ckpt"
@@ -154,9 +155,9 @@ def test_runner_resolves_model_default(checkpoint, tmp_path):
     cfg = make_cfg(tmp_path, "sampling=model_default", f"model.path={ckpt}", "model.tiny=null",
                    "method=fafo_stream", "method.n=4", "method.k=3", "bench.max_new_tokens=6",
                    "bench.max_samples=2")
-    runner = Runner(cfg, tmp_path / "run")
-    assert (runner.sampling.temperature, runner.sampling.top_p) == (0.6, 0.9)
-    summary = runner.run()
+    spec = resolve(cfg, tmp_path / "run")
+    assert (spec.sampling.temperature, spec.sampling.top_p) == (0.6, 0.9)
+    summary = Runner().run(spec)
     with open(tmp_path / "run" / "samples.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert rows and all(r["exact_match"] == "" and r["seed"] != "" and float(r["tau"]) >= 1 for r in rows)

@@ -1,5 +1,5 @@
 """Sweeps through ``hydra/launcher=slurm`` on a real one-node SLURM (scripts/slurm_local.sh), and the clean stop
-on a scheduler's signals (fafo.bench.preempt) on its own.
+on a scheduler's signals (fafo.bench.tools.preempt) on its own.
 
 The SLURM tests need root and either SLURM + munge or apt-get to install them (CI runs as root); otherwise they
 skip with the reason. One scheduler serves the module; it is stopped at the end.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fafo.bench import preempt
+from fafo.bench.tools import preempt
 from fafo.bench.records import RecordWriter, row_crc
 
 pytestmark = pytest.mark.slow  # sweeps on a local SLURM cluster: the full tier (make test), not make test-fast

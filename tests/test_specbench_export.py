@@ -1,4 +1,4 @@
-"""python -m fafo.bench.specbench_export writes answer files that Spec-Bench's own evaluation/speed.py reads into the
+"""python -m fafo.bench.tools.specbench_export writes answer files that Spec-Bench's own evaluation/speed.py reads into the
 run's speedup_specbench, subtask by subtask, MT-Bench included, with the tokenizer it needs beside them."""
 
 import csv
@@ -113,7 +113,7 @@ def spec_bench_run(tmp_path):
 
 
 def export(run_dir, out, *args):
-    return subprocess.run([sys.executable, "-m", "fafo.bench.specbench_export", str(run_dir), "--out", str(out),
+    return subprocess.run([sys.executable, "-m", "fafo.bench.tools.specbench_export", str(run_dir), "--out", str(out),
                            *args], capture_output=True, text=True, env=ENV, timeout=120)
 
 
@@ -178,7 +178,7 @@ def test_a_tokenizer_without_bos_is_counted_one_token_short_per_turn_and_said(tm
 
 @pytest.mark.slow
 def test_export_refuses_a_directory_without_samples_and_a_missing_tokenizer(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fafo.bench.specbench_export", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "fafo.bench.tools.specbench_export", str(tmp_path)],
                           capture_output=True, text=True, env=ENV, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error:") and "samples.csv" in proc.stderr
     run_dir = spec_bench_run(tmp_path)  # its config.yaml names no model: the tokenizer must be given

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from fafo.engine.tiny_tokenizer import CHAT_MARKERS, build_tiny_tokenizer
 from fafo.errors import ConfigError
 from tasks.aime import AIMETask
@@ -580,8 +581,8 @@ def test_limit_and_ids_keep_file_order(tmp_path):
 def test_runner_completes_two_turn_mt_bench(tmp_path):
     path = write_jsonl(tmp_path / "question.jsonl", MT_ROWS)
     run_dir = tmp_path / "run"
-    summary = Runner(make_cfg(tmp_path, "bench.warmup=0", "task=mt_bench", f"task.data_path={path}",
-                              "bench.max_new_tokens=4"), run_dir).run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.warmup=0", "task=mt_bench", f"task.data_path={path}",
+                              "bench.max_new_tokens=4"), run_dir))
     rows = read_rows(run_dir)
     assert [(r["sample_id"], r["turn"]) for r in rows] == [("81", "0"), ("81", "1"), ("111", "0"), ("111", "1")]
     assert {r["status"] for r in rows} == {"ok"} and summary["exact_match_rate"] == 1.0
@@ -597,8 +598,8 @@ def test_runner_completes_pg19(tmp_path):
     path = tmp_path / "test-00000-of-00001.parquet"
     pg19_frame().iloc[[0, 2]].to_parquet(path)
     run_dir = tmp_path / "run"
-    summary = Runner(make_cfg(tmp_path, "bench.warmup=0", "task=pg19", f"task.data_path={path}",
-                              "task.prefix_tokens=48", "bench.max_new_tokens=4"), run_dir).run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.warmup=0", "task=pg19", f"task.data_path={path}",
+                              "task.prefix_tokens=48", "bench.max_new_tokens=4"), run_dir))
     rows = read_rows(run_dir)
     assert [r["sample_id"] for r in rows] == ["0", "1"] and {r["prompt_tokens"] for r in rows} == {"48"}
     assert {r["status"] for r in rows} == {"ok"} and summary["exact_match_rate"] == 1.0

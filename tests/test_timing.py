@@ -9,6 +9,7 @@ from baselines.vanilla import VanillaDecoder
 from fafo.bench.metrics import bootstrap_ci
 from fafo.bench.reference import timing_reusable
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from tests.helpers import make_cfg, read_rows
 
 SLEEP_S = 1.0
@@ -41,7 +42,7 @@ def _sleepy(calls=(), prompt_len=-1):
 def test_slow_reference_sample_cannot_fake_a_speedup(tmp_path):
     # interleaved (default): the second reference call (sample 0, repeat 1) sleeps 1 s
     _sleepy(calls=[2])
-    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10"), tmp_path / "a").run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, *BASE, "bench.max_spread=10"), tmp_path / "a"))
     rows = read_rows(tmp_path / "a")
     first = rows[0]["sample_id"]
     slowed = [r for r in rows if r["sample_id"] == first and r["repeat"] == "1"][0]
@@ -54,8 +55,8 @@ def test_slow_reference_sample_cannot_fake_a_speedup(tmp_path):
     assert summary["flagged"] == [f"{first}/0"] and summary["n_flagged"] == 1  # its repeats disagree
     # the store now holds [fast, slow, fast] for sample 0: a later run asking for reuse re-times that one
     _sleepy()
-    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_max_spread=10",
-                              "bench.reuse_reference=true"), tmp_path / "b").run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_max_spread=10",
+                              "bench.reuse_reference=true"), tmp_path / "b"))
     source = {r["sample_id"]: r["ref_source"] for r in read_rows(tmp_path / "b")}
     assert source.pop(first) == "interleaved" and set(source.values()) == {"stored"}
     assert summary["ref_reuse_refused"]["n"] == 1 and summary["speedup"] < 2.5
@@ -65,17 +66,17 @@ def test_consistently_slow_stored_reference_is_flagged_when_reused(tmp_path, cap
     # every repeat of one sample's stored reference slept: spread passes, so reuse is possible, and it shows
     _sleepy()
     cfg = make_cfg(tmp_path, *BASE, "bench.max_spread=10")
-    runner = Runner(cfg, tmp_path / "probe")
-    _sleepy(prompt_len=len(runner.task.prompt_ids(runner.ckpt.tokenizer, runner.samples[0], 0, [])))
-    runner.run()  # stores 3 slow, agreeing repeats for sample 0 (as if taken while the machine was loaded)
+    spec = resolve(cfg, tmp_path / "probe")
+    _sleepy(prompt_len=len(spec.task.prompt_ids(spec.ckpt.tokenizer, spec.samples[0], 0, [])))
+    Runner().run(spec)  # stores 3 slow, agreeing repeats for sample 0 (as if taken while the machine was loaded)
     _sleepy()
     capsys.readouterr()
-    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_max_spread=10",
-                              "bench.reuse_reference=true"), tmp_path / "b").run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, *BASE, "bench.max_spread=10", "bench.reuse_max_spread=10",
+                              "bench.reuse_reference=true"), tmp_path / "b"))
     assert summary["ref_sources"] == {"stored": 9} and summary["speedup"] > 3  # the stale timing inflates it...
     assert "rows use a stored reference timing" in capsys.readouterr().err  # ...and the run says so
     # and the default, interleaved, is not fooled by the store
-    summary = Runner(make_cfg(tmp_path, *BASE, "bench.max_spread=10"), tmp_path / "c").run()
+    summary = Runner().run(resolve(make_cfg(tmp_path, *BASE, "bench.max_spread=10"), tmp_path / "c"))
     assert summary["ref_sources"] == {"interleaved": 9} and summary["speedup"] < 2.5
 
 

@@ -8,6 +8,7 @@ from baselines.triforce import TriForceDecoder, TriForceState
 from baselines.triforce_cache import StreamingDraft
 from baselines.vanilla import VanillaDecoder
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from fafo.engine.attention import causal_plan
 from fafo.engine.tiny import tiny_checkpoint
 from fafo.errors import ConfigError
@@ -159,8 +160,8 @@ def test_runner_exact_and_peak_memory_above_vanilla(tmp_path):
     common = ["bench.max_new_tokens=12", "bench.max_samples=2"]
     tf = ["method=triforce", "method.budget=16", "method.chunk_size=4", "method.draft_budget=32",
           "method.draft.path=null", "method.draft.tiny={family: llama, hidden_size: 32, num_hidden_layers: 1}"]
-    vanilla = Runner(make_cfg(tmp_path, *common), tmp_path / "vanilla").run()
-    triforce = Runner(make_cfg(tmp_path, *common, *tf), tmp_path / "triforce").run()
+    vanilla = Runner().run(resolve(make_cfg(tmp_path, *common), tmp_path / "vanilla"))
+    triforce = Runner().run(resolve(make_cfg(tmp_path, *common, *tf), tmp_path / "triforce"))
     assert triforce["exact_match_rate"] == 1.0 and triforce["method"] == "triforce"
     assert triforce["peak_mem_mb"] > vanilla["peak_mem_mb"]
 

@@ -11,6 +11,7 @@ import pytest
 from safetensors import safe_open
 
 from fafo.bench.runner import Runner
+from fafo.bench.spec import resolve
 from fafo.bench.naming import Job, compose_run, given_keys, model_name, model_source, run_names
 from fafo.engine.tiny import build_tiny_checkpoint
 from fafo.errors import ConfigError
@@ -120,24 +121,24 @@ def test_model_names_and_directories(cfg, overrides, name, directory):
 ])
 def test_the_python_api_names_and_places_a_run_as_the_cli_does(my_llama, tmp_path, monkeypatch, capsys, overrides,
                                                                expected):
-    """``Runner(compose_run(*ARGS))`` gets the run directory and names ``python -m fafo.bench ARGS`` gets."""
+    """``resolve(compose_run(*ARGS))`` gets the run directory and names ``python -m fafo.bench ARGS`` gets."""
     overrides = [o.format(ckpt=my_llama) for o in overrides]
     seen = []
-    monkeypatch.setattr(Runner, "run", lambda self, *a, **k: seen.append((self.run_dir, self.names)) or {})
+    monkeypatch.setattr(Runner, "run", lambda self, spec, *a, **k: seen.append((spec.run_dir, spec.names)) or {})
     code, err = cli_in_process(overrides, monkeypatch, capsys, tmp_path, loads=True)
     monkeypatch.undo()
     args = [f"bench.output_dir={tmp_path}", "wandb.mode=disabled", "bench.progress=false", *overrides]
     if expected is None:
         assert code == 2 and len(err) == 1 and not seen
         with pytest.raises(ConfigError) as refused:
-            Runner(compose_run(*args))
+            resolve(compose_run(*args))
         assert err == [f"error: {refused.value}"] and "are both given" in err[0]
         return
     assert code == 0, err
     (cli_dir, cli_names), = seen
-    runner = Runner(compose_run(*args))
-    assert runner.run_dir.resolve() == cli_dir.resolve() and runner.names == cli_names
-    names = run_names(runner.cfg.model, runner.hydra_job)
+    spec = resolve(compose_run(*args))
+    assert spec.run_dir.resolve() == cli_dir.resolve() and spec.names == cli_names
+    names = run_names(spec.cfg.model, Job.of(compose_run(*args)))
     assert cli_dir.relative_to(tmp_path).as_posix() == names.path()
     assert (names.model_dir, cli_names["model"], names.method) == expected
 
@@ -151,7 +152,7 @@ def test_a_python_run_with_the_clis_overrides_resumes_the_cli_run(my_llama, tmp_
     (csv_path,) = tmp_path.glob("*/builtin/vanilla/*/samples.csv")
     rows = csv_path.read_text()
     cli = json.loads((csv_path.parent / "summary.json").read_text())
-    summary = Runner(compose_run(*args)).run(report=False)
+    summary = Runner().run(resolve(compose_run(*args)), report=False)
     assert Path(summary["run_dir"]).resolve() == csv_path.parent.resolve() == Path(cli["run_dir"]).resolve()
     assert csv_path.relative_to(tmp_path).parts[0] == "my-llama" and summary["model"] == cli["model"] == "my-llama"
     assert csv_path.read_text() == rows  # resumed: every row was already there
@@ -162,7 +163,7 @@ def test_draft_path_is_the_draft_that_is_read(my_llama, tmp_path):
     """TriForce's method.draft.path: the given checkpoint (vocabulary 777) is read and refused for the 1024-token
     tiny target; a draft sharing the vocabulary is loaded and drafts."""
     with pytest.raises(ConfigError, match="has vocabulary size 777, the target 1024"):
-        Runner(make_cfg(tmp_path, "method=triforce", f"method.draft.path={my_llama}", *QUICK),
+        resolve(make_cfg(tmp_path, "method=triforce", f"method.draft.path={my_llama}", *QUICK),
                tmp_path / "run")
     draft = build_tiny_checkpoint(tmp_path / "my-draft", hidden_size=16, num_hidden_layers=1, seed=5)
     proc = run_cli("method=triforce", f"method.draft.path={draft}", "method.budget=16", "method.chunk_size=4",
@@ -192,10 +193,9 @@ def test_task_data_path_is_the_file_that_is_read(tmp_path):
 
 def test_reference_dir_is_where_references_are_kept(tmp_path):
     refs = tmp_path / "my-refs"
-    runner = Runner(make_cfg(tmp_path / "out", f"bench.reference_dir={refs}", *QUICK),
-                    tmp_path / "run")
-    runner.run()
-    assert runner.references.store.root == refs  # read from (bench.reuse_reference) and written to the given directory
+    spec = resolve(make_cfg(tmp_path / "out", f"bench.reference_dir={refs}", *QUICK), tmp_path / "run")
+    Runner().run(spec)
+    assert spec.bench.reference_dir == str(refs)  # read from (bench.reuse_reference) and written there
     stored = list(refs.glob("*/*.json"))
     assert len(stored) == 1 and json.loads(stored[0].read_text())["tokens"]
     assert not (tmp_path / "out" / "_reference").exists()

@@ -26,38 +26,33 @@ from fafo.errors import ConfigError
 def main(cfg: DictConfig) -> dict | None:
     """One run. In a sweep a failed job returns ``{"error": line}`` (and leaves ``error.txt``) instead of stopping
     the sweep; :class:`fafo.bench.sweep.SweepReport` lists the failures and exits non-zero at the end."""
-    from fafo.bench.runner import Runner
-
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     sweep = HydraConfig.get().mode.name == "MULTIRUN"
+    compare = cfg.get("compare") and cfg.compare.get("methods")  # several methods side by side, one process
     if cfg.bench.get("plan"):  # no weights: every job checked against its model's config and tokenizer
-        from fafo.bench.naming import Job
-        from fafo.bench.plan import run_plan
+        from fafo.bench.compare import method_configs
+        from fafo.bench.plan import plan_job
 
-        job = Job.of()
-        overrides, choice = job.overrides, job.choices.get("model")
-        if cfg.get("compare") and cfg.compare.get("methods"):  # each compared method is its own job
-            from fafo.bench.compare import method_configs
-
-            try:
-                plans = [run_plan(c, run_dir / name, overrides, choice)
-                         for name, c in method_configs(cfg, overrides).items()]
-            except ConfigError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                sys.exit(2)
-        else:
-            plans = [run_plan(cfg, run_dir, overrides, choice)]
+        try:  # each compared method is its own job
+            configs = method_configs(cfg, list(HydraConfig.get().overrides.task)) if compare else {"": cfg}
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        plans = [plan_job(c, run_dir / name if name else run_dir) for name, c in configs.items()]
         failed = [p for p in plans if not p.fits]
         if not sweep and failed:
             sys.exit(1)
         return {"plan": "\n".join(p.line() for p in plans), "error": failed[0].problems[0] if failed else None}
     try:
-        if cfg.get("compare") and cfg.compare.get("methods"):  # several methods side by side, one process
+        if compare:
             from fafo.bench.compare import run_compare
 
             summary = run_compare(cfg, run_dir, list(HydraConfig.get().overrides.task))
         else:
-            summary = Runner(cfg, run_dir).run()
+            from fafo.bench.runner import Runner
+            from fafo.bench.spec import resolve
+
+            summary = Runner().run(resolve(cfg, run_dir))
     except ConfigError as exc:
         line = f"error: {exc}"
         print(line, file=sys.stderr)

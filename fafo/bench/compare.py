@@ -1,28 +1,14 @@
-"""Side-by-side comparison: every method of a list on one model and task, in one process, one run directory.
+"""Side-by-side comparison: every method of ``compare.methods`` on one model and task, in one process, one run
+directory (``python -m fafo.bench experiment=demo``, the README's main job).
 
-``python -m fafo.bench experiment=demo`` (the README's main job) or any run with ``compare.methods=[...]``:
-
-* each method's configuration is composed exactly as ``python -m fafo.bench method=<name> <your overrides>
-  <compare.overrides.<name>>`` would compose it, and every one is validated before the model is loaded;
-* the model is loaded once and shared, so every method races on the same weights and kernels;
-* each method runs as an ordinary run (its vanilla reference timed interleaved, sample by sample) into
-  ``<run dir>/<method>/`` with its own ``samples.csv``, ``outputs.jsonl`` and ``summary.json`` (so a rerun resumes
-  and ``scripts/make_tables.py <run dir>`` reads it like any sweep);
-* every method is warmed (``compare.warm_each``, default true: ``bench.warmup`` generations each, so none is timed
-  on a cache or compiler state another method left; false warms only the first);
-* the A/A floor is measured beside every method (``compare.aa_each``, default true: ``bench.aa_floor`` for each, so
-  vanilla is timed a second time right after the method, sample by sample): each row's ``A/A`` column is how far
-  two identical vanilla runs drift at that very time and load, and a speedup within it is noise;
-* every method races the same vanilla: with compiled steps the compiled one, also for a method that must run
-  eagerly (its speedup against an eager vanilla is beside it, and the caption says so; :mod:`fafo.bench.runner`);
-* one progress bar covers the whole job; at the end one table (``compare.csv``, ``compare.md``) is printed and a
-  plot of speedup and tau per method with their intervals (``compare.png``) is written beside it;
-* vanilla against its own interleaved reference is the A/A line of the whole job, drawn as a band, not as a bar;
-* with ``bench.cost_curve`` each row has the decode speedup the curve projects for the method's own forwards
-  (:mod:`fafo.bench.projection`) and its error against the measured decode speedup;
-* every method is compared on the (sample, turn)s all of them completed (:func:`fafo.bench.report.align`: a
-  method that failed a sample makes the others recomputed without it, and the table says so); samples that carry
-  categories get a per-category table in ``compare.md``.
+Each method's config is composed as ``python -m fafo.bench method=<name> <your overrides>
+<compare.overrides.<name>>`` would compose it and resolved (every check) before the model loads once; each then runs
+as an ordinary run on the shared engine into ``<run dir>/<method>/`` (its own records, so a rerun resumes and
+``scripts/make_tables.py`` reads it like a sweep), warmed (``compare.warm_each``) and with its own A/A floor
+(``compare.aa_each``: vanilla timed again right after the method). At the end one table (``compare.csv``,
+``compare.md``, with the per-category table when samples carry categories) and a plot of speedup and tau with their
+intervals (``compare.png``), every method on the (sample, turn)s all of them completed
+(:func:`fafo.bench.report.align`); vanilla against its own interleaved run is the job's A/A line, drawn as a band.
 """
 
 from __future__ import annotations
@@ -33,6 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from fafo.bench.naming import CONF
 from fafo.bench.report import definitions
 from fafo.bench.report_format import fmt_exact, fmt_hist, fmt_interval, fmt_n, markdown as markdown_table
 from fafo.errors import ConfigError
@@ -59,7 +46,7 @@ def method_configs(cfg: DictConfig, overrides: list[str]) -> dict[str, DictConfi
         raise ConfigError("compare.methods is empty; list conf/method names, e.g. compare.methods=[vanilla,lookahead]")
     per_method = cfg.compare.get("overrides") or {}
     keep = [o for o in overrides if not o.lstrip("+~").startswith(("method", "compare"))]
-    available = {p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "method").glob("*.yaml")}
+    available = {p.stem for p in (CONF / "method").glob("*.yaml")}
     configs = {}
     for i, name in enumerate(methods):
         if name not in available:
@@ -79,21 +66,19 @@ def method_configs(cfg: DictConfig, overrides: list[str]) -> dict[str, DictConfi
 def run_compare(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     """Run every method of ``cfg.compare.methods`` (see the module docstring); returns {method: summary}."""
     from fafo.bench.runner import Runner
+    from fafo.bench.spec import resolve
 
-    configs = method_configs(cfg, overrides)
-    runners = {name: Runner(c, run_dir / name) for name, c in configs.items()}  # every check before loading
-    total = sum(len(r.samples) for r in runners.values())
-    bar = tqdm(total=total, desc=f"compare {len(runners)} methods", file=sys.stderr,
-               disable=not cfg.bench.progress)
-    summaries, engine = {}, None
-    for name, runner in runners.items():
-        bar.set_description(f"{name} ({len(summaries) + 1}/{len(runners)})")
-        summaries[name] = runner.run(engine=engine, progress=bar, report=False)
-        engine = runner.engine
+    specs = {name: resolve(c, run_dir / name) for name, c in method_configs(cfg, overrides).items()}
+    bar = tqdm(total=sum(len(s.samples) for s in specs.values()), desc=f"compare {len(specs)} methods",
+               file=sys.stderr, disable=not cfg.bench.progress)
+    summaries, runner = {}, Runner()  # one engine, loaded by the first method
+    for name, spec in specs.items():
+        bar.set_description(f"{name} ({len(summaries) + 1}/{len(specs)})")
+        summaries[name] = runner.run(spec, progress=bar, report=False)
     bar.close()
     aligned, notes = on_common_samples(run_dir, summaries)
-    table = comparison_table(aligned)
-    write_outputs(table, run_dir, caption(cfg, aligned, notes), categories_markdown(run_dir, aligned))
+    write_outputs(comparison_table(aligned), run_dir, caption(cfg, aligned, notes),
+                  categories_markdown(run_dir, aligned))
     return summaries
 
 

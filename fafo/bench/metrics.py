@@ -343,13 +343,14 @@ def _nan_none(x) -> float | None:
     return None if x is None or pd.isna(x) or not np.isfinite(x) else float(x)
 
 
-def accept_histogram(accept_lengths) -> dict[int, int]:
-    """How many decode forwards committed 1, 2, 3... tokens, over all generations (an iterable of lists)."""
-    hist: dict[int, int] = {}
-    for lengths in accept_lengths:
-        for n in lengths:
-            hist[int(n)] = hist.get(int(n), 0) + 1
-    return dict(sorted(hist.items()))
+def histogram(parts) -> dict[int, int]:
+    """How many decode steps committed 1, 2, 3... tokens (``{tokens: steps}``) over ``parts``: generations' accept
+    lengths (lists, ``outputs.jsonl``) or histograms already counted (dicts, e.g. summaries' ``accept_hist``)."""
+    out: dict[int, int] = {}
+    for part in parts:
+        for n, count in part.items() if isinstance(part, dict) else ((n, 1) for n in part or ()):
+            out[int(n)] = out.get(int(n), 0) + int(count)
+    return dict(sorted(out.items()))
 
 
 def flag_counts(outputs) -> dict[str, int]:

@@ -1,23 +1,15 @@
-"""What a run is called and where it is written, from Hydra's choices and the overrides typed.
+"""What a run is called and where it is written, from Hydra's record of how it was asked for (:class:`Job`: the
+overrides as typed, each group's option, ``override_dirname``) and the model config, so that ``python -m
+fafo.bench ARGS`` and ``resolve(compose_run(*ARGS))`` in Python get the same names and directory. The rules are
+docs/running.md's ("Your own checkpoint"):
 
-:func:`run_names` names every run from Hydra's record of how it was asked for (:class:`Job`: the overrides as
-typed, each config group's option, ``override_dirname``) and the model config: ``python -m fafo.bench ARGS``
-(``hydra.run.dir`` / ``hydra.sweep.subdir``, through the ``fafo_run_dir`` resolver) and ``Runner(compose_run(*ARGS))``
-in Python get the same names and directory. Rules (docs/running.md, "Your own checkpoint"):
-
-* A typed ``model.path`` / ``model.gguf_file`` is loaded whatever the model group; the group's built-in model (a
-  ``tiny`` spec, a preset's GGUF file) only when no path is given. A built-in model typed too (``model=<option>``,
-  ``model.tiny...``) is one ConfigError line naming both; one that comes only from the default group or an
-  ``experiment=`` preset is not typed. ``model.path=DIR model.gguf_file=F`` is file F inside DIR.
-* Names: a typed ``model.name`` as is; else a checkpoint given by path is named after itself (hub id, directory's
-  name, GGUF file's name); a preset used as it is keeps its name (the paper tables are keyed by those).
-* Directories ``<model>/<task>/<method>/<overrides>``: the groups' options (a preset's directory stays, so result
-  trees keep resuming), the model's name (``/`` -> ``--``) where a path or name was typed; ``<overrides>`` is
-  Hydra's ``override_dirname`` (``default`` when empty) and keeps ``model.path``, so two checkpoints whose
-  directories share a name never resume into each other.
-
-A config composed without Hydra's node (plain ``compose``) has nothing typed: a path beside a tiny spec is loaded
-and names the run.
+* a typed ``model.path`` / ``model.gguf_file`` is loaded whatever the model group; the group's built-in model (a
+  ``tiny`` spec, a preset's GGUF file) only when no path is given; a built-in model typed too is one ConfigError;
+* names: a typed ``model.name`` as is; else a checkpoint given by path is named after itself (hub id, directory's
+  name, GGUF file's name); a preset used as it is keeps its name (the paper tables are keyed by those);
+* directories ``<model>/<task>/<method>/<overrides>``; ``<overrides>`` is Hydra's ``override_dirname`` (``default``
+  when empty) and keeps ``model.path``, so two checkpoints whose directories share a name never resume into each
+  other.
 """
 
 from __future__ import annotations
@@ -31,10 +23,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from fafo.bounds import plain
+from fafo.engine.loader import HUB_ID, Checkpoint, open_checkpoint
 from fafo.errors import ConfigError
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+CONF = Path(__file__).resolve().parents[2] / "conf"  # the one config directory
 _UNSAFE = re.compile(r"[^\w.,=+-]+")  # runs of characters a directory name does not keep
 
 
@@ -95,9 +88,8 @@ def run_names(model_cfg, job: Job = Job()) -> RunNames:
 
 
 def compose_run(*overrides: str, config_dir: str | Path = CONF) -> DictConfig:
-    """The config ``python -m fafo.bench OVERRIDES`` runs, with Hydra's node, for ``Runner(cfg)`` in Python: the
-    run gets the CLI's names and directory. Composed from ``config_dir`` (where Hydra is already initialized, from
-    its config directory)."""
+    """The config ``python -m fafo.bench OVERRIDES`` runs, with Hydra's node (the CLI's names and directory for
+    :func:`fafo.bench.spec.resolve`), composed from ``config_dir`` unless Hydra is initialized already."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -128,7 +120,7 @@ def checkpoint_name(path: str) -> str:
     ``my-llama``)."""
     text = str(path).rstrip("/\\") or str(path)
     local = Path(os.path.expanduser(text))
-    if _HUB_ID.match(text) and not local.exists():
+    if HUB_ID.match(text) and not local.exists():
         return text
     return local.name or local.resolve().name or text
 
@@ -188,6 +180,20 @@ def model_name(model_cfg, overrides=(), choice: str | None = None) -> str:
                              or not name):
         return checkpoint_name(str(model_cfg.get("path")))
     return str(name or "tiny")
+
+
+def checkpoint(model_cfg, job: Job = Job(), weights: bool = True) -> Checkpoint:
+    """The checkpoint the model config names under the rules above (:func:`model_source`), opened by the engine's
+    loader (``weights=False``: no weight files, for ``bench.plan``)."""
+    from fafo.engine.engine import check_backend
+
+    kind = model_source(model_cfg, job.overrides, job.choices.get("model"))
+    check_backend(model_cfg.get("attention", "sdpa"))
+    if kind is None:
+        raise ConfigError("model.path is not set; give a hub id or a local checkpoint directory "
+                          "(or choose model=tiny_llama)")
+    given = {"gguf": ("gguf_file", "path", "revision"), "path": ("path", "revision"), "tiny": ("tiny",)}[kind]
+    return open_checkpoint(weights=weights, **{k: plain(model_cfg.get(k)) for k in given})
 
 
 def _run_dir_resolver(*parts: str, _root_: DictConfig) -> str:

@@ -5,8 +5,8 @@ make_tables), and when a run's number does not measure what the paper's does (:f
 
 from __future__ import annotations
 
-from pathlib import Path
 
+from fafo.bench.naming import CONF
 from fafo.bench.report import Run, dotted, load_yaml
 from fafo.bench.report_format import norm_value
 
@@ -48,7 +48,7 @@ AXIS_LABELS = {"k": "k (tokens per guess stream)", "n": "n (guess streams)", "bu
                "temperature": "temperature", "gen_len": "output length (tokens)", "gamma1": "gamma1",
                "gamma2": "gamma2", "category": "Spec-Bench subtask"}
 TABLE_AXES = {"figure1": ["guesses"]}  # tables without a CSV (no published numbers)
-CONF_EXPERIMENT = Path(__file__).resolve().parents[2] / "conf" / "experiment"
+CONF_EXPERIMENT = CONF / "experiment"
 TITLES = {  # tables without a preset; a preset's title is its `paper.title` (titles())
     "triforce_table2": "TriForce Table 2: A100 on-chip, Llama2-7B-128K, PG-19 122K, by temperature",
     "triforce_table7": "TriForce Table 7: speedup by output length",

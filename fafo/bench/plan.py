@@ -1,22 +1,15 @@
-"""``bench.plan=true``: check a run or a whole sweep against the real models before a GPU-hour is spent.
+"""A job's plan, before a GPU-hour is spent: ``bench.plan=true`` prints it for every job of a run or sweep without
+loading weights (``assess(resolve(cfg, weights=False))``), and a normal run assesses its own job the same way
+before loading (refusing it, or dropping samples with ``bench.drop_unfit=true``, counted as ``n_dropped``).
 
-For each job, WITHOUT loading weights: the model's config and tokenizer (hub id through the local Hugging Face
-cache, or a local directory), every sample built with the task's own template, truncation and filters, and
-
-* the **context**: :func:`fafo.engine.context.context_limit` (rope scaling, ``max_sequence_length``, an explicit
-  ``model.max_len`` above the trained length with a warning);
-* **every turn** of a multi-turn sample, with the longest possible earlier answers (``max_new_tokens + 8`` tokens each
-  where the sample replays the model's own answers; the gold ones where it replays those);
-* the method's (and the reference's) **scratch slots** (``Decoder.extra_slots``);
-* **memory** (:mod:`fafo.bench.plan_memory`) against ``bench.gpu_mem_gb`` (default: this machine's GPU, else 80).
-
-A sample that does not fit fails the job, or with ``bench.drop_unfit=true`` is dropped before any timing and
-counted (``n_dropped`` in the summary). A normal run performs the same checks for its own job (:func:`check_run`)
-before loading weights. The plan of a job is one printed line and ``plan.json`` in the job's directory; the
-process exits with status 1 when any job would fail.
-
-``bench.plan`` assumes the job will run on a GPU (``bench.device=auto`` -> CUDA, so ``bench.dtype=auto`` -> float16
-and ``bench.compile=auto`` -> compiled) unless ``bench.device=cpu`` is set.
+For each job, from the model's config and tokenizer and every sample built with the task's own template, filters
+and truncation: the **context** (:func:`fafo.engine.context.context_limit`); **every turn** of a multi-turn sample,
+earlier own answers at their longest (``max_new_tokens + 8`` tokens each); the method's and the reference's
+**scratch slots** (``Decoder.extra_slots``); **memory** against ``bench.gpu_mem_gb`` (default: this machine's GPU,
+else 80 GB): the weights and the shared cache from the config's dimensions, each decoder's own buffers
+(``Decoder.plan_bytes``), and the largest forward's activations. The CUDA allocator's fragmentation and context
+(about 0.5 GB) come on top, so a plan keeps :data:`HEADROOM` of the GPU free. A plan assumes a GPU
+(``bench.device=auto``: CUDA, float16, compiled) unless ``bench.device=cpu`` is set.
 """
 
 from __future__ import annotations
@@ -25,24 +18,25 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
-from omegaconf import DictConfig
 
-from fafo.bench.plan_memory import GB, HEADROOM, job_memory
 from fafo.bounds import bounded_fields
-from fafo.engine.context import context_limit, trained_context
+from fafo.engine.context import trained_context
+from fafo.engine.engine import cache_slots
+from fafo.engine.model import ModelArgs
 from fafo.errors import ConfigError
 
 ANSWER_MARGIN = 8  # tokens an earlier answer may gain when re-tokenized inside the chat template
-DEFAULT_GPU_GB = 80.0
+HEADROOM = 0.95  # fraction of the GPU a job may plan to fill (allocator fragmentation, CUDA context)
+GB, DEFAULT_GPU_GB = 1e9, 80.0
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 MAX_PRINTED = 20  # problem lines printed per job (plan.json keeps all)
 
 
 @dataclass
 class JobPlan:
-    """What ``bench.plan`` found for one job (the fields of ``plan.json``)."""
+    """What the plan found for one job (the fields of ``plan.json``)."""
 
     job: str = ""
     n_samples: int = 0
@@ -66,21 +60,19 @@ class JobPlan:
     dropped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     kept: list = field(default_factory=list, repr=False)
+    cache_slots: int = field(default=0, repr=False)  # the largest kept sample's prompt + new tokens + scratch
 
     def to_json(self) -> dict:
-        out = asdict(self)
-        out.pop("kept")
-        return out
+        return {k: v for k, v in asdict(self).items() if k not in ("kept", "cache_slots")}
 
     def line(self) -> str:
-        verdict = "ok  " if self.fits else "FAIL"
         hours = f"  ~{self.est_gpu_hours:.2f} GPU h" if self.est_gpu_hours is not None else ""
         dropped = f" ({self.n_filtered} by the task filter)" if self.n_filtered else ""
         beyond = f" ({self.n_beyond_trained} past the trained {self.trained_context})" if self.n_beyond_trained else ""
-        return (f"{verdict}  {self.job}  samples {self.n_samples}: fit {self.n_fit}{beyond}, dropped "
-                f"{self.n_dropped + self.n_filtered}{dropped}, would fail {self.n_fail}  context {self.context_limit} "
-                f"(needs {self.max_needed})  peak {self.peak_gb:.1f} GB of {self.gpu_gb:.0f} (weights "
-                f"{self.weights_gb:.1f}, KV {self.kv_gb:.1f}, method {self.method_gb:.1f}, activations "
+        return (f"{'ok  ' if self.fits else 'FAIL'}  {self.job}  samples {self.n_samples}: fit {self.n_fit}{beyond}, "
+                f"dropped {self.n_dropped + self.n_filtered}{dropped}, would fail {self.n_fail}  context "
+                f"{self.context_limit} (needs {self.max_needed})  peak {self.peak_gb:.1f} GB of {self.gpu_gb:.0f} "
+                f"(weights {self.weights_gb:.1f}, KV {self.kv_gb:.1f}, method {self.method_gb:.1f}, activations "
                 f"{self.act_gb:.1f}){hours}")
 
     def summary_fields(self) -> dict:
@@ -99,6 +91,86 @@ def worst_turn(task, tokenizer, sample, max_new: int) -> tuple[int, int]:
             n += turn * (max_new + ANSWER_MARGIN)
         worst = max(worst, (n, turn))
     return worst[1], worst[0]
+
+
+def assess(spec) -> JobPlan:
+    """The plan of the job ``spec`` (:class:`fafo.bench.spec.RunSpec`) describes. In a run (not ``spec.planning``)
+    a sample the task cannot build is kept with a warning (the run records it as a failed row)."""
+    config, tok, bench = spec.ckpt.config, spec.ckpt.tokenizer, spec.bench
+    trained, gpu_gb = trained_context(config), gpu_memory_limit(bench, spec.device)
+    plan = JobPlan(job=job_label(spec.names), n_samples=len(spec.samples), context_limit=spec.context,
+                   trained_context=trained, n_filtered=_filtered(spec.task, tok),
+                   warnings=[spec.context_warning] if spec.context_warning else [])
+    longest, cost = 0, 0.0
+    for s in spec.samples:
+        max_new = spec.max_new_tokens(s)
+        scratch = max(spec.method.extra_slots(max_new), spec.reference.extra_slots(max_new))
+        try:
+            turn, prompt = worst_turn(spec.task, tok, s, max_new)
+        except Exception as exc:  # noqa: BLE001 - a sample the task cannot build
+            line = (f"sample {s.id!r}: cannot be built ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}); fix the data or leave it out with task.ids")
+            if spec.planning:
+                plan.n_fail += 1
+                plan.problems.append(line)
+            else:
+                plan.kept.append(s)
+                plan.warnings.append(line)
+            continue
+        needed = prompt + max_new + scratch
+        plan.max_needed = max(plan.max_needed, needed)
+        if needed > spec.context:
+            where = f" turn {turn}" if len(s.turns) > 1 else ""
+            reason = (f"sample {s.id!r}{where}: {prompt} prompt + {max_new} new + {scratch} scratch = {needed} tokens "
+                      f"> context {spec.context}")
+            if bench.drop_unfit:
+                plan.n_dropped += 1
+                plan.dropped.append(reason)
+            else:
+                plan.n_fail += 1
+                plan.problems.append(f"{reason}; {_fix(spec, prompt, max_new, scratch, trained)}")
+            continue
+        plan.kept.append(s)
+        plan.n_beyond_trained += needed > trained
+        longest, plan.cache_slots = max(longest, prompt), max(plan.cache_slots, needed)
+        if spec.cost_curve is not None:  # reference + method, every turn and repeat, at the mean context
+            cost += len(s.turns) * 2 * max_new * spec.cost_curve.latency(1, prompt + max_new // 2) * bench.repeats
+    plan.n_fit = len(plan.kept)
+    if plan.kept:
+        memory(plan, spec, longest)
+    plan.est_gpu_hours = cost / 1000 / 3600 if spec.cost_curve is not None else None
+    plan.gpu_gb = gpu_gb or 0.0
+    if gpu_gb is not None and plan.peak_gb > HEADROOM * gpu_gb:
+        plan.problems.append(
+            f"memory: peak {plan.peak_gb:.1f} GB (weights {plan.weights_gb:.1f}, KV {plan.kv_gb:.1f}, method "
+            f"{plan.method_gb:.1f}, activations {plan.act_gb:.1f}) > {HEADROOM:.0%} of the {gpu_gb:g} GB GPU "
+            "(bench.gpu_mem_gb); shorten the prompts (task.max_input_tokens / task.input_tokens), cap model.max_len, "
+            "or use a larger GPU")
+    if not plan.kept and not plan.problems:
+        plan.problems.append("no sample fits: every sample was dropped; raise model.max_len or lower "
+                             "bench.max_new_tokens")
+    plan.fits = not plan.problems
+    return plan
+
+
+def memory(plan: JobPlan, spec, longest_prompt: int) -> None:
+    """The job's estimated peak. The reference and the method run one after the other: the peak is the larger of
+    their phases (weights + every decoder's kept buffers + this decoder's transient ones + the shared cache where it
+    is allocated in that phase + activations). The shared cache, once allocated (by a decoder using it, or up front
+    for compiled steps), stays until a decoder that releases it runs."""
+    nbytes, compiled = DTYPE_BYTES[spec.dtype], spec.compile is not None
+    args, slots = ModelArgs.from_hf(spec.ckpt.config), cache_slots(plan.cache_slots)
+    method, reference = (d.plan_bytes(args, slots, nbytes, compiled) for d in (spec.method, spec.reference))
+    kept, kv = method.kept + reference.kept, slots * args.kv_bytes_per_slot(nbytes)
+    steps = [1, *(spec.method.forward_tokens() or ()), spec.method.extra_slots(0) or 1]
+    prefill = longest_prompt * (3 * args.intermediate_size + 4 * args.dim) * nbytes + args.vocab_size * 4
+    act = max(prefill, max(steps) * args.vocab_size * 4)  # MLP intermediates and residual, or one step's logits
+    phases = [(kv if b.uses_engine_cache or compiled or (o.uses_engine_cache and not b.releases_engine_cache) else 0,
+               kept + b.transient) for b, o in ((method, reference), (reference, method))]
+    weights = args.n_params() * nbytes
+    plan.weights_gb, plan.act_gb = weights / GB, act / GB
+    plan.kv_gb, plan.method_gb = max(p[0] for p in phases) / GB, max(p[1] for p in phases) / GB
+    plan.peak_gb = max(weights + k + own + act for k, own in phases) / GB
 
 
 def _filtered(task, tokenizer) -> int:
@@ -125,106 +197,33 @@ def _scratch_knobs(method, max_new: int) -> list[str]:
     return names
 
 
-def _fix(job, prompt: int, max_new: int, scratch: int, context: int, trained: int) -> str:
+def _fix(spec, prompt: int, max_new: int, scratch: int, trained: int) -> str:
     needed = prompt + max_new + scratch
-    if prompt + max_new <= context:  # only the method's scratch overflows
-        knobs = _scratch_knobs(job.method, max_new) or ["the method's sizes"]
+    if prompt + max_new <= spec.context:  # only the method's scratch overflows
+        knobs = _scratch_knobs(spec.method, max_new) or ["the method's sizes"]
         return f"lower {' or '.join(knobs)}, or raise model.max_len to {needed}"
     past = f" (past the trained {trained}: allowed, with a warning)" if needed > trained else ""
     return (f"raise model.max_len to {needed}{past}, lower bench.max_new_tokens, truncate with "
             "task.max_input_tokens, or drop such samples before timing with bench.drop_unfit=true")
 
 
-def assess(job, gpu_gb: float | None, drop_unfit: bool = False, running: bool = False) -> JobPlan:
-    """The plan of one job. ``job`` has ``cfg, method, reference, task, ckpt, samples, dtype, compile, max_new_tokens``
-    (a :class:`~fafo.bench.runner.Runner` before loading, or :func:`plan_job`'s namespace); ``gpu_gb`` None skips
-    the memory check (a CPU run). ``running``: a sample the task cannot build is kept (the run records it as a
-    failed row and goes on) instead of failing the plan."""
-    config, tok = job.ckpt.config, job.ckpt.tokenizer
-    context, warning = context_limit(config, job.cfg.model.get("max_len"))
-    trained = trained_context(config)
-    plan = JobPlan(job=job_label(job), n_samples=len(job.samples), context_limit=context, trained_context=trained,
-                   n_filtered=_filtered(job.task, tok), warnings=[warning] if warning else [])
-    longest, fitted, cost = 0, 0, 0.0
-    curve = job.cost_curve if getattr(job, "cost_curve", None) is not None else None
-    for s in job.samples:
-        max_new = job.max_new_tokens(s)
-        scratch = max(job.method.extra_slots(max_new), job.reference.extra_slots(max_new))
-        try:
-            turn, prompt = worst_turn(job.task, tok, s, max_new)
-        except Exception as exc:  # noqa: BLE001 - a sample the task cannot build
-            line = (f"sample {s.id!r}: cannot be built ({type(exc).__name__}: "
-                    f"{str(exc).splitlines()[0] if str(exc) else ''}); fix the data or leave it out with task.ids")
-            if running:
-                plan.kept.append(s)
-                plan.warnings.append(line)
-            else:
-                plan.n_fail += 1
-                plan.problems.append(line)
-            continue
-        needed = prompt + max_new + scratch
-        plan.max_needed = max(plan.max_needed, needed)
-        if needed > context:
-            where = f" turn {turn}" if len(s.turns) > 1 else ""
-            reason = (f"sample {s.id!r}{where}: {prompt} prompt + {max_new} new + {scratch} scratch = {needed} tokens "
-                      f"> context {context}")
-            if drop_unfit:
-                plan.n_dropped += 1
-                plan.dropped.append(reason)
-            else:
-                plan.n_fail += 1
-                plan.problems.append(f"{reason}; {_fix(job, prompt, max_new, scratch, context, trained)}")
-            continue
-        plan.kept.append(s)
-        plan.n_beyond_trained += needed > trained
-        longest, fitted = max(longest, prompt), max(fitted, needed)  # a later turn prefills its whole prompt
-        if curve is not None:
-            ctx = prompt + max_new // 2
-            cost += len(s.turns) * 2 * max_new * curve.latency(1, ctx) * job.cfg.bench.repeats  # reference + method
-    plan.n_fit = len(plan.kept)
-    if plan.kept:
-        mem = job_memory(config, job.method, job.reference, fitted, longest, job.dtype, job.compile is not None)
-        plan.weights_gb, plan.kv_gb = mem.weights / GB, mem.kv / GB
-        plan.method_gb, plan.act_gb, plan.peak_gb = mem.method / GB, mem.activations / GB, mem.peak / GB
-    if curve is not None:
-        plan.est_gpu_hours = cost / 1000 / 3600
-    plan.gpu_gb = gpu_gb or 0.0
-    if gpu_gb is not None and plan.peak_gb > HEADROOM * gpu_gb:
-        plan.problems.append(
-            f"memory: peak {plan.peak_gb:.1f} GB (weights {plan.weights_gb:.1f}, KV {plan.kv_gb:.1f}, method "
-            f"{plan.method_gb:.1f}, activations {plan.act_gb:.1f}) > {HEADROOM:.0%} of the {gpu_gb:g} GB GPU "
-            "(bench.gpu_mem_gb); shorten the prompts (task.max_input_tokens / task.input_tokens), cap model.max_len, "
-            "or use a larger GPU")
-    if not plan.kept and not plan.problems:
-        plan.problems.append("no sample fits: every sample was dropped; raise model.max_len or lower "
-                             "bench.max_new_tokens")
-    plan.fits = not plan.problems
-    return plan
-
-
-def job_label(job) -> str:
-    names = getattr(job, "names", None) or {}
+def job_label(names: dict) -> str:
     return " / ".join(str(names.get(k, "?")) for k in ("model", "method", "task"))
 
 
-def gpu_memory_limit(bench: DictConfig, device: torch.device) -> float | None:
+def gpu_memory_limit(bench, device: torch.device) -> float | None:
     """GB the job may use: the smaller of ``bench.gpu_mem_gb`` and this machine's GPU; without a GPU here, a plan
     takes ``bench.gpu_mem_gb`` or 80 (None: a CPU run, not checked)."""
-    value = bench.get("gpu_mem_gb")
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-        raise ConfigError(f"bench.gpu_mem_gb={value!r} must be a number of GB > 0 (e.g. 80) or null")
     if device.type != "cuda":
         return None
     if torch.cuda.is_available():
         here = torch.cuda.get_device_properties(device).total_memory / GB
-        return min(here, float(value)) if value is not None else here
-    return float(value) if value is not None else DEFAULT_GPU_GB
+        return min(here, float(bench.gpu_mem_gb)) if bench.gpu_mem_gb is not None else here
+    return float(bench.gpu_mem_gb) if bench.gpu_mem_gb is not None else DEFAULT_GPU_GB
 
 
-def check_run(runner) -> JobPlan:
-    """A normal run's own plan, before loading weights: refuses (ConfigError) or drops samples that cannot run."""
-    bench = runner.bench
-    plan = assess(runner, gpu_memory_limit(bench, runner.device), bool(bench.get("drop_unfit", False)), running=True)
+def checked(plan: JobPlan) -> JobPlan:
+    """A run's own plan: warnings and drops said on stderr; a job that cannot run refused (ConfigError)."""
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr, flush=True)
     if plan.n_dropped or plan.n_filtered:
@@ -238,46 +237,16 @@ def check_run(runner) -> JobPlan:
     return plan
 
 
-def plan_job(cfg: DictConfig, overrides=(), choice: str | None = None) -> JobPlan:
-    """Build one job's parts as the runner does (settings, task, checkpoint config and tokenizer; no weights) and
-    assess it. A setting or data problem becomes the job's one problem line."""
-    from fafo.bench.cost_curve import CostCurve
-    from fafo.bench.naming import model_name
-    from fafo.bench.setup import (build, check_bench, check_config, method_node, resolve_compile, resolve_dtype,
-                                  resolve_model)
+def plan_job(cfg, run_dir: Path) -> JobPlan:
+    """``bench.plan=true`` for one job: assess it (a setting or data problem is its one problem line), print its
+    line and problems, write ``plan.json``."""
+    from fafo.bench.spec import resolve
 
-    job = SimpleNamespace(cfg=cfg, names={"model": cfg.model.get("name"), "method": cfg.method.get("name"),
-                                          "task": cfg.task.get("name")})
     try:
-        check_config(cfg, overrides)
-        check_bench(cfg.bench)
-        device = torch.device("cuda" if cfg.bench.device == "auto" else cfg.bench.device)
-        job.dtype = resolve_dtype(cfg.bench.dtype, device)
-        job.compile = resolve_compile(cfg.bench, device)
-        sampling = build(cfg.sampling, "sampling")
-        job.method = build(method_node(cfg.method), "method")
-        job.reference = build(cfg.bench.reference, "bench.reference")
-        job.method.check_sampling(sampling)
-        job.reference.check_sampling(sampling)
-        job.cost_curve = CostCurve.load(cfg.bench.cost_curve) if cfg.bench.get("cost_curve") else None
-        job.task = build(cfg.task, "task")
-        job.task.samples()
-        compress = getattr(job.method, "compress", None)
-        if compress is not None:
-            job.names["method"] = str(job.names["method"]).format(compress=compress.label)
-        job.names["model"] = model_name(cfg.model, overrides, choice)
-        job.ckpt = resolve_model(cfg.model, overrides, choice, weights=False)
-        job.samples = job.task.samples(job.ckpt.tokenizer)[: cfg.bench.max_samples or None]
-        job.method.check_target(job.ckpt.config, job.ckpt.tokenizer, weights=False)
-        job.max_new_tokens = lambda s: cfg.bench.max_new_tokens or s.max_new_tokens
-        return assess(job, gpu_memory_limit(cfg.bench, device), bool(cfg.bench.get("drop_unfit", False)))
+        plan = assess(resolve(cfg, run_dir, weights=False))
     except ConfigError as exc:
-        return JobPlan(job=job_label(job), problems=[f"{exc}"])
-
-
-def run_plan(cfg: DictConfig, run_dir: Path, overrides=(), choice: str | None = None) -> JobPlan:
-    """``bench.plan=true`` for one job: assess, print its line (and its problems), write ``plan.json``."""
-    plan = plan_job(cfg, overrides, choice)
+        plan = JobPlan(job=job_label({k: cfg[k].get("name") for k in ("model", "method", "task")}),
+                       problems=[f"{exc}"])
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
     lines = [plan.line()] + [f"  warning: {w}" for w in plan.warnings]

@@ -1,8 +1,10 @@
-"""Run records: ``samples.csv`` (one row per sample, turn and timing repeat) and ``outputs.jsonl``.
+"""Run records: ``samples.csv`` (one row per sample, turn and timing repeat) and ``outputs.jsonl`` (one line per
+sample and turn), written by :class:`RecordWriter` and read by everything that reads a run (:func:`read_rows`,
+:func:`read_outputs`: reports, the export, ``diff``, the tests).
 
 Rows are appended, flushed and fsynced as they are produced, so a killed run loses nothing it wrote, and every
 row carries a ``crc`` (CRC-32 of its other fields), so a torn or garbled line is detectable anywhere in the file,
-not only at its end. An output line is valid JSON with its keys or it is torn.
+not only at its end. An output line is valid JSON with its keys or it is torn; readers leave both out.
 
 On resume the two files are reconciled per (sample, turn, repeat) before anything runs (:meth:`RecordWriter.__init__`):
 
@@ -44,7 +46,65 @@ SKIPPED = "skipped: turn "
 
 
 def row_key(sample_id, turn, repeat) -> tuple[str, int, int]:
+    """A row's key in its run: (sample id, turn, repeat)."""
     return str(sample_id), int(turn), int(repeat)
+
+
+def turn_key(row: dict) -> tuple[str, int]:
+    """The (sample id, turn) a row or an output line belongs to (its repeats share it)."""
+    return str(row["sample_id"]), int(float(row["turn"]))
+
+
+def read_rows(path: str | Path, repairs: list[str] | None = None) -> list[dict]:
+    """The whole rows of a ``samples.csv`` under its own header (a run of an older version keeps its columns):
+    a torn last line (a killed run), a garbled row and one whose ``crc`` does not match its fields are left out and
+    counted in ``repairs``. Missing file: no rows."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, newline="", errors="replace") as f:  # garbage bytes: garbled rows, dropped
+        text = f.read().replace("\0", "\ufffd")  # (csv refuses NUL bytes)
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):  # killed mid-line
+        _said(repairs, f"samples.csv: dropped a torn last line ({len(lines[-1])} bytes)")
+        lines = lines[:-1]
+    reader = csv.DictReader(lines)
+    header = reader.fieldnames or []
+    rows, bad = [], 0
+    for r in reader:
+        if None in r or not r.get("status") or ("crc" in header and r.get("crc") != row_crc(r, header)):
+            bad += 1  # garbled, too many fields, or a crc mismatch
+            continue
+        rows.append(r)
+    if bad:
+        _said(repairs, f"samples.csv: dropped {bad} torn or garbled rows")
+    return rows
+
+
+def read_outputs(path: str | Path, repairs: list[str] | None = None) -> dict[tuple[str, int], dict]:
+    """The whole lines of an ``outputs.jsonl`` by (sample id, turn), the first of each kept: a torn last line, a
+    garbled one or one without its keys is left out and counted in ``repairs``. Missing file: none."""
+    path, out, bad = Path(path), {}, 0
+    text = path.read_text(errors="replace") if path.exists() else ""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+            if (i == len(lines) - 1 and not text.endswith("\n")) or not all(k in rec for k in OUTPUT_KEYS):
+                raise ValueError
+            key = (str(rec["sample_id"]), int(rec["turn"]))
+        except (ValueError, TypeError):
+            bad += 1
+            continue
+        out.setdefault(key, rec)
+    if bad:
+        _said(repairs, f"outputs.jsonl: dropped {bad} torn or garbled lines")
+    return out
+
+
+def _said(repairs: list[str] | None, line: str) -> None:
+    if repairs is not None:
+        repairs.append(line)
 
 
 def row_crc(row: dict, columns: list[str] = SAMPLE_COLUMNS) -> str:
@@ -94,13 +154,18 @@ class RecordWriter:
         self.samples_path = self.dir / "samples.csv"
         self.outputs_path = self.dir / "outputs.jsonl"
         self.repairs: list[str] = []
-        rows, rewrite_csv = self._read_rows()
-        outputs, rewrite_jsonl = self._read_outputs()
+        rows = read_rows(self.samples_path, self.repairs)
+        rewrite_csv = bool(self.repairs) or (self.samples_path.exists() and not rows) or any(
+            list(r) != SAMPLE_COLUMNS for r in rows[:1])  # torn, or written by an older version: today's columns
+        rows = [_as_written(r) if list(r) != SAMPLE_COLUMNS else r for r in rows]
+        n_repairs = len(self.repairs)
+        outputs = read_outputs(self.outputs_path, self.repairs)
+        rewrite_jsonl = len(self.repairs) > n_repairs
         self.rows, self.outputs, changed = self._reconcile(rows, outputs)
         if rewrite_csv or changed:
-            self._rewrite(self.samples_path, _csv_text(self.rows))
+            self.rewrite(self.samples_path, _csv_text(self.rows))
         if rewrite_jsonl or changed:
-            self._rewrite(self.outputs_path, "".join(json.dumps(o) + "\n" for o in self.outputs.values()))
+            self.rewrite(self.outputs_path, "".join(json.dumps(o) + "\n" for o in self.outputs.values()))
         new = not self.samples_path.exists()
         self._csv = open(self.samples_path, "a", newline="")
         self._writer = csv.DictWriter(self._csv, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
@@ -158,63 +223,14 @@ class RecordWriter:
         os.fsync(f.fileno())
 
     @staticmethod
-    def _rewrite(path: Path, text: str) -> None:
+    def rewrite(path: Path, text: str) -> None:
+        """Replace ``path``'s content whole (a temporary file renamed over it: never half-rewritten)."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "w", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-
-    def _read_rows(self) -> tuple[list[dict], bool]:
-        """Valid rows of samples.csv, and whether the file must be rewritten (torn lines, an older header)."""
-        if not self.samples_path.exists():
-            return [], False
-        with open(self.samples_path, newline="", errors="replace") as f:  # garbage bytes: garbled rows, dropped
-            text = f.read().replace("\0", "\ufffd")  # (csv refuses NUL bytes)
-        lines = text.splitlines(keepends=True)
-        rewrite = False
-        if lines and not lines[-1].endswith("\n"):  # killed mid-line
-            self.repairs.append(f"samples.csv: dropped a torn last line ({len(lines[-1])} bytes)")
-            lines, rewrite = lines[:-1], True
-        if not lines:
-            return [], True
-        reader = csv.DictReader(lines)
-        header = reader.fieldnames or []
-        has_crc = "crc" in header
-        rewrite |= header != SAMPLE_COLUMNS  # written by an older version: rewritten with today's columns
-        rows, bad = [], 0
-        for r in reader:
-            if None in r or not r.get("status") or (has_crc and r.get("crc") != row_crc(r, header)):
-                bad += 1  # garbled, too many fields, or a crc mismatch
-                continue
-            rows.append(_as_written(r) if header != SAMPLE_COLUMNS else r)  # older columns: new ones empty
-        if bad:
-            self.repairs.append(f"samples.csv: dropped {bad} torn or garbled rows")
-            rewrite = True
-        return rows, rewrite
-
-    def _read_outputs(self) -> tuple[dict[tuple, dict], bool]:
-        out: dict[tuple, dict] = {}
-        if not self.outputs_path.exists():
-            return out, False
-        bad = 0
-        text = self.outputs_path.read_text(errors="replace")
-        lines = text.splitlines()
-        torn_tail = bool(text) and not text.endswith("\n")
-        for i, line in enumerate(lines):
-            try:
-                rec = json.loads(line)
-                if (i == len(lines) - 1 and torn_tail) or not all(k in rec for k in OUTPUT_KEYS):
-                    raise ValueError
-                key = (str(rec["sample_id"]), int(rec["turn"]))
-            except (ValueError, TypeError):
-                bad += 1
-                continue
-            out.setdefault(key, rec)
-        if bad:
-            self.repairs.append(f"outputs.jsonl: dropped {bad} torn or garbled lines")
-        return out, bool(bad)
 
     def _reconcile(self, rows: list[dict], outputs: dict[tuple, dict]) -> tuple[list[dict], dict, bool]:
         """Rows and outputs that agree per (sample, turn, repeat); see the module docstring."""

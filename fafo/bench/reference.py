@@ -51,7 +51,7 @@ class ReferenceStore:
 
     A damaged entry (empty, truncated, garbage, not a record) reads as absent: its reference is generated again
     and the entry rewritten, so a store torn by a killed job heals on the next run. ``bench.reference_dir`` itself
-    is checked before anything loads (:func:`fafo.bench.setup.check_config`)."""
+    is checked before anything loads (:func:`fafo.bench.settings.check_config`)."""
 
     def __init__(self, root: str | Path | None):
         self.root = Path(root) if root else None

@@ -1,31 +1,24 @@
-"""Reading run directories for reports, and comparing runs on the samples they all cover.
-
-Every table and plot (the main job's table in :mod:`fafo.bench.compare`, ``scripts/make_tables.py``,
-``scripts/generic_table.py``, ``scripts/plot.py``) reads runs through this module
-and writes Markdown and LaTeX through :mod:`fafo.bench.report_format`:
+"""Run directories read for reports, and runs compared on the samples they all cover. Every table and plot (the
+comparison's, ``scripts/make_tables.py``, ``scripts/generic_table.py``, ``scripts/plot.py``) reads runs here:
 
 * :func:`collect` finds the runs under some roots: ``summary.json`` (finished), ``samples.csv`` rows without a summary
   (killed or running: summarised from the rows, marked partial) and ``error.txt`` alone (failed before any row);
-* :func:`align` puts the runs that one table compares on the same footing: when they cover different
-  (sample, turn) sets (a method failed or skipped a sample), every run's numbers are recomputed by
-  :func:`fafo.bench.metrics.summarize` on the (sample, turn)s all of them cover, and each carries a
-  :class:`Coverage` whose note the table prints as a footnote (the numbers a paper compares are over one sample
-  set; averaging two methods over different samples is not a comparison);
-* :func:`category_summaries` gives a run's numbers per sample category (MT-Bench's 8, Spec-Bench's 6, Multi-IF's
-  languages) for the per-category tables.
-
-Which speedup and which tau a table shows is named in its caption with the definitions of DESIGN.md "Runner and
-records" (:func:`definitions`); runs written before ``speedup_kind`` existed are named as what they measured.
-Missing keys (old run directories) print as a dash. Cell formats live in :mod:`fafo.bench.report_format`.
+* :func:`align` recomputes the runs of one table on the (sample, turn)s all of them cover when they cover different
+  sets (a method failed or skipped a sample: averaging two methods over different samples is not a comparison), each
+  with a :class:`Coverage` whose note the table prints as a footnote;
+* :func:`category_summaries` gives a run's numbers per sample category, for the per-category tables;
+* :func:`definitions` names in a caption which speedup and tau a table shows (runs written before ``speedup_kind``
+  existed as what they measured). Missing keys (old run directories) print as a dash (:mod:`report_format`).
 """
 
 from __future__ import annotations
 
-import csv
-import inspect
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from fafo.bench.metrics import histogram, summarize
+from fafo.bench.records import read_outputs, read_rows, turn_key
 
 SKIP_DIRS = {"_reference", ".submitit", "wandb", ".hydra", "tables", "plots"}
 
@@ -101,16 +94,6 @@ class Collected:
     failed: list[tuple[str, str]] = field(default_factory=list)  # (run dir, first line of error.txt)
 
 
-def read_rows(path: Path) -> list[dict]:
-    """``samples.csv`` rows as ``csv.DictReader`` reads them, without a half-written last line."""
-    with open(path, newline="") as f:
-        text = f.read()
-    lines = text.splitlines(keepends=True)
-    if text and not text.endswith("\n"):
-        lines = lines[:-1]  # a half-written last line of a killed run
-    return [r for r in csv.DictReader(lines) if r.get("status")]
-
-
 def load_yaml(path: Path) -> dict:
     if not path.exists():
         return {}
@@ -132,14 +115,9 @@ def speedup_kind(summary: dict, config: dict | None = None) -> str | None:
 
 def summarize_rows(rows: list[dict], config: dict | None = None, kind: str | None = None) -> dict:
     """:func:`fafo.bench.metrics.summarize` of ``rows`` with the run's bootstrap and spread settings."""
-    from fafo.bench.metrics import summarize
 
-    config = config or {}
-    kwargs = {"max_spread": dotted(config, "bench.max_spread") or 1.5, "n_boot": dotted(config, "bench.bootstrap")
-              if dotted(config, "bench.bootstrap") is not None else 1000}
-    if kind and "speedup_kind" in inspect.signature(summarize).parameters:
-        kwargs["speedup_kind"] = kind
-    return summarize(rows, **kwargs)
+    config, boot = config or {}, dotted(config or {}, "bench.bootstrap")
+    return summarize(rows, dotted(config, "bench.max_spread") or 1.5, 1000 if boot is None else boot, kind or "e2e")
 
 
 def collect(roots: list[str | Path]) -> Collected:
@@ -175,17 +153,13 @@ def collect(roots: list[str | Path]) -> Collected:
 
 
 # ------------------------------------------------------------------ the same samples for every run of a table
-def row_key(row: dict) -> tuple[str, int]:
-    return str(row["sample_id"]), int(float(row["turn"]))
-
-
 def ok_keys(rows: list[dict]) -> set[tuple[str, int]]:
-    return {row_key(r) for r in rows if r.get("status") == "ok"}
+    return {turn_key(r) for r in rows if r.get("status") == "ok"}
 
 
 def resummarize(run: Run, keys) -> dict:
     """The run's summary recomputed on the (sample, turn)s ``keys`` (its own failures stay in ``n_failed``)."""
-    rows = [r for r in run.sample_rows() or [] if row_key(r) in keys]
+    rows = [r for r in run.sample_rows() or [] if turn_key(r) in keys]
     fresh = summarize_rows(rows, run.config, speedup_kind(run.summary, run.config))
     kept = {k: v for k, v in run.summary.items() if not metric_key(k)}
     out = {**kept, **fresh, "n_failed": run.summary.get("n_failed", fresh.get("n_failed"))}
@@ -197,19 +171,8 @@ def resummarize(run: Run, keys) -> dict:
 
 def accept_hist(run_dir: Path, keys) -> dict[int, int] | None:
     """How many steps committed 1, 2, 3... tokens over the (sample, turn)s ``keys`` (``outputs.jsonl``)."""
-    path = Path(run_dir) / "outputs.jsonl"
-    if not path.exists():
-        return None
-    hist: dict[int, int] = {}
-    for line in path.read_text().splitlines():
-        try:
-            out = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line
-        if (str(out.get("sample_id")), int(out.get("turn", 0))) in keys:
-            for n in out.get("accept_lengths") or []:
-                hist[int(n)] = hist.get(int(n), 0) + 1
-    return dict(sorted(hist.items())) or None
+    outputs = read_outputs(Path(run_dir) / "outputs.jsonl")
+    return histogram(o.get("accept_lengths") for k, o in outputs.items() if k in keys) or None
 
 
 def align(runs: list[Run], label=lambda run: run.rel) -> tuple[list[Run], str | None]:
@@ -225,7 +188,7 @@ def align(runs: list[Run], label=lambda run: run.rel) -> tuple[list[Run], str | 
     for i, keys in covered.items():
         missing = union - keys
         if missing:
-            failed = {row_key(r) for r in runs[i].sample_rows() if r.get("status") != "ok"} & missing
+            failed = {turn_key(r) for r in runs[i].sample_rows() if r.get("status") != "ok"} & missing
             example = "/".join(map(str, min(missing)))
             lacks.append(f"{label(runs[i])} lacks {len(missing)} ({len(failed)} failed, {len(missing) - len(failed)}"
                          f" not run; e.g. {example})")
@@ -249,7 +212,7 @@ def aggregate(runs: list[Run]) -> dict:
     """A table row's numbers over its runs (one per column): coverage and mismatch counts summed; its peak, vanilla's
     peak and the overhead the max; exact-match rate and time per verification forward weighted by (sample, turn)s;
     tokens/s = new tokens / total time; acceptance histograms summed. None where no run has the key."""
-    from fafo.bench.report_format import merge_hists, num
+    from fafo.bench.report_format import num
 
     def given(key):  # (weight, value) of the runs that have the key
         return [(run.weight, x) for run in runs if (x := num(run.summary.get(key))) is not None]
@@ -271,7 +234,7 @@ def aggregate(runs: list[Run]) -> dict:
     timed = [(n, t) for n, t in timed if n is not None and t is not None]
     out["tokens_per_s"] = sum(n for n, _ in timed) / sum(t for _, t in timed) \
         if timed and sum(t for _, t in timed) > 0 else mean("tokens_per_s", weights=False)
-    out["accept_hist"] = merge_hists(run.summary.get("accept_hist") for run in runs) or None
+    out["accept_hist"] = histogram(run.summary.get("accept_hist") for run in runs) or None
     return out
 
 
@@ -291,7 +254,7 @@ def category_summaries(run: Run) -> dict[str, dict]:
         allowed = run.coverage.common if run.coverage is not None else None
         out = {}
         for cat in cats:
-            keys = {row_key(r) for r in rows if (r.get("category") or "") == cat}
+            keys = {turn_key(r) for r in rows if (r.get("category") or "") == cat}
             out[cat] = resummarize(run, keys & allowed if allowed is not None else keys)
         return out
     by = run.summary.get("by_category") or {}

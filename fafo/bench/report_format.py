@@ -125,14 +125,6 @@ def fmt_hist(hist, most: int = 8, dash: str = DASH) -> str:
     return " ".join(parts + ([f"{most + 1}+:{tail}"] if tail else []))
 
 
-def merge_hists(hists) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for h in hists:
-        for k, v in (h or {}).items() if isinstance(h, dict) else ():
-            out[int(k)] = out.get(int(k), 0) + int(v)
-    return dict(sorted(out.items()))
-
-
 def fmt_cell(s: dict, dash: str = DASH) -> str:
     """A compact ``speedup× [lo–hi] (tau) n=N`` for per-category tables."""
     if num(s.get("speedup")) is None and num(s.get("tau")) is None:

@@ -32,7 +32,7 @@ NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "bench.
 
 
 def _check_output_dir(config: DictConfig) -> None:
-    from fafo.bench.setup import check_output_dir
+    from fafo.bench.settings import check_output_dir
 
     try:
         check_output_dir(config.bench.output_dir)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import platform
+import subprocess
 import time
+from pathlib import Path
 
 import torch
 
@@ -47,7 +50,7 @@ class PeakMemory:
     """Peak memory of one generation in MB: the bytes of every tensor the process holds at the generation's peak
     (weights, the static cache, the decoder's state and drafts; on CUDA also the transient activations, the
     intermediates of its compiled steps included). The runner releases each method's state when its run ends
-    (:meth:`fafo.bench.runner.Runner.release`), so nothing of an earlier method is counted.
+    (:meth:`fafo.bench.runner.Runner.run`), so nothing of an earlier method is counted.
 
     CUDA: ``max_memory_allocated`` since ``reset`` (``allocated_bytes.all.peak``: every pool of the caching
     allocator, CUDA-graph private pools included; ``torch/cuda/memory.py``), taken together with the same peak
@@ -91,6 +94,33 @@ def generation_peak(timed_bytes: int, warm_bytes: int) -> int:
     longer than the warm-up's, state sized by the prompt) and its decoder's warm-up peak (the compiled steps'
     intermediates, which its CUDA-graph replays reuse without allocating; :class:`PeakMemory`)."""
     return max(int(timed_bytes), int(warm_bytes))
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def environment(device: torch.device) -> dict:
+    """Where numbers came from: device name, library versions, git sha."""
+    import transformers
+
+    from fafo import __version__
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        sha = "unknown"
+    return {"device": str(device), "device_name": name, "torch": torch.__version__,
+            "transformers": transformers.__version__, "fafo_bench": __version__, "git_sha": sha,
+            "python": platform.python_version()}
 
 
 def load_average() -> float | None:

@@ -10,8 +10,8 @@ Each output line (one per sample and turn) carries, besides the method's ``token
 * vanilla's answer to the same prompt: ``ref_tokens`` and ``ref_text`` (decoded as ``text`` is: special tokens
   skipped), whatever the reference timing's source.
 
-``python -m fafo.bench.diff`` and ``python -m fafo.bench.specbench_export`` read them; runs recorded before they
-existed lack them, and both tools say what they fall back to.
+``python -m fafo.bench.tools.diff`` and ``python -m fafo.bench.tools.specbench_export`` read them; runs recorded
+before they existed lack them, and both tools say what they fall back to.
 """
 
 from __future__ import annotations

@@ -59,6 +59,11 @@ class WandbLogger:
             settings=wandb.Settings(silent=mode == "offline"),  # offline: no console chatter (the run dir says where)
         )
 
+    def config(self, values: dict) -> None:
+        """Add to the W&B run's config (e.g. the machine's state as the run starts)."""
+        if self.run is not None:
+            self.run.config.update(values, allow_val_change=True)
+
     def log_row(self, row: dict) -> None:
         if self.run is not None:
             self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float))})

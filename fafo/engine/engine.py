@@ -25,6 +25,12 @@ from fafo.engine.static_shapes import pad_step
 from fafo.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CACHE_BLOCK = 256  # the shared cache is allocated in whole blocks of this many slots
+
+
+def cache_slots(needed: int) -> int:
+    """Slots the shared cache is allocated with for ``needed`` (rounded up to whole :data:`CACHE_BLOCK` blocks)."""
+    return -(-needed // CACHE_BLOCK) * CACHE_BLOCK
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -157,7 +163,7 @@ class Engine:
         """
         if self._cache is None or self._cache.max_len < min_len:
             self._cache = None  # free the old one first
-            self._cache = self.new_cache(-(-min_len // 256) * 256)
+            self._cache = self.new_cache(cache_slots(min_len))
         return self._cache
 
     def tensor(self, values, dtype=torch.long) -> torch.Tensor:

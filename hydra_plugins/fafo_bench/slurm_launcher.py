@@ -1,4 +1,4 @@
-"""``hydra/launcher=slurm`` (conf/hydra/launcher/slurm.yaml): fafo.bench.slurm's launcher, where Hydra looks for it.
+"""``hydra/launcher=slurm`` (conf/hydra/launcher/slurm.yaml): fafo.bench.tools.slurm's launcher, where Hydra looks for it.
 
 Hydra imports every module of the ``hydra_plugins`` namespace at start-up, so this one stays small and never fails:
 without the optional extra (hydra-submitit-launcher) the launcher only stops the sweep with one error line.
@@ -11,7 +11,7 @@ import sys
 from hydra.plugins.launcher import Launcher
 
 try:
-    from fafo.bench.slurm import SlurmLauncher as _SlurmLauncher
+    from fafo.bench.tools.slurm import SlurmLauncher as _SlurmLauncher
 except ImportError as exc:
     _MISSING = str(exc)
 

@@ -1,6 +1,6 @@
 """The 7B-shaped model the timing stages share (stages 3 and 4), built once, in memory, on the device.
 
-Random float16 weights drawn on the GPU (:mod:`fafo.bench.random_model`); decode steps compiled with the
+Random float16 weights drawn on the GPU (:mod:`fafo.bench.tools.random_model`); decode steps compiled with the
 runner's defaults; one static cache sized before anything is compiled, large enough for every context and step
 the stages time, so the graphs compiled in stage 3 serve stage 4 (as a run's warm-up serves its samples).
 """
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fafo.bench.engine_timing import copy_bandwidth
-from fafo.bench.random_model import llama_config, random_engine
+from fafo.bench.tools.engine_timing import copy_bandwidth
+from fafo.bench.tools.random_model import llama_config, random_engine
 from fafo.engine.engine import Engine
 
 

@@ -4,10 +4,10 @@
   per step: a step size is one graph, the context only a tensor value), warmed, median of several calls;
 * methods: each draftless method at its preset's shapes generates after a prompt (a random run repeated, so the
   n-gram methods have matches to draft from), compiled as the runner does, warmed, then one generation is split
-  into time inside its forwards and host time around them (:func:`~fafo.bench.engine_timing.step_times`). The
+  into time inside its forwards and host time around them (:func:`~fafo.bench.tools.engine_timing.step_times`). The
   methods share the engine, its cache and the graphs of equal step shapes (vanilla's is the curve's 1-token one).
 
-Both go to ``<gpu>.csv`` (:func:`~fafo.bench.cost_curve.write_device_csv`), which ``bench.cost_curve`` reads.
+Both go to ``<gpu>.csv`` (:func:`~fafo.bench.tools.cost_curve.write_device_csv`), which ``bench.cost_curve`` reads.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from fafo.bench.cost_curve import CostCurve, write_device_csv
-from fafo.bench.engine_timing import (bytes_per_forward, device_name, device_slug, fill_cache, forward_step,
+from fafo.bench.tools.cost_curve import CostCurve, write_device_csv
+from fafo.bench.tools.engine_timing import (bytes_per_forward, device_name, device_slug, fill_cache, forward_step,
                                       step_times, timed, warm_calls)
 from fafo.bench.gpu_check.big_model import random_prompt
 from fafo.bench.gpu_check.methods import build_method, selected, steps_as_the_runner

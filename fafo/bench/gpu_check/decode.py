@@ -2,7 +2,7 @@
 
 Per context (512 and 4096 on a GPU): greedy decode per token after the prefill, ours (the engine compiled as the
 runner compiles it) and transformers' ``generate`` with its static cache (compiled by transformers itself on
-CUDA) on the same weights (:func:`~fafo.bench.random_model.transformers_twin`). The roofline of a token is the
+CUDA) on the same weights (:func:`~fafo.bench.tools.random_model.transformers_twin`). The roofline of a token is the
 bytes its forward must read (weights, plus the KV at the generation's mean context) over the copy bandwidth of
 stage 1. Targets (from gpt-fast, about 69 % of an A100's roofline): >= 70 % at 512, no slower than transformers.
 """
@@ -14,9 +14,9 @@ import statistics
 import time
 from pathlib import Path
 
-from fafo.bench.engine_timing import bytes_per_forward, hf_ms_per_token, ours_ms_per_token
+from fafo.bench.tools.engine_timing import bytes_per_forward, hf_ms_per_token, ours_ms_per_token
 from fafo.bench.gpu_check.big_model import random_prompt
-from fafo.bench.random_model import transformers_twin
+from fafo.bench.tools.random_model import transformers_twin
 
 COLUMNS = ["context", "variant", "ms_per_token", "tokens_per_s", "bytes_per_token", "roofline_ms",
            "roofline_fraction", "warmup_s", "tokens_equal_ours", "compile"]

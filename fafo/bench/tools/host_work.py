@@ -302,7 +302,7 @@ def offline_overrides(name: str, corpus: Path) -> list[str]:
 
 def build_method(name: str, overrides=()):
     """The decoder ``method=<name>`` with ``overrides`` builds, as a run would."""
-    from fafo.bench.setup import build, method_node
+    from fafo.bench.spec import build, method_node
 
     return build(method_node(_compose(name, overrides)), "method")
 

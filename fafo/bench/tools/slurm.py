@@ -6,7 +6,7 @@ exposes this class there.)
 hydra-submitit-launcher's SlurmLauncher (https://github.com/facebookresearch/hydra/tree/main/plugins/
 hydra_submitit_launcher) with three changes a benchmark sweep needs:
 
-* **Preemption and time limits** (in the job): a :class:`~fafo.bench.preempt.PreemptGuard` replaces submitit's
+* **Preemption and time limits** (in the job): a :class:`~fafo.bench.tools.preempt.PreemptGuard` replaces submitit's
   signal handlers, so SIGTERM / SIGUSR1 / SIGUSR2 stop the job at a sample boundary (or abandon the sample in
   progress when the scheduler's grace runs out); then the job is requeued with submitit's checkpoint protocol
   (https://github.com/facebookincubator/submitit/blob/main/docs/checkpointing.md: the launcher is checkpointable,
@@ -36,7 +36,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import OmegaConf, open_dict
 
-from fafo.bench.preempt import Preempted, PreemptGuard
+from fafo.bench.tools.preempt import Preempted, PreemptGuard
 from fafo.bench.sweep import jobs_dir, record_outcome
 
 MISSING_EXTRA = ("hydra/launcher=slurm needs hydra-submitit-launcher; install it with "

@@ -35,7 +35,7 @@ A question with a failed turn is left out of both files (speed.py needs every tu
 speed.py's ``__main__`` always runs ``get_mean_speedup()`` on its authors' paths (``--mean-report`` is
 ``store_true`` with ``default=True``), so it is called as a function from a Spec-Bench checkout::
 
-    python -m fafo.bench.specbench_export RUN_DIR [--out DIR] [--tokenizer PATH]
+    python -m fafo.bench.tools.specbench_export RUN_DIR [--out DIR] [--tokenizer PATH]
     cd Spec-Bench && python -c "from evaluation.speed import get_single_speedup as s; s('M.jsonl', 'B.jsonl', 'TOK')"
 """
 
@@ -49,7 +49,8 @@ import time
 import uuid
 from pathlib import Path
 
-from fafo.bench.report import load_yaml, read_rows, row_key
+from fafo.bench.records import read_outputs, read_rows, turn_key
+from fafo.bench.report import load_yaml
 
 SPEC_BENCH_COMMIT = "fd2c1cd"
 SUBTASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "overall")  # speed.py order
@@ -58,18 +59,6 @@ MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", 
 
 class ExportError(Exception):
     """A run directory that cannot be exported (one ``error:`` line)."""
-
-
-def _outputs(run_dir: Path) -> dict[tuple[str, int], dict]:
-    out = {}
-    path = run_dir / "outputs.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            o = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line
-        out[(str(o["sample_id"]), int(o["turn"]))] = o
-    return out
 
 
 def _qid(sample_id: str):
@@ -83,10 +72,10 @@ def selects(category: str, subtask: str) -> bool:
 
 def run_tokenizer(run_dir: Path):
     """(tokenizer, source) of the checkpoint the run used, resolved from its ``config.yaml`` and Hydra overrides as
-    the runner resolves it (:func:`fafo.bench.setup.resolve_model`; no weights read)."""
+    the runner resolves it (:func:`fafo.bench.naming.checkpoint`; no weights read)."""
     from omegaconf import OmegaConf
 
-    from fafo.bench.setup import resolve_model
+    from fafo.bench.naming import Job, checkpoint
 
     if not (run_dir / "config.yaml").exists():
         raise ExportError(f"{run_dir} has no config.yaml to find its tokenizer; pass --tokenizer PATH (the "
@@ -99,7 +88,7 @@ def run_tokenizer(run_dir: Path):
     try:
         if cfg.get("model") is None:
             raise ExportError("its config.yaml names no model")
-        ckpt = resolve_model(cfg.model, overrides, choice, weights=False)
+        ckpt = checkpoint(cfg.model, Job(tuple(overrides), {"model": choice}), weights=False)
     except Exception as exc:  # noqa: BLE001 - offline, moved, not downloaded here: one line
         raise ExportError(f"the run's tokenizer could not be loaded here ({str(exc).splitlines()[0][:200]}); pass "
                           "--tokenizer PATH (a directory holding the checkpoint's tokenizer files)") from None
@@ -119,10 +108,10 @@ def load_tokenizer(path: str):
 def answers(run_dir: str | Path, tokenizer) -> tuple[list[dict], list[dict], list[str]]:
     """(method lines, baseline lines, skipped question ids) of a run directory, in sample order (module doc)."""
     run_dir = Path(run_dir)
-    rows, outputs = read_rows(run_dir / "samples.csv"), _outputs(run_dir)
+    rows, outputs = read_rows(run_dir / "samples.csv"), read_outputs(run_dir / "outputs.jsonl")
     questions: dict[str, dict[int, list[dict]]] = {}
     for r in rows:
-        sid, turn = row_key(r)
+        sid, turn = turn_key(r)
         questions.setdefault(sid, {}).setdefault(turn, []).append(r)
     method, base, skipped = [], [], []
     for sid, turns in questions.items():
@@ -268,7 +257,7 @@ def notes(done: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    """``python -m fafo.bench.specbench_export RUN_DIR [--out DIR] [--tokenizer PATH]``."""
+    """``python -m fafo.bench.tools.specbench_export RUN_DIR [--out DIR] [--tokenizer PATH]``."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -1,0 +1,151 @@
+"""The ``bench`` group's settings as a dataclass with declared bounds (:mod:`fafo.bounds`), like every other group,
+and the checks of the whole config that need no model. Each problem is one ConfigError line naming the setting.
+conf/bench/default.yaml lists the same settings with what each one means."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from fafo.bench.metrics import SPEEDUP_KINDS
+from fafo.bench.naming import CONF
+from fafo.bounds import above, at_least, check_bounds, check_node, one_of
+from fafo.engine.compiled import COMPILE_MODES, CompileOptions
+from fafo.engine.engine import DTYPES
+from fafo.errors import ConfigError
+from fafo.files import Source, check_directory_or_creatable
+
+
+
+@dataclass(frozen=True)
+class Bench:
+    """How a run is measured (conf/bench/default.yaml). ``reference`` is the vanilla decoder's node (built apart)."""
+
+    max_samples: int | None = at_least(1, None)
+    max_new_tokens: int | None = at_least(1, None)
+    seed: int = at_least(0, 0)
+    device: str = "auto"
+    dtype: str = one_of(("auto", *DTYPES), "auto", why="auto = float16 on CUDA, float32 on CPU")
+    ignore_eos: bool = False
+    compile: str | bool = one_of(("auto", True, False), "auto")
+    compile_mode: str = one_of(("auto", *COMPILE_MODES), "auto", why="a torch.compile mode")
+    compile_backend: str = "inductor"
+    compile_attention: str = one_of(("auto", "flex", "sdpa"), "auto")
+    warmup: int = at_least(0, 1)
+    warmup_tokens: int = at_least(1, 64)
+    repeats: int = at_least(1, 1)
+    progress: bool = True
+    output_dir: str = "results/runs"
+    reuse_reference: bool = False
+    max_spread: float = above(1.0, 1.5, why="a factor (max/min of a sample's repeats), e.g. 1.5")
+    reuse_max_spread: float = above(1.0, 1.1, why="a factor (max/min of a stored reference's repeats), e.g. 1.1")
+    aa_floor: bool = False
+    cost_curve: str | None = None
+    bootstrap: int = at_least(0, 1000)
+    speedup_kind: str = one_of(SPEEDUP_KINDS, "e2e", why="e2e: prefill included; decode: decoding speed; "
+                               "specbench: Spec-Bench's mean tokens/s")
+    tie_margin: float = above(0.0, 0.1, inclusive=True, why="a float32 logit gap, e.g. 0.1")
+    tie_check: str = one_of(("cpu", "device"), "cpu", why="cpu: a float32 copy kept on the CPU; device: loaded on "
+                            "the device and freed around each check")
+    busy_load: float = above(0.0, 0.75, why="a load average per CPU core, e.g. 0.75")
+    reference_dir: str | None = None
+    reference: dict | None = None
+    plan: bool = False
+    gpu_mem_gb: float | None = above(0.0, None, why="GB of GPU memory, e.g. 80")
+    drop_unfit: bool = False
+
+    def __post_init__(self):
+        check_bounds(self, "bench")
+
+
+def bench_settings(node: DictConfig) -> Bench:
+    """``cfg.bench`` checked (:func:`fafo.bounds.check_node`, the reference's node too) and built."""
+    check_node(node, "bench", Bench)
+    return Bench(**OmegaConf.to_container(node, resolve=True))
+
+
+def resolve_device(name: str, planning: bool = False) -> torch.device:
+    """``bench.device``; ``planning`` (``bench.plan``): ``auto`` is the GPU the job will run on, present or not."""
+    if name == "auto":
+        return torch.device("cuda" if planning or torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"bench.device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not planning and not torch.cuda.is_available():
+        raise ConfigError(f"bench.device={name!r} but CUDA is not available here; use bench.device=cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """auto: the papers' float16 on GPU; exact comparisons need float32 on CPU."""
+    return ("float16" if device.type == "cuda" else "float32") if name == "auto" else name
+
+
+def resolve_compile(bench: Bench, device: torch.device) -> CompileOptions | None:
+    """``bench.compile*`` -> the compile options of decode steps, or None for eager. auto: compiled with CUDA graphs
+    (``reduce-overhead``) on CUDA, eager on CPU."""
+    if bench.compile is False or (bench.compile == "auto" and device.type != "cuda"):
+        return None
+    mode = bench.compile_mode if bench.compile_mode != "auto" else \
+        "reduce-overhead" if device.type == "cuda" else "default"
+    if mode == "reduce-overhead" and device.type != "cuda":
+        raise ConfigError("bench.compile_mode=reduce-overhead replays CUDA graphs and needs a CUDA device; "
+                          "use bench.compile_mode=default on CPU")
+    options = CompileOptions(mode=mode, backend=bench.compile_backend, attention=bench.compile_attention)
+    if options.backend == "inductor" and device.type == "cpu" and options.attention_for(device) == "flex":
+        raise ConfigError("bench.compile_attention=flex cannot be compiled by inductor on CPU (no FlexAttention "
+                          "log-sum-exp output there); use bench.compile_attention=auto or "
+                          "bench.compile_backend=aot_eager")
+    return options
+
+
+def check_config(cfg: DictConfig, overrides=()) -> None:
+    """Checks of the whole config that need no model: keys added by ``+`` overrides, wandb.mode, model.max_len,
+    bench.output_dir, bench.reference_dir."""
+    from fafo.bench.wandb_log import check_wandb
+
+    check_added_keys(overrides)
+    check_wandb(cfg)  # an unknown mode, or online without wandb installed
+    max_len = cfg.model.get("max_len")
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+        raise ConfigError(f"model.max_len={max_len!r} must be a positive integer (cache slots; above the "
+                          "checkpoint's trained length with a warning) or null for the checkpoint's own context")
+    check_output_dir(cfg.bench.output_dir)
+    if cfg.bench.get("reference_dir"):
+        given = str(cfg.bench.reference_dir)
+        check_directory_or_creatable(given, Source("bench.reference_dir", given, "set bench.reference_dir to a "
+                                                   "directory path"))
+
+
+def check_added_keys(overrides) -> None:
+    """``+key=value`` overrides that add what no config reads: a misspelt group (``+nosuchgroup=foo``) or ``bench``
+    setting (``+bench.repeat=3``) would otherwise be accepted and ignored."""
+    groups = {p.name for p in CONF.iterdir() if p.is_dir()} | set(OmegaConf.load(CONF / "config.yaml"))
+    for item in map(str, overrides or ()):
+        if not item.startswith("+") or "=" not in item:
+            continue
+        key = item.lstrip("+").split("=", 1)[0]
+        top, _, rest = key.partition(".")
+        top = top.split("/")[0].split("@")[0]
+        if top not in groups:
+            raise ConfigError(f"+{key} adds a setting no config reads: {top} is not a config group or setting "
+                              f"(groups: {', '.join(sorted(g for g in groups if g not in ('defaults', 'hydra')))}); "
+                              "remove it or fix its spelling")
+        if top == "bench" and rest and rest.split(".")[0] not in {f.name for f in fields(Bench)}:
+            raise ConfigError(f"+{key}: bench.{rest.split('.')[0]} is not a bench setting (see conf/bench/"
+                              "default.yaml); remove it or fix its spelling")
+
+
+def check_output_dir(output_dir) -> None:
+    """bench.output_dir must be a directory or creatable as one (no regular file on its path)."""
+    path = Path(str(output_dir)).expanduser()
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"bench.output_dir={str(output_dir)!r}: {part} is a file, not a directory; set "
+                                  "bench.output_dir to a directory path")
+            return

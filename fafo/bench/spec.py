@@ -1,0 +1,158 @@
+"""A run resolved once: :func:`resolve` turns a composed config into a frozen :class:`RunSpec` before any weight
+loads, checking every setting on the way (one ``error:`` line each, :class:`~fafo.errors.ConfigError`).
+
+Order: the whole config (``+`` keys, W&B, ``model.max_len``, directories) and ``bench``; device, dtype and compile
+options; sampling, method and reference; the cost curve; the task and its samples; the run directory's writer lock;
+the checkpoint (config and tokenizer) and the names; sampling from the checkpoint's ``generation_config``; the
+samples again with the tokenizer (the task's length filters); the method against the target; the context; then the
+job's plan (:func:`fafo.bench.plan.assess`): samples that cannot fit refuse the run, or are dropped with
+``bench.drop_unfit``. ``weights=False`` (``bench.plan``) reads config-only checkpoints and stops before the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from fafo.bench.naming import Job, checkpoint, run_names, split_hydra
+from fafo.bench.plan import JobPlan, assess, checked
+from fafo.bench.records import check_lock_free
+from fafo.bench.settings import Bench, bench_settings, check_config, resolve_compile, resolve_device, resolve_dtype
+from fafo.bounds import check_node
+from fafo.decoding import Decoder
+from fafo.engine.compiled import CompileOptions
+from fafo.engine.context import context_limit
+from fafo.engine.loader import Checkpoint
+from fafo.errors import ConfigError
+from fafo.sampling import Sampling
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a run consists of. ``samples`` are the ones that will run (after the plan's drops),
+    ``cache_slots`` what the largest of them needs (prompt + new tokens + scratch: compiled steps are specialised to
+    one cache size), ``method_eager`` whether the method runs eagerly beside a compiled vanilla (its
+    ``timing_note`` says why)."""
+
+    cfg: DictConfig  # without Hydra's node; saved as the run's config.yaml
+    bench: Bench
+    names: dict  # model, task, method: what records, summaries and W&B call the run
+    run_dir: Path
+    device: torch.device
+    dtype: str
+    compile: CompileOptions | None
+    method_eager: bool
+    timing_note: str
+    sampling: Sampling
+    method: Decoder
+    reference: Decoder
+    task: object
+    ckpt: Checkpoint
+    samples: tuple
+    context: int
+    context_warning: str | None
+    cost_curve: object | None
+    planning: bool = False  # resolved for bench.plan (config-only checkpoints, a GPU assumed)
+    plan: JobPlan | None = None
+    cache_slots: int = 0
+
+    def max_new_tokens(self, sample) -> int:
+        """New tokens each turn of ``sample`` may generate: ``bench.max_new_tokens``, else the sample's own."""
+        return self.bench.max_new_tokens or sample.max_new_tokens
+
+
+def resolve(cfg: DictConfig, run_dir: str | Path | None = None, weights: bool = True) -> RunSpec:
+    """The run ``cfg`` describes (module docstring). ``cfg``: composed by ``python -m fafo.bench``, or in Python by
+    :func:`fafo.bench.naming.compose_run`, whose Hydra node gives the run the CLI's names and, without
+    ``run_dir``, its directory (``hydra.run.dir``)."""
+    job = Job.of(cfg)  # the overrides typed and the group options chosen
+    cfg, hydra_dir = split_hydra(cfg)
+    if run_dir is None and hydra_dir is None:
+        raise TypeError("resolve: no run directory; pass run_dir, or compose the config with "
+                        "fafo.bench.naming.compose_run (it holds hydra.run.dir)")
+    check_config(cfg, job.overrides)
+    bench = bench_settings(cfg.bench)
+    device = resolve_device(bench.device, planning=not weights)
+    dtype, compile = resolve_dtype(bench.dtype, device), resolve_compile(bench, device)
+    sampling = build(cfg.sampling, "sampling")
+    method = build(method_node(cfg.method), "method")
+    reference = build(cfg.bench.reference, "bench.reference")
+    for decoder in (method, reference):
+        decoder.check_sampling(sampling)
+    note, method_eager = "", False  # one baseline: every method of a table races the same (compiled) vanilla
+    if compile is not None and reference.eager_forwards:
+        note, compile = ("timed eagerly, method and reference alike (bench.compile set; the reference cannot run "
+                         f"compiled: {reference.eager_forwards})"), None
+    elif compile is not None and method.eager_forwards:
+        note, method_eager = (f"the method runs eagerly ({method.eager_forwards}); its speedup is against the compiled "
+                              "vanilla every other method races; speedup_vs_eager (against an eager vanilla timed "
+                              "beside it) is next to it"), True
+    curve = None
+    if bench.cost_curve:
+        from fafo.bench.tools.cost_curve import CostCurve
+
+        curve = CostCurve.load(bench.cost_curve)
+    task = build(cfg.task, "task")
+    task.samples()  # the task's own checks (ids, data files) before a checkpoint is fetched
+    run_dir = Path(run_dir or hydra_dir)
+    if weights:
+        check_lock_free(run_dir)  # a second writer is refused now, not after loading its model
+    ckpt = checkpoint(cfg.model, job, weights)  # model.path wins over a tiny spec (fafo.bench.naming)
+    compress = getattr(method, "compress", None)  # e.g. "fafo-{compress}" -> "fafo-quest"
+    label = cfg.method.get("name") or type(method).__name__
+    names = {"model": run_names(cfg.model, job).model, "task": cfg.task.name,
+             "method": label.format(compress=compress.label) if compress is not None else label}
+    if sampling.from_generation_config:  # sampling=model_default: only now is the checkpoint known
+        sampling = sampling.resolve(ckpt.path)
+        for decoder in (method, reference):
+            decoder.check_sampling(sampling)
+    samples = task.samples(ckpt.tokenizer)[: bench.max_samples or None]  # the task's length filters need it
+    method.check_target(ckpt.config, ckpt.tokenizer, weights=weights)
+    context, warning = context_limit(ckpt.config, cfg.model.get("max_len"))
+    spec = RunSpec(cfg, bench, names, run_dir, device, dtype, compile, method_eager, note, sampling, method,
+                   reference, task, ckpt, tuple(samples), context, warning, curve, planning=not weights)
+    if not weights:
+        return spec
+    plan = checked(assess(spec))  # context, every turn, scratch, memory: refuses or drops
+    check_region_fits(method, context)
+    return replace(spec, samples=tuple(plan.kept), plan=plan, cache_slots=plan.cache_slots)
+
+
+def build(node: DictConfig, setting: str, **kwargs):
+    """``hydra.utils.instantiate`` of a checked node (:func:`fafo.bounds.check_node`) that surfaces our
+    ConfigError (Hydra wraps errors raised in constructors)."""
+    if node is None or "_target_" not in node:
+        raise ConfigError(f"{setting} has no _target_; choose one of the configs in conf/{setting}/")
+    check_node(node, setting)
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__
+        if cause is not None:
+            raise cause from None
+        raise ConfigError(f"{setting}: {str(exc).splitlines()[0]}; check conf/{setting}/ and your overrides") from None
+
+
+def method_node(cfg: DictConfig) -> DictConfig:
+    """The method config without the keys that are not constructor arguments (``name``)."""
+    node = OmegaConf.to_container(cfg, resolve=True)
+    node.pop("name", None)
+    return OmegaConf.create(node)
+
+
+def check_region_fits(method, context: int) -> None:
+    """A compression function that keeps at least the whole context is a mistake (e.g. local=100000 at 4k)."""
+    budget = getattr(getattr(method, "compress", None), "budget", None)
+    if not isinstance(budget, int) or budget < context:
+        return
+    names = getattr(method.compress, "budget_fields", ())  # declared by the compression: the settings that size it
+    knobs = " or ".join(f"method.compress.{name}" for name in names) or "method.compress's sizes"
+    raise ConfigError(f"method.compress keeps {budget} entries, not fewer than the model context {context}, so it "
+                      f"compresses nothing; lower {knobs} below {context}")
