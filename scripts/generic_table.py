@@ -23,6 +23,7 @@ import pandas as pd
 
 from fafo.bench import report
 from fafo.bench import report_format as rf
+from fafo.bench.tools import tables
 from fafo.bench.report import Collected, Run
 
 CELL_KEYS = ["speedup", "tau", "exact_match_rate", "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns"]
@@ -47,7 +48,7 @@ def runs_frame(runs: list[Run], by: str | None = None) -> pd.DataFrame:
     records = []
     for run in runs:
         s = run.summary
-        value = rf.norm_value(run_value(run, by)) if by else ""
+        value = tables.norm_value(run_value(run, by)) if by else ""
         records.append({"model": str(s.get("model", "?")), "method": str(s.get("method", "?")),
                         "task": str(s.get("task", "?")), "value": value or (rf.DASH if by else ""),
                         **{k: rf.num(s.get(k)) for k in CELL_KEYS}, "complete": run.complete,
@@ -120,7 +121,7 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
         hint = f"; they differ in {', '.join(keys[:6])} (separate them with --by KEY)" if keys else ""
         notes.append(f"{len(dup) - dup.groupby(group).ngroups} cell(s) had more than one run; the most complete one "
                      f"is shown{hint}.")
-    rows = pd.DataFrame([{"model": model, "method": method, **report.aggregate(list(g["run"]))}
+    rows = pd.DataFrame([{"model": model, "method": method, **tables.aggregate(list(g["run"]))}
                          for (model, method), g in cells.groupby(["model", "method"], sort=True)])
     cols = sorted({(t, v) for t, v in zip(cells["task"], cells["value"])}, key=lambda c: _col_key(*c))
     several_tasks = len({t for t, _ in cols}) > 1
@@ -138,7 +139,7 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
 def _cell_text(table: GenericTable, model, method, col) -> str:
     hit = table.cells[(table.cells["model"] == model) & (table.cells["method"] == method)
                       & (table.cells["task"] == col[0]) & (table.cells["value"] == col[1])]
-    return rf.DASH if hit.empty else rf.fmt_run(hit.iloc[0]["run"], tau_all=True)
+    return rf.DASH if hit.empty else tables.fmt_run(hit.iloc[0]["run"], tau_all=True)
 
 
 def header(table: GenericTable) -> list[str]:
@@ -175,7 +176,7 @@ def to_markdown(table: GenericTable) -> str:
 
 def to_latex(table: GenericTable) -> str:
     head = header(table)
-    return rf.latex(table.title, "ll" + "r" * (len(head) - 2), [" & ".join(rf.tex(h) for h in head) + r" \\"],
+    return tables.latex(table.title, "ll" + "r" * (len(head) - 2), [" & ".join(tables.tex(h) for h in head) + r" \\"],
                     body(table))
 
 
@@ -190,7 +191,7 @@ def long_frame(table: GenericTable) -> pd.DataFrame:
         "peak_mem_mb": c["peak_mem_mb"].round(1), "n_samples": c["n_samples"].astype("Int64"),
         "n_turns": c["n_turns"].astype("Int64"), "status": c["complete"].map({True: "ok", False: "partial"}),
         "run_dir": c["run_dir"], "checkpoint": c["checkpoint"], "n_params": c["n_params"],
-        **{k: [rf.csv_extras(run)[k] for run in c["run"]] for k in rf.csv_extras(None)},
+        **{k: [tables.csv_extras(run)[k] for run in c["run"]] for k in tables.csv_extras(None)},
         "accept_hist": [json.dumps(run.summary.get("accept_hist")) if run.summary.get("accept_hist") else ""
                         for run in c["run"]],
     })
@@ -200,4 +201,4 @@ def long_frame(table: GenericTable) -> pd.DataFrame:
 
 
 def write_outputs(table: GenericTable, out_dir: str | Path) -> dict[str, Path]:
-    return rf.write_table(out_dir, table.name, long_frame(table), to_markdown(table), to_latex(table))
+    return tables.write_table(out_dir, table.name, long_frame(table), to_markdown(table), to_latex(table))

@@ -46,11 +46,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from fafo.bench import report  # noqa: E402
 from fafo.bench import report_format as rf  # noqa: E402
-from fafo.bench.paper import (AXES, AXIS_LABELS, CONF_EXPERIMENT, TABLE_AXES, TITLES,  # noqa: E402,F401
+from fafo.bench.tools import tables  # noqa: E402
+from fafo.bench.tools.paper import (AXES, AXIS_LABELS, CONF_EXPERIMENT, TABLE_AXES, TITLES,  # noqa: E402,F401
                                mismatches, not_comparable, preset, titles)
 from fafo.bench.records import turn_key  # noqa: E402
 from fafo.bench.report import Collected, Run, collect, dotted  # noqa: E402
-from fafo.bench.report_format import DASH, norm_value, num  # noqa: E402
+from fafo.bench.report_format import DASH, num  # noqa: E402
+from fafo.bench.tools.tables import norm_value  # noqa: E402
 
 PAPER_DIR = REPO / "results" / "paper"
 
@@ -234,9 +236,9 @@ def row_runs(table: Table, row) -> list[Run]:
 
 
 def row_stats(table: Table, row) -> dict:
-    """A row's numbers over its runs (:func:`fafo.bench.report.aggregate`) and the paper's peak MB."""
+    """A row's numbers over its runs (:func:`fafo.bench.tables.aggregate`) and the paper's peak MB."""
     papers = [num((table.cell(row, c).paper or {}).get("peak_mem_mb")) for c in table.cols]
-    return {**report.aggregate(row_runs(table, row)),
+    return {**tables.aggregate(row_runs(table, row)),
             "paper_peak_mem_mb": max((p for p in papers if p is not None), default=None)}
 
 
@@ -272,7 +274,7 @@ def body(table: Table) -> list[list[str]]:
         for col in table.cols:
             cell = table.cell(row, col)
             n = rf.fmt_n(cell.ours.summary) if cell.ours is not None else DASH
-            line += [rf.fmt_run(cell.ours), n, rf.fmt_pair(*_pair(cell.paper)), fmt_diff(cell)]
+            line += [tables.fmt_run(cell.ours), n, tables.fmt_pair(*_pair(cell.paper)), fmt_diff(cell)]
             line += [fmt_beside(cell, key) for key in table.beside]
         stats = row_stats(table, row)
         line += [rf.fmt(stats["peak_mem_mb"], ".0f")]
@@ -333,13 +335,13 @@ def to_latex(table: Table) -> str:
     lead = ["Model", "Method"] + (["Tokens/fwd"] if has_tokens(table) else [])
     w = 4 + len(table.beside)  # columns per column group
     spec = "l" * len(lead) + "r" * w * len(table.cols) + "r" * n_tail
-    top = [""] * len(lead) + [rf"\multicolumn{{{w}}}{{c}}{{{rf.tex(table.col_names[c])}}}" for c in table.cols]
+    top = [""] * len(lead) + [rf"\multicolumn{{{w}}}{{c}}{{{tables.tex(table.col_names[c])}}}" for c in table.cols]
     top += [""] * n_tail
     first = len(lead) + 1
     rules = " ".join(rf"\cmidrule(lr){{{first + w * i}-{first + w - 1 + w * i}}}" for i in range(len(table.cols)))
-    sub = lead + (["ours", "n", "paper", r"$\Delta$"] + [rf.tex(k) for k in table.beside]) * len(table.cols)
+    sub = lead + (["ours", "n", "paper", r"$\Delta$"] + [tables.tex(k) for k in table.beside]) * len(table.cols)
     sub += ["Peak MB"] + (["Peak MB (paper)"] if table.has_paper_peak else []) + ["Vanilla MB", "Overhead MB", "Exact"]
-    return rf.latex(table.title, spec, [" & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\"], body(table))
+    return tables.latex(table.title, spec, [" & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\"], body(table))
 
 
 LONG_COLUMNS = ["table", "model", "method", "paper_model", "paper_method", "column", "task", "axis", "value",
@@ -365,14 +367,15 @@ def long_rows(table: Table) -> list[dict]:
             out.append({
                 "table": table.name, "model": row[0], "method": row[1], "paper_model": table.row_names[row][0],
                 "paper_method": table.row_names[row][1], "column": table.col_names[col], "task": col[0],
-                "axis": col[1], "value": col[2], "speedup": rf.rounded(s.get("speedup")),
-                "tau": rf.rounded(s.get("tau")), "paper_speedup": p.get("speedup", ""), "paper_tau": p.get("tau", ""),
-                "d_speedup": rf.rounded(diff[0]), "d_tau": rf.rounded(diff[1]),
-                "peak_mem_mb": rf.rounded(s.get("peak_mem_mb"), 1), "paper_peak_mem_mb": p.get("peak_mem_mb", ""),
-                "exact_match_rate": rf.rounded(s.get("exact_match_rate")),
+                "axis": col[1], "value": col[2], "speedup": tables.rounded(s.get("speedup")),
+                "tau": tables.rounded(s.get("tau")), "paper_speedup": p.get("speedup", ""),
+                "paper_tau": p.get("tau", ""),
+                "d_speedup": tables.rounded(diff[0]), "d_tau": tables.rounded(diff[1]),
+                "peak_mem_mb": tables.rounded(s.get("peak_mem_mb"), 1), "paper_peak_mem_mb": p.get("peak_mem_mb", ""),
+                "exact_match_rate": tables.rounded(s.get("exact_match_rate")),
                 "n_samples": s.get("n_samples", ""), "n_turns": s.get("n_turns", ""), "status": status,
                 "run_dir": cell.ours.rel if cell.ours is not None else "", "paper_note": p.get("note", ""),
-                **rf.csv_extras(cell.ours), "run_value": cell.run_value,
+                **tables.csv_extras(cell.ours), "run_value": cell.run_value,
                 "tau_comparable": "" if cell.ours is None else not not_comparable(s),
             })
     return out
@@ -380,7 +383,7 @@ def long_rows(table: Table) -> list[dict]:
 
 def write_outputs(table: Table, out_dir: str | Path) -> dict[str, Path]:
     frame = pd.DataFrame(long_rows(table), columns=LONG_COLUMNS)
-    return rf.write_table(out_dir, table.name, frame, to_markdown(table), to_latex(table))
+    return tables.write_table(out_dir, table.name, frame, to_markdown(table), to_latex(table))
 
 
 def split_by_category(collected: Collected) -> Collected:

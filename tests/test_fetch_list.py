@@ -1,5 +1,5 @@
-"""python -m fafo.bench.tools.fetch_list: every checkpoint, data set and file a preset's sweep needs, once each, with the
-jobs that use it and the commands that fetch it; a typo is one error line."""
+"""python -m fafo.bench.tools.fetch_list: every checkpoint, data set and file a preset's sweep needs, once each, with
+the jobs that use it and the commands that fetch it; a typo is one error line."""
 
 import json
 import subprocess
@@ -44,8 +44,8 @@ def test_the_whole_preset_covers_every_job():
 @pytest.mark.slow
 def test_cli_lists_a_release_file_a_package_and_refuses_a_typo(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "fafo.bench.tools.fetch_list", *args], capture_output=True, text=True,
-                              env=ENV, cwd=REPO, timeout=300)
+        return subprocess.run([sys.executable, "-m", "fafo.bench.tools.fetch_list", *args], capture_output=True,
+                              text=True, env=ENV, cwd=REPO, timeout=300)
 
     proc = run("experiment=specbench", f"task.data_path={tmp_path / 'question.jsonl'}")
     assert proc.returncode == 0, proc.stderr

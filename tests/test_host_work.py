@@ -1,5 +1,5 @@
-"""Host work per decoding step (fafo/bench/tools/host_work.py): every method config dispatches a listed handful of ops per
-step outside its model forwards, the same number at 4 layers as at 8, and the probe, the host-time measurement and
+"""Host work per decoding step (fafo/bench/tools/host_work.py): every method config dispatches a listed handful of ops
+per step outside its model forwards, the same number at 4 layers as at 8, and the probe, the host-time measurement and
 the ``host`` table count what they say."""
 
 import csv

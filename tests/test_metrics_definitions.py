@@ -72,9 +72,9 @@ KEYS = ("tau", "tau_with_prefill", "tau_all", "speedup_e2e", "speedup_decode", "
 
 def test_summary_is_recomputed_from_samples_csv_alone(tmp_path):
     run_dir = tmp_path / "run"
-    summary = Runner().run(resolve(make_cfg(tmp_path, "method=fafo_2forward", "method.n=4", "method.k=3", "bench.repeats=2",
-                              "bench.max_new_tokens=10", "task.ids=[chat-01,multi-01,code-01]",
-                              "bench.speedup_kind=decode"), run_dir))
+    cfg = make_cfg(tmp_path, "method=fafo_2forward", "method.n=4", "method.k=3", "bench.repeats=2",
+                   "bench.max_new_tokens=10", "task.ids=[chat-01,multi-01,code-01]", "bench.speedup_kind=decode")
+    summary = Runner().run(resolve(cfg, run_dir))
     rows = read_rows(run_dir)
     want = recompute(rows)
     for key in KEYS:

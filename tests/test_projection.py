@@ -9,7 +9,7 @@ import pytest
 
 from fafo.bench import timing
 from fafo.bench.tools.cost_curve import CostCurve
-from fafo.bench.runner import compact
+from fafo.bench.records import compact
 from fafo.bench.tools.projection import project, vanilla_log
 from fafo.bench.tools.projection import main as check_main
 from fafo.bench.runner import Runner

@@ -119,8 +119,8 @@ def test_reference_timing_is_interleaved_unless_a_stored_one_qualifies(tmp_path)
                      tmp_path / "b"))
     assert all(r["ref_source"] == "interleaved" for r in read_rows(tmp_path / "b"))
     assert summary["ref_reuse_refused"]["n"] == 3 and summary["exact_match_rate"] == 1.0
-    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
-                              "bench.max_spread=1000"), tmp_path / "d"))
+    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2",
+                                            "bench.repeats=3", "bench.max_spread=1000"), tmp_path / "d"))
     rows = read_rows(tmp_path / "d")
     assert sorted({r["repeat"] for r in rows}) == ["0", "1", "2"] and len(rows) == 6
     per_repeat = [sum(float(r["ref_total_s"]) for r in rows if r["repeat"] == k)
@@ -132,8 +132,9 @@ def test_reference_timing_is_interleaved_unless_a_stored_one_qualifies(tmp_path)
     assert all(int(r["threads"]) >= 1 and r["load"] != "" for r in rows)
     assert {"threads", "load_start", "load_end", "cpu_name"} <= set(summary)
     # three repeats within the spread bound: reused by a later run that asks for it, and reported as such
-    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2", "bench.repeats=3",
-                              "bench.max_spread=1000", "bench.reuse_max_spread=1000", *reuse), tmp_path / "e"))
+    summary = Runner().run(resolve(make_cfg(tmp_path, "bench.max_new_tokens=4", "bench.max_samples=2",
+                                            "bench.repeats=3", "bench.max_spread=1000", "bench.reuse_max_spread=1000",
+                                            *reuse), tmp_path / "e"))
     assert {r["ref_source"] for r in read_rows(tmp_path / "e")} == {"stored"}
     assert summary["ref_sources"] == {"stored": 6}
     # the key holds the thread count (and the host and the engine's commit): other threads, no reuse

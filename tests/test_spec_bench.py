@@ -112,8 +112,8 @@ def test_cli_runs_every_draftless_method_on_spec_bench_with_per_subtask_table(tm
     assert len(ours) == 4 * 7
 
     run_dir = next(s.parent for s in summaries if "prompt_lookup" in str(s))
-    proc = subprocess.run([sys.executable, "-m", "fafo.bench.tools.specbench_export", str(run_dir)], capture_output=True,
-                          text=True, cwd=tmp_path, env=ENV, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "fafo.bench.tools.specbench_export", str(run_dir)],
+                          capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = json.loads((run_dir / "specbench" / "specbench_export.json").read_text())
     assert done["tokenizer_adds_bos"] and done["questions"] == 6 and "tiny" in done["tokenizer_source"]

@@ -1,5 +1,5 @@
-"""python -m fafo.bench.tools.specbench_export writes answer files that Spec-Bench's own evaluation/speed.py reads into the
-run's speedup_specbench, subtask by subtask, MT-Bench included, with the tokenizer it needs beside them."""
+"""python -m fafo.bench.tools.specbench_export writes answer files that Spec-Bench's own evaluation/speed.py reads into
+the run's speedup_specbench, subtask by subtask, MT-Bench included, with the tokenizer it needs beside them."""
 
 import csv
 import json

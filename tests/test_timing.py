@@ -137,11 +137,11 @@ def test_busy_machine_warning_and_machine_record():
 
     from fafo.bench.timing import busy_warning, machine_state
 
-    assert busy_warning({"load": 3.0, "cpu_count": 2}, 0.75).startswith("warning: the machine is busy: load average")
-    assert busy_warning({"load": 1.0, "cpu_count": 2}, 0.75) is None
-    assert "on the GPU" in busy_warning({"load": 0.0, "cpu_count": 2, "gpu_others_mb": 5000.0}, 0.75)
+    assert busy_warning({"load_start": 3.0, "cpu_count": 2}, 0.75).startswith("warning: the machine is busy: load")
+    assert busy_warning({"load_start": 1.0, "cpu_count": 2}, 0.75) is None
+    assert "on the GPU" in busy_warning({"load_start": 0.0, "cpu_count": 2, "gpu_others_mb": 5000.0}, 0.75)
     state = machine_state(torch.device("cpu"))
-    assert state["threads"] == torch.get_num_threads() and state["cpu_count"] >= 1 and state["load"] is not None
+    assert state["threads"] == torch.get_num_threads() and state["cpu_count"] >= 1 and state["load_start"] is not None
 
 
 def test_cuda_peak_of_a_generation_counts_its_own_compiled_steps_only(monkeypatch):

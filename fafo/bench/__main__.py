@@ -31,7 +31,6 @@ def main(cfg: DictConfig) -> dict | None:
     compare = cfg.get("compare") and cfg.compare.get("methods")  # several methods side by side, one process
     if cfg.bench.get("plan"):  # no weights: every job checked against its model's config and tokenizer
         from fafo.bench.compare import method_configs
-        from fafo.bench.plan import plan_job
 
         try:  # each compared method is its own job
             configs = method_configs(cfg, list(HydraConfig.get().overrides.task)) if compare else {"": cfg}
@@ -69,6 +68,28 @@ def main(cfg: DictConfig) -> dict | None:
     run_dir.mkdir(parents=True, exist_ok=True)  # the failure stays on disk beside the run
     (run_dir / "error.txt").write_text(line + "\n")
     return {"error": line}
+
+
+def plan_job(cfg: DictConfig, run_dir: Path, most: int = 20):
+    """``bench.plan=true`` for one job: its plan (a setting or data problem is its one problem line) printed (the
+    first ``most`` problems) and written to ``plan.json``."""
+    import json
+
+    from fafo.bench.plan import JobPlan, assess, job_label
+    from fafo.bench.spec import resolve
+
+    try:
+        plan = assess(resolve(cfg, run_dir, weights=False))
+    except ConfigError as exc:
+        plan = JobPlan(job=job_label({k: cfg[k].get("name") for k in ("model", "method", "task")}), problems=[str(exc)])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+    lines = [plan.line(), *(f"  warning: {w}" for w in plan.warnings),
+             *(f"  problem: {p}" for p in plan.problems[:most])]
+    if len(plan.problems) > most:
+        lines.append(f"  ... {len(plan.problems) - most} more problems in {run_dir / 'plan.json'}")
+    print("\n".join(lines), flush=True)
+    return plan
 
 
 if __name__ == "__main__":

@@ -1,40 +1,16 @@
-"""Summary metrics over a run's rows (``samples.csv``), with the definitions of DESIGN.md "Runner and records".
-
-Everything here is recomputable from ``samples.csv`` alone. Per (sample, turn), counts come from the first
-repeat (they are deterministic) and times are the median over repeats. Then:
-
-* ``tau`` = sum of (new_tokens - 1) / sum of verification forwards: tokens committed per decoding step, prefill
-  excluded (the FAFO paper's "tokens accepted per decoding step"). Vanilla: 1.0.
-* ``tau_with_prefill`` = sum of new_tokens / sum of (verification forwards + 1): Spec-Bench's convention.
-* ``tau_all`` = sum of new_tokens / sum of every forward of the target's weights (prefill, verify, self-draft,
-  aux): the cost-aware figure that makes self-drafting methods comparable. A separate draft model's forwards are
-  ``draft_model_forwards`` and ``draft_model_share`` (of all forwards), apart.
-* ``speedup_e2e`` = (method new tokens / method total time) / (reference new tokens / reference total time),
-  prefill included; ``speedup_decode`` = the same on decode time and the tokens after the first (the papers that
-  report decoding speed: TriForce, QuantSpec, LongSpec); ``speedup_specbench`` = mean over samples of the method's
-  tokens/s over the mean of the reference's (Spec-Bench ``evaluation/speed.py``; a sample's turns summed).
-  Token-normalised, so a sampled run whose method and reference decode different lengths compares throughputs.
-  ``speedup`` is the one named by ``speedup_kind`` (set per preset to what its paper reports).
-* Intervals, by sample count n (a sample's turns kept together): with n >= :data:`MIN_BOOTSTRAP` every tau and
-  speedup has ``<name>_ci95``, a 95 % percentile bootstrap interval (``n_boot`` resamples of the samples with
-  replacement, seeded); with 2 <= n < :data:`MIN_BOOTSTRAP` it has ``<name>_range`` instead, the lowest and highest
-  per-sample value (at n = 3 every bootstrap percentile interval is exactly that range and covers the median only
-  about 75 % of the time, so it is not labelled 95 %); with n = 1 none. ``interval`` names which one the summary
-  holds (``ci95``, ``range`` or ``none``).
-* ``speedup_mean`` / ``speedup_min`` / ``speedup_max``: mean of the per-(sample, turn) headline ratios and the
-  headline of each repeat index over all samples (the spread across repeats).
-* No decode step: a (sample, turn) whose method or reference generated at most one token (an answer that is one
-  EOS) has no decoding to time; its total time is a prefill timed against a prefill. It is left out of every
-  speedup and counted in ``n_no_decode`` / ``no_decode`` (tau keeps it: it adds no token and no step).
-* Coverage: ``n_samples`` / ``n_turns`` counted over ok rows, ``n_failed`` rows, ``failed`` (the first 20
-  "sample/turn: status"); ``flagged``: (sample, turn)s whose repeats disagree by more than ``max_spread``;
-  ``n_compiled`` / ``compiled``: (sample, turn)s with a row that compiled while timed, left out of every speedup
-  (tau keeps them): warm-up should have compiled every shape, so a non-zero count is worth a look.
-* ``exact_match_rate``: share of (sample, turn)s whose tokens equal the reference's; mismatches split into
-  ``n_mismatch_tie`` (numerics: the two tokens within the fp32 margin) and ``n_mismatch_divergence``.
-* ``accept_rate`` = accepted / drafted tokens (tokens proposed for verification); ``verify_ms`` = decode time per
-  verification forward (drafting included); ``mem_overhead_mb`` = peak memory minus the reference's.
-* ``by_category``: the main figures per sample category (MT-Bench's 8, Spec-Bench's 6, Multi-IF languages...).
+"""Summary metrics over a run's rows: everything recomputable from ``samples.csv`` alone, with the definitions of
+docs/metrics.md ("Metric definitions"). Per (sample, turn), counts come from the first repeat (they are
+deterministic) and times are the median over repeats. Then ``tau`` = sum of (new tokens - 1) / verification forwards
+(the FAFO paper's tokens per decoding step, prefill excluded), ``tau_with_prefill`` = new tokens / (verification
+forwards + 1) (Spec-Bench's), ``tau_all`` = new tokens / every forward of the target's weights; ``speedup_e2e`` =
+(method tokens / total time) / (vanilla's), ``speedup_decode`` = the same on decode time and the tokens after the
+first (TriForce, QuantSpec, LongSpec), ``speedup_specbench`` = mean per-sample tokens/s over vanilla's (Spec-Bench
+``evaluation/speed.py``); ``speedup`` is the one ``speedup_kind`` names. Intervals by sample count n (a sample's
+turns together): ``<name>_ci95`` (95 % percentile bootstrap, n >= :data:`MIN_BOOTSTRAP`), ``<name>_range`` (the
+per-sample range, 2 <= n < 10: at n = 3 a bootstrap interval is that range and covers the median only about 75 % of
+the time), none at n = 1. A (sample, turn) without a decode step (one token or none: a prefill timed against a
+prefill) or that compiled while timed is left out of every speedup and counted (``n_no_decode``, ``n_compiled``);
+mismatches split into numerical ties and divergences (:mod:`fafo.bench.mismatch`).
 """
 
 from __future__ import annotations

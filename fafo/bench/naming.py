@@ -1,15 +1,12 @@
-"""What a run is called and where it is written, from Hydra's record of how it was asked for (:class:`Job`: the
-overrides as typed, each group's option, ``override_dirname``) and the model config, so that ``python -m
-fafo.bench ARGS`` and ``resolve(compose_run(*ARGS))`` in Python get the same names and directory. The rules are
-docs/running.md's ("Your own checkpoint"):
-
-* a typed ``model.path`` / ``model.gguf_file`` is loaded whatever the model group; the group's built-in model (a
-  ``tiny`` spec, a preset's GGUF file) only when no path is given; a built-in model typed too is one ConfigError;
-* names: a typed ``model.name`` as is; else a checkpoint given by path is named after itself (hub id, directory's
-  name, GGUF file's name); a preset used as it is keeps its name (the paper tables are keyed by those);
-* directories ``<model>/<task>/<method>/<overrides>``; ``<overrides>`` is Hydra's ``override_dirname`` (``default``
-  when empty) and keeps ``model.path``, so two checkpoints whose directories share a name never resume into each
-  other.
+"""What a run is called, where it is written and which checkpoint it loads, from Hydra's record of how it was asked
+for (:class:`Job`) and the model config: ``python -m fafo.bench ARGS`` and ``resolve(compose_run(*ARGS))`` get the
+same names and directory. The rules (docs/running.md, "Your own checkpoint"): a typed ``model.path`` /
+``model.gguf_file`` is loaded whatever the model group, the group's built-in model (a ``tiny`` spec, a preset's GGUF
+file) only when no path is given, and both typed is one ConfigError; a typed ``model.name`` names the run, else a
+checkpoint given by path is named after itself, and a preset used as it is keeps its name (the paper tables are keyed
+by those); directories are ``<model>/<task>/<method>/<overrides>``, the last Hydra's ``override_dirname``
+(``default`` when empty), which keeps ``model.path``: two checkpoints whose directories share a name never resume
+into each other.
 """
 
 from __future__ import annotations
@@ -56,9 +53,9 @@ class Job:
 
 @dataclass(frozen=True)
 class RunNames:
-    """A run's model name (records, summaries, W&B) and the parts of its directory."""
+    """A run's model name (records, summaries, W&B; None where the model config is refused) and its directory."""
 
-    model: str | None  # None where the model config is refused (both given)
+    model: str | None
     model_dir: str
     task: str
     method: str
@@ -71,8 +68,7 @@ class RunNames:
 
 
 def run_names(model_cfg, job: Job = Job()) -> RunNames:
-    """Name a run (module doc). A model both given and built in (a ConfigError the runner reports) names the
-    directory after the group option."""
+    """Name a run (module doc); a model both given and built in names the directory after the group option."""
     if OmegaConf.is_config(model_cfg):
         model_cfg = OmegaConf.to_container(model_cfg, resolve=True)
     model_cfg, choice = model_cfg or {}, job.choices.get("model")
@@ -82,9 +78,15 @@ def run_names(model_cfg, job: Job = Job()) -> RunNames:
         name = None
     typed = given_keys(job.overrides) & {"model.path", "model.gguf_file", "model.name"}
     as_named = name and (typed or name != model_cfg.get("name"))  # else a preset used as it is: its option
-    directory = dir_name(name) if as_named else str(choice or name or "model")
-    return RunNames(name, directory, str(job.choices.get("task")), str(job.choices.get("method")),
-                    overrides_dir(job.override_dirname))
+    directory = _dir_part(str(name).replace("/", "--"), "model") if as_named else str(choice or name or "model")
+    override_dir = _dir_part(job.override_dirname, "default")
+    if len(override_dir) > 120:
+        override_dir = override_dir[:100] + "-" + hashlib.sha1(override_dir.encode()).hexdigest()[:10]
+    return RunNames(name, directory, str(job.choices.get("task")), str(job.choices.get("method")), override_dir)
+
+
+def _dir_part(text: str, empty: str) -> str:
+    return _UNSAFE.sub("_", text) or empty
 
 
 def compose_run(*overrides: str, config_dir: str | Path = CONF) -> DictConfig:
@@ -115,40 +117,10 @@ def given_keys(overrides) -> set[str]:
     return {str(o).split("=", 1)[0].lstrip("+") for o in overrides or () if "=" in str(o) and str(o)[0] != "~"}
 
 
-def checkpoint_name(path: str) -> str:
-    """A checkpoint's own name: a hub id as is (``org/name``), a directory's name (``/ckpt/my-llama/`` ->
-    ``my-llama``)."""
-    text = str(path).rstrip("/\\") or str(path)
-    local = Path(os.path.expanduser(text))
-    if HUB_ID.match(text) and not local.exists():
-        return text
-    return local.name or local.resolve().name or text
-
-
-def dir_name(name: str) -> str:
-    """A model name as one directory level (``org/name`` -> ``org--name``)."""
-    return _UNSAFE.sub("_", str(name).replace("/", "--")) or "model"
-
-
-def overrides_dir(override_dirname: str) -> str:
-    """Hydra's ``override_dirname`` as one directory level ("default" when empty; long ones end in a hash)."""
-    name = _UNSAFE.sub("_", override_dirname) or "default"
-    return name if len(name) <= 120 else name[:100] + "-" + hashlib.sha1(name.encode()).hexdigest()[:10]
-
-
-def _both(builtin: str, what: str, given: str, value) -> ConfigError:
-    return ConfigError(f"{builtin} ({what}) and {given}={value} are both given; drop {builtin} to benchmark "
-                       f"{value}, or drop {given} to use {what}")
-
-
 def model_source(model_cfg, overrides=(), choice: str | None = None) -> str | None:
-    """Which of the model config's sources is loaded: ``"gguf"`` (``model.gguf_file``, inside ``model.path`` when
-    both are set), ``"path"`` (a hub id or checkpoint directory), ``"tiny"`` (a built-in random model) or None.
-
-    A source typed (``model.path``, ``model.gguf_file``) wins over one that only comes with the model group (a
-    ``tiny`` spec, a preset's ``gguf_file``); where the overrides also name the group's source (``model=<option>``
-    or ``model.tiny...``) that is ambiguous: one ConfigError line names both and the fix.
-    """
+    """Which of the model config's sources is loaded (module doc): ``"gguf"`` (``model.gguf_file``, inside
+    ``model.path`` when both are set), ``"path"`` (a hub id or directory), ``"tiny"`` or None; a typed source with
+    the group's own also typed (``model=<option>``, ``model.tiny...``) is one ConfigError naming both."""
     given = given_keys(overrides)
     path, gguf, tiny = model_cfg.get("path"), model_cfg.get("gguf_file"), model_cfg.get("tiny")
     typed = [k for k in ("model.gguf_file", "model.path") if k in given and model_cfg.get(k.split(".")[1])]
@@ -163,28 +135,34 @@ def model_source(model_cfg, overrides=(), choice: str | None = None) -> str | No
         if group:  # the group's GGUF file and a typed path
             raise _both(group, f"its GGUF file {gguf}", "model.path", path)
         return "path"  # model.path=X alone: X, not the default group's GGUF file
-    if path:
-        return "path"
-    return "tiny" if tiny else None
+    return "path" if path else "tiny" if tiny else None
+
+
+def _both(builtin: str, what: str, given: str, value) -> ConfigError:
+    return ConfigError(f"{builtin} ({what}) and {given}={value} are both given; drop {builtin} to benchmark "
+                       f"{value}, or drop {given} to use {what}")
 
 
 def model_name(model_cfg, overrides=(), choice: str | None = None) -> str:
-    """The model's name in records, summaries, W&B and run directories (module doc)."""
+    """The model's name in records, summaries, W&B and run directories (module doc): a checkpoint's own name is
+    its hub id, its directory's name or its GGUF file's (``foo.Q4_1.gguf`` -> ``foo.Q4_1``)."""
     given = given_keys(overrides)
     name, source = model_cfg.get("name"), model_source(model_cfg, overrides, choice)
     if name and "model.name" in given:
         return str(name)
     if source == "gguf" and ("model.gguf_file" in given or not name):
-        return Path(str(model_cfg.get("gguf_file"))).name.removesuffix(".gguf")  # foo.Q4_1.gguf -> foo.Q4_1
+        return Path(str(model_cfg.get("gguf_file"))).name.removesuffix(".gguf")
     if source == "path" and ("model.path" in given or model_cfg.get("tiny") or model_cfg.get("gguf_file")
                              or not name):
-        return checkpoint_name(str(model_cfg.get("path")))
+        text = str(model_cfg.get("path")).rstrip("/\\") or str(model_cfg.get("path"))
+        local = Path(os.path.expanduser(text))
+        return text if HUB_ID.match(text) and not local.exists() else local.name or local.resolve().name or text
     return str(name or "tiny")
 
 
 def checkpoint(model_cfg, job: Job = Job(), weights: bool = True) -> Checkpoint:
-    """The checkpoint the model config names under the rules above (:func:`model_source`), opened by the engine's
-    loader (``weights=False``: no weight files, for ``bench.plan``)."""
+    """The checkpoint the model config names (:func:`model_source`), opened by the engine's loader
+    (``weights=False``: no weight files, for ``bench.plan``)."""
     from fafo.engine.engine import check_backend
 
     kind = model_source(model_cfg, job.overrides, job.choices.get("model"))
@@ -198,9 +176,8 @@ def checkpoint(model_cfg, job: Job = Job(), weights: bool = True) -> Checkpoint:
 
 def _run_dir_resolver(*parts: str, _root_: DictConfig) -> str:
     """``${fafo_run_dir:}`` (``model/task/method/overrides``) or ``${fafo_run_dir:model,overrides}``: the run
-    directory's parts named by :func:`run_names` from the config being resolved and its Hydra node."""
+    directory's parts from the config being resolved and its Hydra node (conf/config.yaml, experiment/demo.yaml)."""
     return run_names(_root_.get("model"), Job.of(_root_)).path(*parts)
 
 
-# used by hydra.run.dir / hydra.sweep.subdir in conf/config.yaml and conf/experiment/demo.yaml
 OmegaConf.register_new_resolver("fafo_run_dir", _run_dir_resolver, replace=True)

@@ -1,23 +1,17 @@
-"""A job's plan, before a GPU-hour is spent: ``bench.plan=true`` prints it for every job of a run or sweep without
-loading weights (``assess(resolve(cfg, weights=False))``), and a normal run assesses its own job the same way
-before loading (refusing it, or dropping samples with ``bench.drop_unfit=true``, counted as ``n_dropped``).
-
-For each job, from the model's config and tokenizer and every sample built with the task's own template, filters
-and truncation: the **context** (:func:`fafo.engine.context.context_limit`); **every turn** of a multi-turn sample,
-earlier own answers at their longest (``max_new_tokens + 8`` tokens each); the method's and the reference's
-**scratch slots** (``Decoder.extra_slots``); **memory** against ``bench.gpu_mem_gb`` (default: this machine's GPU,
-else 80 GB): the weights and the shared cache from the config's dimensions, each decoder's own buffers
-(``Decoder.plan_bytes``), and the largest forward's activations. The CUDA allocator's fragmentation and context
-(about 0.5 GB) come on top, so a plan keeps :data:`HEADROOM` of the GPU free. A plan assumes a GPU
-(``bench.device=auto``: CUDA, float16, compiled) unless ``bench.device=cpu`` is set.
+"""A job's plan before a GPU-hour is spent, from the model's config and tokenizer and every sample as the task
+builds it: the context (:func:`fafo.engine.context.context_limit`), every turn (earlier own answers at their longest,
+``max_new_tokens + 8`` tokens each), the method's and the reference's scratch slots (``extra_slots``), and memory
+against ``bench.gpu_mem_gb`` (else this GPU's, else 80 GB): weights and shared cache from the config, each decoder's
+own buffers (``Decoder.plan_bytes``), the largest forward's activations, :data:`HEADROOM` kept free for the
+allocator and the CUDA context. ``bench.plan=true`` prints it for every job without loading weights, assuming a GPU
+unless ``bench.device=cpu``; a run assesses its own job before loading and refuses it, or drops the samples that
+cannot fit with ``bench.drop_unfit=true`` (counted as ``n_dropped``).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import torch
 
@@ -31,7 +25,6 @@ ANSWER_MARGIN = 8  # tokens an earlier answer may gain when re-tokenized inside 
 HEADROOM = 0.95  # fraction of the GPU a job may plan to fill (allocator fragmentation, CUDA context)
 GB, DEFAULT_GPU_GB = 1e9, 80.0
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-MAX_PRINTED = 20  # problem lines printed per job (plan.json keeps all)
 
 
 @dataclass
@@ -154,17 +147,16 @@ def assess(spec) -> JobPlan:
 
 
 def memory(plan: JobPlan, spec, longest_prompt: int) -> None:
-    """The job's estimated peak. The reference and the method run one after the other: the peak is the larger of
-    their phases (weights + every decoder's kept buffers + this decoder's transient ones + the shared cache where it
-    is allocated in that phase + activations). The shared cache, once allocated (by a decoder using it, or up front
-    for compiled steps), stays until a decoder that releases it runs."""
+    """The job's peak: the larger of the reference's and the method's phases (weights, every decoder's kept buffers,
+    this one's transient ones, the shared cache where a decoder uses it or compiled steps hold it, activations)."""
     nbytes, compiled = DTYPE_BYTES[spec.dtype], spec.compile is not None
     args, slots = ModelArgs.from_hf(spec.ckpt.config), cache_slots(plan.cache_slots)
     method, reference = (d.plan_bytes(args, slots, nbytes, compiled) for d in (spec.method, spec.reference))
     kept, kv = method.kept + reference.kept, slots * args.kv_bytes_per_slot(nbytes)
     steps = [1, *(spec.method.forward_tokens() or ()), spec.method.extra_slots(0) or 1]
-    prefill = longest_prompt * (3 * args.intermediate_size + 4 * args.dim) * nbytes + args.vocab_size * 4
-    act = max(prefill, max(steps) * args.vocab_size * 4)  # MLP intermediates and residual, or one step's logits
+    # an un-chunked prefill's MLP intermediates and residual stream, or one step's float32 logits
+    act = max(longest_prompt * (3 * args.intermediate_size + 4 * args.dim) * nbytes + args.vocab_size * 4,
+              max(steps) * args.vocab_size * 4)
     phases = [(kv if b.uses_engine_cache or compiled or (o.uses_engine_cache and not b.releases_engine_cache) else 0,
                kept + b.transient) for b, o in ((method, reference), (reference, method))]
     weights = args.n_params() * nbytes
@@ -234,24 +226,4 @@ def checked(plan: JobPlan) -> JobPlan:
         more = f" (and {len(plan.problems) - 1} more: run with bench.plan=true to list them)" \
             if len(plan.problems) > 1 else ""
         raise ConfigError(plan.problems[0] + more)
-    return plan
-
-
-def plan_job(cfg, run_dir: Path) -> JobPlan:
-    """``bench.plan=true`` for one job: assess it (a setting or data problem is its one problem line), print its
-    line and problems, write ``plan.json``."""
-    from fafo.bench.spec import resolve
-
-    try:
-        plan = assess(resolve(cfg, run_dir, weights=False))
-    except ConfigError as exc:
-        plan = JobPlan(job=job_label({k: cfg[k].get("name") for k in ("model", "method", "task")}),
-                       problems=[f"{exc}"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
-    lines = [plan.line()] + [f"  warning: {w}" for w in plan.warnings]
-    lines += [f"  problem: {p}" for p in plan.problems[:MAX_PRINTED]]
-    if len(plan.problems) > MAX_PRINTED:
-        lines.append(f"  ... {len(plan.problems) - MAX_PRINTED} more problems in {run_dir / 'plan.json'}")
-    print("\n".join(lines), flush=True)
     return plan

@@ -25,6 +25,7 @@ import fcntl
 import io
 import json
 import os
+import sys
 import zlib
 from pathlib import Path
 
@@ -173,6 +174,8 @@ class RecordWriter:
             self._writer.writeheader()
             self._flush(self._csv)
         self._jsonl = open(self.outputs_path, "a")
+        if self.repairs:
+            print(f"records repaired in {self.dir}: " + "; ".join(self.repairs), file=sys.stderr, flush=True)
 
     @property
     def done(self) -> set[tuple[str, int, int]]:
@@ -210,6 +213,18 @@ class RecordWriter:
             problems.append(f"{len(lonely)} ok rows without an output, e.g. {lonely[:3]}")
         if orphans := sorted(set(self.outputs) - ok):
             problems.append(f"{len(orphans)} outputs without an ok row, e.g. {orphans[:3]}")
+        return problems
+
+    def finish(self, expected: set[tuple[str, int, int]]) -> list[str]:
+        """:meth:`check`, said on stderr when anything was repaired or is amiss, and :meth:`close`."""
+        problems = self.check(expected)
+        self.close()
+        if self.repairs or problems:
+            print(f"records check of {self.dir}: "
+                  + (f"repaired on resume ({'; '.join(self.repairs)}); " if self.repairs else "")
+                  + ("; ".join(problems) if problems else
+                     f"now consistent ({len(self.rows)} rows, {len(self.outputs)} outputs)"), file=sys.stderr,
+                  flush=True)
         return problems
 
     def close(self) -> None:
@@ -279,6 +294,19 @@ def first_mismatch(a: list[int], b: list[int]) -> int:
         if x != y:
             return i
     return -1 if len(a) == len(b) else min(len(a), len(b))
+
+
+def compact(records) -> list[list]:
+    """A generation's decode forwards (prefill excluded) grouped by everything but the prefix, as ``outputs.jsonl``
+    keeps them: ``[kind, tokens, region_rows, region_len, share, count, prefix_sum, prefix_min, prefix_max]``."""
+    groups: dict[tuple, list] = {}
+    for r in records:
+        if r.kind == "prefill":
+            continue
+        key = (r.kind, r.tokens, r.region_rows, r.region_len, round(r.share, 4))
+        g = groups.setdefault(key, [*key, 0, 0, r.prefix, r.prefix])
+        g[5], g[6], g[7], g[8] = g[5] + 1, g[6] + r.prefix, min(g[7], r.prefix), max(g[8], r.prefix)
+    return list(groups.values())
 
 
 def write_json_atomic(path: str | Path, obj) -> None:

@@ -3,7 +3,7 @@
 A reference is reusable only when everything that decides its tokens and its speed is the same: the checkpoint,
 dtype, device name, attention backend, the exact prompt token ids, max_new_tokens, stop ids, sampling settings,
 the software versions, torch's thread count, the host and the engine's git commit. All of that goes into the key
-(:meth:`fafo.bench.runner.Runner._reference_key`), so reuse can never compare against a mismatched baseline.
+(:func:`run_reference_key`), so reuse can never compare against a mismatched baseline.
 Files are written atomically (temp + rename), so concurrent sweep jobs cannot corrupt each other.
 
 Reusing a stored reference's *timing* is off by default (``bench.reuse_reference=false``): the reference is then
@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import time
+from dataclasses import asdict
 from pathlib import Path
+
+import torch
 
 from fafo.bench.records import write_json_atomic
 
@@ -27,6 +31,18 @@ def reference_key(**fields) -> str:
     """A stable hash of the fields that determine a reference generation (lists of ids are hashed too)."""
     blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def run_reference_key(spec, engine, env: dict, eos, prompt: list[int], max_new: int) -> str:
+    """The key of the reference generation of ``prompt`` in the run ``spec`` on ``engine`` (``env``:
+    :func:`fafo.bench.timing.environment`)."""
+    return reference_key(
+        model=spec.ckpt.identity, dtype=spec.dtype, device=env["device_name"], backend=engine.backend,
+        prompt=hashlib.sha256(json.dumps(prompt).encode()).hexdigest(), max_new_tokens=max_new, eos=eos,
+        sampling=asdict(spec.sampling), decoder=repr(spec.reference), context=spec.context,
+        **({"compile": asdict(spec.compile)} if spec.compile else {}),  # eager keys stay as they were
+        versions=[env["torch"], env["transformers"], env["fafo_bench"]],
+        threads=torch.get_num_threads(), host=socket.gethostname(), engine_commit=env["git_sha"])
 
 
 MIN_STORED_REPEATS = 3

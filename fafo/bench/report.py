@@ -208,36 +208,6 @@ def align(runs: list[Run], label=lambda run: run.rel) -> tuple[list[Run], str | 
     return out, note
 
 
-def aggregate(runs: list[Run]) -> dict:
-    """A table row's numbers over its runs (one per column): coverage and mismatch counts summed; its peak, vanilla's
-    peak and the overhead the max; exact-match rate and time per verification forward weighted by (sample, turn)s;
-    tokens/s = new tokens / total time; acceptance histograms summed. None where no run has the key."""
-    from fafo.bench.report_format import num
-
-    def given(key):  # (weight, value) of the runs that have the key
-        return [(run.weight, x) for run in runs if (x := num(run.summary.get(key))) is not None]
-
-    def mean(key, weights=True):  # weighted by (sample, turn)s; plain where no run has a weight
-        pairs = given(key)
-        total = sum(w for w, _ in pairs) if weights else 0
-        return sum(w * x for w, x in pairs) / total if total > 0 else sum(x for _, x in pairs) / len(pairs) \
-            if pairs else None
-
-    out = {key: sum(x for _, x in given(key)) if given(key) else None
-           for key in ("n_samples", "n_turns", "n_failed", "n_mismatch_tie", "n_mismatch_divergence", "n_flagged",
-                       "n_no_decode")}
-    out |= {key: max((x for _, x in given(key)), default=None)
-            for key in ("peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb")}
-    out["exact_match_rate"] = mean("exact_match_rate") if any(w > 0 for w, _ in given("exact_match_rate")) else None
-    out["verify_ms"] = mean("verify_ms")
-    timed = [(num(r.summary.get("new_tokens")), num(r.summary.get("total_s"))) for r in runs]
-    timed = [(n, t) for n, t in timed if n is not None and t is not None]
-    out["tokens_per_s"] = sum(n for n, _ in timed) / sum(t for _, t in timed) \
-        if timed and sum(t for _, t in timed) > 0 else mean("tokens_per_s", weights=False)
-    out["accept_hist"] = histogram(run.summary.get("accept_hist") for run in runs) or None
-    return out
-
-
 # ------------------------------------------------------------------ per category
 def categories(rows: list[dict]) -> list[str]:
     return [c for c in dict.fromkeys(r.get("category") or "" for r in rows) if c]

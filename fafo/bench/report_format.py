@@ -6,7 +6,6 @@ A key a summary lacks (an old run directory, a method that drafts nothing) print
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 DASH = "—"
 
@@ -74,15 +73,6 @@ def interval_notes(summaries) -> list[str]:
     return [INTERVAL_NOTE[k] for k in ("ci95", "range") if k in kinds]
 
 
-def fmt_speedup(s: dict, key: str = "speedup", dash: str = DASH) -> str:
-    """``1.50× [1.20–1.80]`` (95 % interval) or ``1.50× {1.20–1.80}`` (per-sample range): :func:`fmt_interval`."""
-    x = num(s.get(key))
-    if x is None:
-        return dash
-    ci = fmt_interval(s, key)
-    return f"{x:.2f}×" + (f" {ci}" if ci else "")
-
-
 def fmt_n(s: dict, dash: str = DASH) -> str:
     """Coverage: ``samples[/turns] (failed rows)``, e.g. ``80/160 (2)``; then ``‡k`` when k (sample, turn)s are
     flagged (their repeats disagree by more than ``bench.max_spread``) and ``∅k`` when k had no decode step (one
@@ -125,6 +115,15 @@ def fmt_hist(hist, most: int = 8, dash: str = DASH) -> str:
     return " ".join(parts + ([f"{most + 1}+:{tail}"] if tail else []))
 
 
+def fmt_speedup(s: dict, key: str = "speedup", dash: str = DASH) -> str:
+    """``1.50× [1.20–1.80]`` (95 % interval) or ``1.50× {1.20–1.80}`` (per-sample range): :func:`fmt_interval`."""
+    x = num(s.get(key))
+    if x is None:
+        return dash
+    ci = fmt_interval(s, key)
+    return f"{x:.2f}×" + (f" {ci}" if ci else "")
+
+
 def fmt_cell(s: dict, dash: str = DASH) -> str:
     """A compact ``speedup× [lo–hi] (tau) n=N`` for per-category tables."""
     if num(s.get("speedup")) is None and num(s.get("tau")) is None:
@@ -132,61 +131,7 @@ def fmt_cell(s: dict, dash: str = DASH) -> str:
     return f"{fmt_speedup(s, dash=dash)} ({fmt(s.get('tau'), '.2f', dash)}) n={fmt(s.get('n_turns'), '.0f', dash)}"
 
 
-def norm_value(v) -> str:
-    """One spelling per axis value, so 3072, 3072.0 and "3072" match (and 0.6 stays 0.6)."""
-    if v is None or v == "":
-        return ""
-    try:
-        return format(float(v), "g")
-    except (TypeError, ValueError):
-        return str(v)
-
-
-def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
-    """``speedup× [lo–hi] (tau)``; ``ci``: the interval's text (:func:`fmt_interval`), or a ``speedup_ci95``."""
-    s, t = num(speedup), num(tau)
-    if s is None and t is None:
-        return dash
-    ci = ci if isinstance(ci, str) else fmt_ci(ci)
-    if s is not None and ci:
-        return f"{s:.2f}× {ci}" + ("" if t is None else f" ({t:.2f})")
-    return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{dash} ({t:.2f})"
-
-
-def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
-    """A run's cell: ``speedup× [lo–hi] (tau)`` (``(tau/tau_all)`` with ``tau_all``), ``*`` for a partial run,
-    ``†`` when its numbers are computed on the samples common to its column (:func:`fafo.bench.report.align`)."""
-    s = run.summary if run is not None else {}
-    text = fmt_pair(s.get("speedup"), s.get("tau"), fmt_interval(s, "speedup"), dash)
-    if tau_all and num(s.get("tau_all")) is not None and text.endswith(")"):
-        text = text[:-1] + f"/{num(s['tau_all']):.2f})"
-    marks = ("*" if not run.complete else "") + ("†" if run.coverage is not None else "") if run else ""
-    return text if text == dash else text + marks
-
-
-def rounded(x, digits: int = 4):
-    """A CSV number rounded to ``digits`` ("" where there is none)."""
-    x = num(x)
-    return "" if x is None else round(x, digits)
-
-
-def csv_extras(run) -> dict:
-    """A long CSV's coverage, interval, tau_all, memory and exactness columns of a run ("" where unknown)."""
-    s = run.summary if run is not None else {}
-    ci = s.get("speedup_ci95") if isinstance(s.get("speedup_ci95"), (list, tuple)) else ("", "")
-    rng = s.get("speedup_range") if isinstance(s.get("speedup_range"), (list, tuple)) else ("", "")
-    out = {"speedup_kind": s.get("speedup_kind") or "", "speedup_ci95_lo": rounded(ci[0]),
-           "speedup_ci95_hi": rounded(ci[1]), "speedup_range_lo": rounded(rng[0]), "speedup_range_hi": rounded(rng[1]),
-           "common_samples": len(run.coverage.common) if run is not None and run.coverage is not None else ""}
-    for key, digits in (("tau_all", 4), ("n_failed", 0), ("ref_peak_mem_mb", 1), ("mem_overhead_mb", 1),
-                        ("verify_ms", 3), ("n_mismatch_tie", 0), ("n_mismatch_divergence", 0), ("n_flagged", 0),
-                        ("n_no_decode", 0), ("speedup_decode", 4), ("speedup_vs_eager", 4), ("aa_speedup", 4),
-                        ("projected_speedup", 4), ("projection_error", 4)):
-        out[key] = rounded(s.get(key), digits)
-    return out
-
-
-# ------------------------------------------------------------------ the one Markdown and LaTeX writer
+# ------------------------------------------------------------------ the one Markdown writer
 def markdown(head: list[str], lines, notes=(), title: str | None = None, labels: int = 2) -> str:
     """A Markdown table (``### title`` above it when given): ``labels`` left-aligned label columns, the rest
     right-aligned, then one bullet per note."""
@@ -195,36 +140,3 @@ def markdown(head: list[str], lines, notes=(), title: str | None = None, labels:
                                                                      for i in range(len(head))) + "|"]
     out += ["| " + " | ".join(line) + " |" for line in lines]
     return "\n".join(out + ([""] + [f"- {n}" for n in notes] if notes or title else [])) + "\n"
-
-
-def latex(title: str, spec: str, head: list[str], lines) -> str:
-    """A booktabs ``tabular`` (``% title`` above it): the ``head`` lines (LaTeX already), then one line per row with
-    its cells escaped by :func:`tex`, a rule before each row that starts a group (a non-empty first cell)."""
-    out = [f"% {title} (scripts/make_tables.py)", r"\begin{tabular}{" + spec + "}", r"\toprule", *head, r"\midrule"]
-    for i, line in enumerate(lines):
-        if i and line[0]:
-            out.append(r"\midrule")
-        out.append(" & ".join(tex(x) for x in line) + r" \\")
-    return "\n".join(out + [r"\bottomrule", r"\end{tabular}"]) + "\n"
-
-
-def write_table(out_dir, name: str, frame, md: str, latex_text: str) -> dict[str, Path]:
-    """``<name>.csv`` (the DataFrame ``frame``), ``<name>.md`` and ``<name>.tex`` in ``out_dir``, by extension."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "md", "tex")}
-    frame.to_csv(paths["csv"], index=False, lineterminator="\n")
-    paths["md"].write_text(md)
-    paths["tex"].write_text(latex_text)
-    return paths
-
-
-def tex(s: str, dash: str = DASH) -> str:
-    """A cell's text for LaTeX: specials escaped, ×, Δ, dashes and the partial / common-sample marks typeset."""
-    s = s.replace("\\", "\0")
-    for a, b in (("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
-        s = s.replace(a, b)
-    s = s.replace("\0", r"\textbackslash{}")
-    s = s.replace("×", r"$\times$").replace("Δ", r"$\Delta$").replace(dash, "--").replace("*", r"$^*$")
-    s = s.replace("–", "--").replace("†", r"$^\dagger$").replace("‡", r"$^\ddagger$")
-    return s.replace("∅", r"$\emptyset$")

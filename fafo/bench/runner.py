@@ -1,30 +1,22 @@
-"""The benchmark loop: a resolved run (:class:`~fafo.bench.spec.RunSpec`), every sample timed beside its vanilla
-reference.
-
-:meth:`Runner.run` loads the weights once (a comparison's methods share them), allocates the shared cache at the
-run's size (compiled graphs are specialised to it), warms up (timed apart), then :func:`measure`: per sample, turn
-and repeat, vanilla is timed right before the method (interleaved; a stored timing only with
-``bench.reuse_reference=true`` and when :func:`~fafo.bench.reference.timing_reusable` accepts it), tokens are
-compared, and one row is appended (:func:`row`). Rows already in ``samples.csv`` are skipped: a restarted run resumes.
-
-One baseline: with compiled steps the reference is the compiled vanilla for every method; a method that cannot run
-compiled (``Decoder.eager_forwards``) runs eagerly against it and an eager vanilla is timed beside it
-(``eager_ref_*``). With ``bench.aa_floor`` vanilla is timed again right after the method (``aa_*``): the A/A noise
-floor beside this very method. Every generation's forwards are logged (tokens, attended lengths) for the projection
-of :mod:`fafo.bench.tools.projection`.
+"""The benchmark loop over a resolved run (:class:`~fafo.bench.spec.RunSpec`): :meth:`Runner.run` loads the
+weights once (a comparison's methods share them), allocates the shared cache at the run's size, warms up (timed
+apart), then :func:`measure` times, per sample, turn and repeat, vanilla right before the method (interleaved; a
+stored timing only with ``bench.reuse_reference``, :func:`~fafo.bench.reference.timing_reusable`), compares tokens
+and appends one row (:func:`row`); rows on record are skipped, so a restarted run resumes. One baseline: with
+compiled steps every method races the compiled vanilla; a method that cannot run compiled (``eager_forwards``)
+runs eagerly beside an eager vanilla too (``eager_ref_*``); ``bench.aa_floor`` times vanilla again right after the
+method (``aa_*``, the A/A floor). Every generation's forwards are logged for :mod:`fafo.bench.tools.projection`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import os
 import random
-import socket
 import sys
 import time
 import traceback
 from contextlib import nullcontext
-from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -32,16 +24,14 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from fafo.bench.mismatch import MismatchJudge
-from fafo.bench.records import RecordWriter, first_mismatch, row_key, write_json_atomic
-from fafo.bench.reference import ReferenceStore, ReferenceTimings, reference_key
+from fafo.bench.records import RecordWriter, compact, first_mismatch, row_key, write_json_atomic
+from fafo.bench.reference import ReferenceStore, ReferenceTimings, run_reference_key
 from fafo.bench.summary import RunningTotals, print_summary, run_summary
-from fafo.bench.timing import (PeakMemory, SyncClock, busy_warning, cpu_name, environment, load_average,
-                               machine_state)
-from fafo.bench.transcript import prompt_fields, reference_fields
+from fafo.bench.timing import PeakMemory, SyncClock, busy_warning, environment, load_average, machine_state
+from fafo.bench.transcript import output_line
 from fafo.bench.wandb_log import WandbLogger
 from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
 from fafo.engine.engine import Engine
-from fafo.engine.ledger import ForwardRecord
 
 SAMPLE_HOOKS: list = []  # run after each sample, every row of it written (a scheduler's stop: tools.preempt)
 
@@ -58,45 +48,30 @@ class Runner:
         (the weights excepted) is released, so the next method or job starts from the same clean state."""
         machine = machine_state(spec.device)  # before loading, so our own load does not count
         # a loaded engine: this process just ran the previous method, so only the first run judges the machine
-        busy = None if self.engine is not None else busy_warning(machine, spec.bench.busy_load)
-        if busy:
-            print(busy, file=sys.stderr, flush=True)
+        machine["busy_warning"] = None if self.engine else busy_warning(machine, spec.bench.busy_load)
+        if machine["busy_warning"]:
+            print(machine["busy_warning"], file=sys.stderr, flush=True)
         t_load, ckpt, meter = time.perf_counter(), spec.ckpt, None
         try:
             self.engine = engine = self.engine or Engine.load(
                 ckpt.path, ckpt.config, ckpt.tokenizer, device=spec.device, dtype=spec.dtype,
                 backend=spec.cfg.model.get("attention", "sdpa"), max_len=spec.context, name=spec.names["model"])
-            meter = Meter(spec, engine, machine)
             if spec.compile is not None:
                 engine.enable_compile(spec.compile)
             engine.cache(spec.cache_slots)  # allocated once, before timing; compiled graphs are specialised to it
-            load_s = time.perf_counter() - t_load
+            load_s, meter = time.perf_counter() - t_load, Meter(spec, engine)
             for decoder in (spec.method, spec.reference):
                 decoder.setup(engine)
             records = RecordWriter(spec.run_dir)
-            if records.repairs:
-                print(f"records repaired in {spec.run_dir}: " + "; ".join(records.repairs), file=sys.stderr,
-                      flush=True)
             logger = WandbLogger(spec.cfg, spec.run_dir, "/".join(spec.names.values()))
-            machine = {"threads": machine["threads"], "load_start": machine["load"], "cpu_name": cpu_name(),
-                       "cpu_count": machine["cpu_count"],
-                       "gpu_name": torch.cuda.get_device_name(spec.device) if spec.device.type == "cuda" else None,
-                       "gpu_others_mb": machine["gpu_others_mb"], "busy_warning": busy}
             logger.config({"machine": machine})
             OmegaConf.save(spec.cfg, spec.run_dir / "config.yaml", resolve=True)
             before = compile_stats()
             warmup_s = meter.warmup()
             warm = {k: v - before[k] for k, v in compile_stats().items()}
             measure(spec, meter, records, logger, progress)
-            problems = records.check({row_key(s.id, t, r) for s in spec.samples for t in range(len(s.turns))
-                                      for r in range(spec.bench.repeats)})
-            records.close()
-            if records.repairs or problems:
-                print(f"records check of {spec.run_dir}: "
-                      + (f"repaired on resume ({'; '.join(records.repairs)}); " if records.repairs else "")
-                      + ("; ".join(problems) if problems else
-                         f"now consistent ({len(records.rows)} rows, {len(records.outputs)} outputs)"),
-                      file=sys.stderr, flush=True)
+            problems = records.finish({row_key(s.id, t, r) for s in spec.samples for t in range(len(s.turns))
+                                       for r in range(spec.bench.repeats)})
             summary = run_summary(spec, meter, records, machine, problems, load_s=load_s, warmup_s=warmup_s,
                                   compile_s=warm["compile_s"], compiled_graphs=warm["graphs"])
             write_json_atomic(spec.run_dir / "summary.json", summary)
@@ -118,8 +93,8 @@ class Meter:
     """A run's measuring instruments on its engine: the synchronising clock, peak memory, the vanilla reference
     store, the float32 tie judge, and what a timed generation runs on."""
 
-    def __init__(self, spec, engine: Engine, machine: dict):
-        self.spec, self.engine, self.machine = spec, engine, machine
+    def __init__(self, spec, engine: Engine):
+        self.spec, self.engine = spec, engine
         self.clock, self.memory, self.env = SyncClock(spec.device), PeakMemory(spec.device), environment(spec.device)
         self.eos = () if spec.bench.ignore_eos else engine.eos_ids
         b = spec.bench
@@ -130,7 +105,9 @@ class Meter:
 
     def generate(self, decoder, prompt: list[int], max_new: int, seed_index: int, eager: bool = False):
         """One timed generation: (Generation, times, its forward log grouped by :func:`compact`, peak MB)."""
-        seed_everything(self.spec.bench.seed * 1_000_003 + seed_index)  # methods with their own randomness
+        seed = (self.spec.bench.seed * 1_000_003 + seed_index) % 2**32  # per sample: reruns and resumes agree
+        for seeder in (random.seed, np.random.seed, torch.manual_seed):  # methods with their own randomness
+            seeder(seed)
         generator = self.spec.sampling.generator(seed_index, self.spec.device)
         self.memory.reset()
         self.engine.ledger.log = log = []
@@ -183,16 +160,6 @@ class Meter:
                 "dynamic shape reached a compiled step; TORCH_LOGS=perf_hints names it): timings would be of "
                 "replay-free steps. Fix the decoder, or run with bench.compile_mode=default")
         return total
-
-    def reference_key(self, prompt: list[int], max_new: int) -> str:
-        spec, env = self.spec, self.env
-        return reference_key(
-            model=spec.ckpt.identity, dtype=spec.dtype, device=env["device_name"], backend=self.engine.backend,
-            prompt=hashlib.sha256(json.dumps(prompt).encode()).hexdigest(), max_new_tokens=max_new, eos=self.eos,
-            sampling=asdict(spec.sampling), decoder=repr(spec.reference), context=spec.context,
-            **({"compile": asdict(spec.compile)} if spec.compile else {}),  # eager keys stay as they were
-            versions=[env["torch"], env["transformers"], env["fafo_bench"]],
-            threads=torch.get_num_threads(), host=socket.gethostname(), engine_commit=env["git_sha"])
 
 
 def measure(spec, meter: Meter, records: RecordWriter, logger=None, progress=None) -> list[dict]:
@@ -261,7 +228,8 @@ def timed(spec, meter: Meter, sample, turn: int, repeat: int, prompt: list[int],
     it; returns (row, output line, the reference state the turn's next repeat continues)."""
     max_new = spec.max_new_tokens(sample)
     seed_index = int(hashlib.sha1(f"{sample.id}/{turn}".encode()).hexdigest()[:8], 16)
-    key, graphs = meter.reference_key(prompt, max_new), compile_stats()["graphs"]
+    key = run_reference_key(spec, meter.engine, meter.env, meter.eos, prompt, max_new)
+    graphs = compile_stats()["graphs"]
     ref = ref or meter.references.start(key)
     if ref.get("stored_ok"):  # bench.reuse_reference=true and the stored timing passed timing_reusable
         t_ref = {"total_s": float(np.median(ref["total_s"])), "decode_s": float(np.median(ref["decode_s"]))}
@@ -273,8 +241,7 @@ def timed(spec, meter: Meter, sample, turn: int, repeat: int, prompt: list[int],
         ref["decode_s"].append(t_ref["decode_s"])
         if len(ref["total_s"]) >= spec.bench.repeats:
             meter.references.keep(key, ref, {"device": meter.env["device_name"], "load": load_average(),
-                                             "cpu_count": meter.machine["cpu_count"],
-                                             "threads": torch.get_num_threads()})
+                                             "cpu_count": os.cpu_count() or 1, "threads": torch.get_num_threads()})
     beside = {}
     if spec.method_eager:  # the same backend as the method, timed beside it (speedup_vs_eager)
         t = meter.generate(spec.reference, prompt, max_new, seed_index, eager=True)[1]
@@ -288,14 +255,7 @@ def timed(spec, meter: Meter, sample, turn: int, repeat: int, prompt: list[int],
     out = row(spec, sample, turn, repeat, prompt=prompt, gen=gen, times=t, peak=peak, ref_tokens=ref["tokens"],
               ref_times=t_ref, ref_peak=ref_peak, ref_source=source, beside=beside, mismatch=mismatch,
               judged=judged, seed=seed_index, compiles=compile_stats()["graphs"] - graphs)
-    tok = meter.engine.tokenizer
-    output = {"sample_id": str(sample.id), "turn": turn, "prompt_tokens": len(prompt), "tokens": gen.tokens,
-              "text": tok.decode(gen.tokens, skip_special_tokens=True), "accept_lengths": gen.accept_lengths,
-              "forwards": asdict(gen.forwards), "draft_model_forwards": gen.draft_model_forwards,
-              "drafted": gen.drafted, "accepted": gen.accepted, "extras": gen.extras, "forward_log": log,
-              "ref_forward_log": ref.get("forward_log"),  # then the prompt and vanilla's answer (transcript)
-              **prompt_fields(tok, prompt), **reference_fields(tok, ref["tokens"])}
-    return out, output, ref
+    return out, output_line(meter.engine.tokenizer, sample.id, turn, prompt, gen, log, ref), ref
 
 
 def row(spec, sample, turn: int, repeat: int, *, error=None, prompt_tokens="", prompt=None, gen=None, times=None,
@@ -331,26 +291,5 @@ def row(spec, sample, turn: int, repeat: int, *, error=None, prompt_tokens="", p
             "compiles": compiles, "threads": torch.get_num_threads(), "load": load_average(), "status": "ok"}
 
 
-def compact(records: list[ForwardRecord]) -> list[list]:
-    """A generation's decode forwards (prefill excluded) grouped by everything but the prefix, as ``outputs.jsonl``
-    keeps them: ``[kind, tokens, region_rows, region_len, share, count, prefix_sum, prefix_min, prefix_max]``."""
-    groups: dict[tuple, list] = {}
-    for r in records:
-        if r.kind == "prefill":
-            continue
-        key = (r.kind, r.tokens, r.region_rows, r.region_len, round(r.share, 4))
-        g = groups.setdefault(key, [*key, 0, 0, r.prefix, r.prefix])
-        g[5], g[6], g[7], g[8] = g[5] + 1, g[6] + r.prefix, min(g[7], r.prefix), max(g[8], r.prefix)
-    return list(groups.values())
-
-
 def _blank(x: float):
     return "" if x != x else x  # NaN (no decode step) as an empty cell
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators (per sample, so reruns and resumes agree)."""
-    seed %= 2**32
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)

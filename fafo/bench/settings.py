@@ -5,7 +5,6 @@ conf/bench/default.yaml lists the same settings with what each one means."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -17,7 +16,6 @@ from fafo.engine.compiled import COMPILE_MODES, CompileOptions
 from fafo.engine.engine import DTYPES
 from fafo.errors import ConfigError
 from fafo.files import Source, check_directory_or_creatable
-
 
 
 @dataclass(frozen=True)
@@ -45,11 +43,9 @@ class Bench:
     aa_floor: bool = False
     cost_curve: str | None = None
     bootstrap: int = at_least(0, 1000)
-    speedup_kind: str = one_of(SPEEDUP_KINDS, "e2e", why="e2e: prefill included; decode: decoding speed; "
-                               "specbench: Spec-Bench's mean tokens/s")
+    speedup_kind: str = one_of(SPEEDUP_KINDS, "e2e", why="e2e, decode or Spec-Bench's mean tokens/s")
     tie_margin: float = above(0.0, 0.1, inclusive=True, why="a float32 logit gap, e.g. 0.1")
-    tie_check: str = one_of(("cpu", "device"), "cpu", why="cpu: a float32 copy kept on the CPU; device: loaded on "
-                            "the device and freed around each check")
+    tie_check: str = one_of(("cpu", "device"), "cpu", why="where the float32 copy of the tie check lives")
     busy_load: float = above(0.0, 0.75, why="a load average per CPU core, e.g. 0.75")
     reference_dir: str | None = None
     reference: dict | None = None
@@ -106,6 +102,7 @@ def resolve_compile(bench: Bench, device: torch.device) -> CompileOptions | None
 def check_config(cfg: DictConfig, overrides=()) -> None:
     """Checks of the whole config that need no model: keys added by ``+`` overrides, wandb.mode, model.max_len,
     bench.output_dir, bench.reference_dir."""
+    from fafo.bench.sweep import check_output_dir
     from fafo.bench.wandb_log import check_wandb
 
     check_added_keys(overrides)
@@ -138,14 +135,3 @@ def check_added_keys(overrides) -> None:
         if top == "bench" and rest and rest.split(".")[0] not in {f.name for f in fields(Bench)}:
             raise ConfigError(f"+{key}: bench.{rest.split('.')[0]} is not a bench setting (see conf/bench/"
                               "default.yaml); remove it or fix its spelling")
-
-
-def check_output_dir(output_dir) -> None:
-    """bench.output_dir must be a directory or creatable as one (no regular file on its path)."""
-    path = Path(str(output_dir)).expanduser()
-    for part in (path, *path.parents):
-        if part.exists():
-            if not part.is_dir():
-                raise ConfigError(f"bench.output_dir={str(output_dir)!r}: {part} is a file, not a directory; set "
-                                  "bench.output_dir to a directory path")
-            return

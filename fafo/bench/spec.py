@@ -1,12 +1,9 @@
 """A run resolved once: :func:`resolve` turns a composed config into a frozen :class:`RunSpec` before any weight
-loads, checking every setting on the way (one ``error:`` line each, :class:`~fafo.errors.ConfigError`).
-
-Order: the whole config (``+`` keys, W&B, ``model.max_len``, directories) and ``bench``; device, dtype and compile
-options; sampling, method and reference; the cost curve; the task and its samples; the run directory's writer lock;
-the checkpoint (config and tokenizer) and the names; sampling from the checkpoint's ``generation_config``; the
-samples again with the tokenizer (the task's length filters); the method against the target; the context; then the
-job's plan (:func:`fafo.bench.plan.assess`): samples that cannot fit refuse the run, or are dropped with
-``bench.drop_unfit``. ``weights=False`` (``bench.plan``) reads config-only checkpoints and stops before the plan.
+loads, each setting checked on the way (one ``error:`` line each), in this order: the whole config and ``bench``;
+device, dtype, compile; sampling, method, reference; the cost curve; the task; the run directory's lock; the
+checkpoint and the names; the samples with the tokenizer; the method against the target; the context; the job's
+plan (:func:`fafo.bench.plan.assess`: refuse, or drop with ``bench.drop_unfit``). ``weights=False``
+(``bench.plan``): config-only checkpoints, no plan yet.
 """
 
 from __future__ import annotations
@@ -34,10 +31,9 @@ from fafo.sampling import Sampling
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything a run consists of. ``samples`` are the ones that will run (after the plan's drops),
-    ``cache_slots`` what the largest of them needs (prompt + new tokens + scratch: compiled steps are specialised to
-    one cache size), ``method_eager`` whether the method runs eagerly beside a compiled vanilla (its
-    ``timing_note`` says why)."""
+    """Everything a run consists of: ``samples`` the ones that will run, ``cache_slots`` what the largest of them
+    needs (compiled steps are specialised to one cache size), ``method_eager`` whether the method runs eagerly
+    beside a compiled vanilla (``timing_note`` says why)."""
 
     cfg: DictConfig  # without Hydra's node; saved as the run's config.yaml
     bench: Bench
@@ -67,9 +63,8 @@ class RunSpec:
 
 
 def resolve(cfg: DictConfig, run_dir: str | Path | None = None, weights: bool = True) -> RunSpec:
-    """The run ``cfg`` describes (module docstring). ``cfg``: composed by ``python -m fafo.bench``, or in Python by
-    :func:`fafo.bench.naming.compose_run`, whose Hydra node gives the run the CLI's names and, without
-    ``run_dir``, its directory (``hydra.run.dir``)."""
+    """The run ``cfg`` describes: composed by ``python -m fafo.bench``, or by :func:`fafo.bench.naming.compose_run`,
+    whose Hydra node gives the CLI's names and, without ``run_dir``, its directory (``hydra.run.dir``)."""
     job = Job.of(cfg)  # the overrides typed and the group options chosen
     cfg, hydra_dir = split_hydra(cfg)
     if run_dir is None and hydra_dir is None:

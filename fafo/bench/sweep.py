@@ -31,9 +31,18 @@ SWEEP_ENV = "FAFO_SWEEP_ID"
 NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "bench.plan=", "wandb.")
 
 
-def _check_output_dir(config: DictConfig) -> None:
-    from fafo.bench.settings import check_output_dir
+def check_output_dir(output_dir) -> None:
+    """bench.output_dir must be a directory or creatable as one (no regular file on its path)."""
+    path = Path(str(output_dir)).expanduser()
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"bench.output_dir={str(output_dir)!r}: {part} is a file, not a directory; set "
+                                  "bench.output_dir to a directory path")
+            return
 
+
+def _check_output_dir(config: DictConfig) -> None:
     try:
         check_output_dir(config.bench.output_dir)
     except ConfigError as exc:

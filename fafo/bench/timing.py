@@ -143,9 +143,12 @@ def others_on_gpu_mb(device: torch.device) -> float:
 
 
 def machine_state(device: torch.device) -> dict:
-    """What else the machine is doing, recorded with every run: threads, load average, CPU cores, GPU others."""
-    return {"threads": torch.get_num_threads(), "load": load_average(), "cpu_count": os.cpu_count() or 1,
-            "gpu_others_mb": others_on_gpu_mb(device) if device.type == "cuda" else None}
+    """What else the machine is doing as a run starts, recorded with it: threads, load average, CPU and GPU names,
+    CPU cores, the GPU memory other processes hold."""
+    cuda = device.type == "cuda"
+    return {"threads": torch.get_num_threads(), "load_start": load_average(), "cpu_name": cpu_name(),
+            "cpu_count": os.cpu_count() or 1, "gpu_name": torch.cuda.get_device_name(device) if cuda else None,
+            "gpu_others_mb": others_on_gpu_mb(device) if cuda else None}
 
 
 def busy_warning(state: dict, busy_load: float, busy_gpu_mb: float = 1024.0) -> str | None:
@@ -155,7 +158,7 @@ def busy_warning(state: dict, busy_load: float, busy_gpu_mb: float = 1024.0) -> 
     holding more than ``busy_gpu_mb`` MB on the GPU.
     """
     why = []
-    load, cores = state.get("load"), state.get("cpu_count") or 1
+    load, cores = state.get("load_start"), state.get("cpu_count") or 1
     if load is not None and load / cores > busy_load:
         why.append(f"load average {load:.2f} on {cores} CPU cores (> bench.busy_load={busy_load} per core)")
     if (state.get("gpu_others_mb") or 0) > busy_gpu_mb:

@@ -1,6 +1,9 @@
-"""What ``outputs.jsonl`` holds beside a turn's tokens, so that a mismatch can be read side by side with its prompt.
+"""An ``outputs.jsonl`` line (:func:`output_line`): one per sample and turn, what its tokens came from, so that a
+mismatch can be read side by side with its prompt.
 
-Each output line (one per sample and turn) carries, besides the method's ``tokens`` and ``text``:
+Each line carries the method's ``tokens`` and ``text``, accept lengths, forwards by kind and its decode forwards as
+the engine ran them (``forward_log``, :func:`fafo.bench.records.compact`; the reference's in ``ref_forward_log``),
+and:
 
 * the prompt: ``prompt_sha256`` (SHA-256 of the JSON list of its token ids, the hash the vanilla reference store
   keys on), ``prompt_ids`` (every id up to :data:`PROMPT_IDS_MAX` tokens, else null: a 128k-token prompt would add
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict
 
 PROMPT_IDS_MAX = 8192  # ids stored in full up to this many prompt tokens (~50 KB of JSON a line)
 HEAD_TOKENS = 64
@@ -41,3 +45,14 @@ def reference_fields(tokenizer, ref_tokens: list[int] | None) -> dict:
     if ref_tokens is None:
         return {"ref_tokens": None, "ref_text": None}
     return {"ref_tokens": list(ref_tokens), "ref_text": tokenizer.decode(ref_tokens, skip_special_tokens=True)}
+
+
+def output_line(tokenizer, sample_id, turn: int, prompt: list[int], gen, log: list, ref: dict) -> dict:
+    """The output line of a (sample, turn): the method's Generation ``gen`` and forward ``log``, the reference's
+    state ``ref`` (its tokens and forward log)."""
+    return {"sample_id": str(sample_id), "turn": turn, "prompt_tokens": len(prompt), "tokens": gen.tokens,
+            "text": tokenizer.decode(gen.tokens, skip_special_tokens=True), "accept_lengths": gen.accept_lengths,
+            "forwards": asdict(gen.forwards), "draft_model_forwards": gen.draft_model_forwards,
+            "drafted": gen.drafted, "accepted": gen.accepted, "extras": gen.extras, "forward_log": log,
+            "ref_forward_log": ref.get("forward_log"), **prompt_fields(tokenizer, prompt),
+            **reference_fields(tokenizer, ref["tokens"])}

@@ -1,0 +1,126 @@
+"""The paper and generic tables' writers (``scripts/make_tables.py``, ``scripts/generic_table.py``,
+``scripts/plot.py``): a table row's numbers over its runs, the cells with their marks, the long CSV's extra
+columns, and LaTeX (booktabs) beside the Markdown of :func:`fafo.bench.report_format.markdown`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fafo.bench.metrics import histogram
+from fafo.bench.report import Run
+from fafo.bench.report_format import DASH, fmt_ci, fmt_interval, num
+
+
+def aggregate(runs: list[Run]) -> dict:
+    """A table row's numbers over its runs (one per column): coverage and mismatch counts summed; its peak, vanilla's
+    peak and the overhead the max; exact-match rate and time per verification forward weighted by (sample, turn)s;
+    tokens/s = new tokens / total time; acceptance histograms summed. None where no run has the key."""
+    def given(key):  # (weight, value) of the runs that have the key
+        return [(run.weight, x) for run in runs if (x := num(run.summary.get(key))) is not None]
+
+    def mean(key, weights=True):  # weighted by (sample, turn)s; plain where no run has a weight
+        pairs = given(key)
+        total = sum(w for w, _ in pairs) if weights else 0
+        return sum(w * x for w, x in pairs) / total if total > 0 else sum(x for _, x in pairs) / len(pairs) \
+            if pairs else None
+
+    out = {key: sum(x for _, x in given(key)) if given(key) else None
+           for key in ("n_samples", "n_turns", "n_failed", "n_mismatch_tie", "n_mismatch_divergence", "n_flagged",
+                       "n_no_decode")}
+    out |= {key: max((x for _, x in given(key)), default=None)
+            for key in ("peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb")}
+    out["exact_match_rate"] = mean("exact_match_rate") if any(w > 0 for w, _ in given("exact_match_rate")) else None
+    out["verify_ms"] = mean("verify_ms")
+    timed = [(num(r.summary.get("new_tokens")), num(r.summary.get("total_s"))) for r in runs]
+    timed = [(n, t) for n, t in timed if n is not None and t is not None]
+    out["tokens_per_s"] = sum(n for n, _ in timed) / sum(t for _, t in timed) \
+        if timed and sum(t for _, t in timed) > 0 else mean("tokens_per_s", weights=False)
+    out["accept_hist"] = histogram(run.summary.get("accept_hist") for run in runs) or None
+    return out
+
+
+def norm_value(v) -> str:
+    """One spelling per axis value, so 3072, 3072.0 and "3072" match (and 0.6 stays 0.6)."""
+    if v is None or v == "":
+        return ""
+    try:
+        return format(float(v), "g")
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
+    """``speedup× [lo–hi] (tau)``; ``ci``: the interval's text (:func:`fmt_interval`), or a ``speedup_ci95``."""
+    s, t = num(speedup), num(tau)
+    if s is None and t is None:
+        return dash
+    ci = ci if isinstance(ci, str) else fmt_ci(ci)
+    if s is not None and ci:
+        return f"{s:.2f}× {ci}" + ("" if t is None else f" ({t:.2f})")
+    return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{dash} ({t:.2f})"
+
+
+def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
+    """A run's cell: ``speedup× [lo–hi] (tau)`` (``(tau/tau_all)`` with ``tau_all``), ``*`` for a partial run,
+    ``†`` when its numbers are computed on the samples common to its column (:func:`fafo.bench.report.align`)."""
+    s = run.summary if run is not None else {}
+    text = fmt_pair(s.get("speedup"), s.get("tau"), fmt_interval(s, "speedup"), dash)
+    if tau_all and num(s.get("tau_all")) is not None and text.endswith(")"):
+        text = text[:-1] + f"/{num(s['tau_all']):.2f})"
+    marks = ("*" if not run.complete else "") + ("†" if run.coverage is not None else "") if run else ""
+    return text if text == dash else text + marks
+
+
+def rounded(x, digits: int = 4):
+    """A CSV number rounded to ``digits`` ("" where there is none)."""
+    x = num(x)
+    return "" if x is None else round(x, digits)
+
+
+def csv_extras(run) -> dict:
+    """A long CSV's coverage, interval, tau_all, memory and exactness columns of a run ("" where unknown)."""
+    s = run.summary if run is not None else {}
+    ci = s.get("speedup_ci95") if isinstance(s.get("speedup_ci95"), (list, tuple)) else ("", "")
+    rng = s.get("speedup_range") if isinstance(s.get("speedup_range"), (list, tuple)) else ("", "")
+    out = {"speedup_kind": s.get("speedup_kind") or "", "speedup_ci95_lo": rounded(ci[0]),
+           "speedup_ci95_hi": rounded(ci[1]), "speedup_range_lo": rounded(rng[0]), "speedup_range_hi": rounded(rng[1]),
+           "common_samples": len(run.coverage.common) if run is not None and run.coverage is not None else ""}
+    for key, digits in (("tau_all", 4), ("n_failed", 0), ("ref_peak_mem_mb", 1), ("mem_overhead_mb", 1),
+                        ("verify_ms", 3), ("n_mismatch_tie", 0), ("n_mismatch_divergence", 0), ("n_flagged", 0),
+                        ("n_no_decode", 0), ("speedup_decode", 4), ("speedup_vs_eager", 4), ("aa_speedup", 4),
+                        ("projected_speedup", 4), ("projection_error", 4)):
+        out[key] = rounded(s.get(key), digits)
+    return out
+
+
+def latex(title: str, spec: str, head: list[str], lines) -> str:
+    """A booktabs ``tabular`` (``% title`` above it): the ``head`` lines (LaTeX already), then one line per row with
+    its cells escaped by :func:`tex`, a rule before each row that starts a group (a non-empty first cell)."""
+    out = [f"% {title} (scripts/make_tables.py)", r"\begin{tabular}{" + spec + "}", r"\toprule", *head, r"\midrule"]
+    for i, line in enumerate(lines):
+        if i and line[0]:
+            out.append(r"\midrule")
+        out.append(" & ".join(tex(x) for x in line) + r" \\")
+    return "\n".join(out + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+
+
+def write_table(out_dir, name: str, frame, md: str, latex_text: str) -> dict[str, Path]:
+    """``<name>.csv`` (the DataFrame ``frame``), ``<name>.md`` and ``<name>.tex`` in ``out_dir``, by extension."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "md", "tex")}
+    frame.to_csv(paths["csv"], index=False, lineterminator="\n")
+    paths["md"].write_text(md)
+    paths["tex"].write_text(latex_text)
+    return paths
+
+
+def tex(s: str, dash: str = DASH) -> str:
+    """A cell's text for LaTeX: specials escaped, ×, Δ, dashes and the partial / common-sample marks typeset."""
+    s = s.replace("\\", "\0")
+    for a, b in (("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}")):
+        s = s.replace(a, b)
+    s = s.replace("\0", r"\textbackslash{}")
+    s = s.replace("×", r"$\times$").replace("Δ", r"$\Delta$").replace(dash, "--").replace("*", r"$^*$")
+    s = s.replace("–", "--").replace("†", r"$^\dagger$").replace("‡", r"$^\ddagger$")
+    return s.replace("∅", r"$\emptyset$")
