@@ -24,7 +24,8 @@ import pandas as pd
 from fafo.bench import report
 from fafo.bench import report_format as rf
 from fafo.bench.tools import tables
-from fafo.bench.report import Collected, Run
+from fafo.bench.report import Run
+from fafo.bench.tools.tables import Collected
 
 CELL_KEYS = ["speedup", "tau", "exact_match_rate", "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns"]
 LONG_COLUMNS = ["table", "model", "method", "column", "task", "by", "value", "speedup", "tau", "exact_match_rate",

@@ -50,7 +50,8 @@ from fafo.bench.tools import tables  # noqa: E402
 from fafo.bench.tools.paper import (AXES, AXIS_LABELS, CONF_EXPERIMENT, TABLE_AXES, TITLES,  # noqa: E402,F401
                                mismatches, not_comparable, preset, titles)
 from fafo.bench.records import turn_key  # noqa: E402
-from fafo.bench.report import Collected, Run, collect, dotted  # noqa: E402
+from fafo.bench.report import Run, dotted  # noqa: E402
+from fafo.bench.tools.tables import Collected, collect  # noqa: E402
 from fafo.bench.report_format import DASH, num  # noqa: E402
 from fafo.bench.tools.tables import norm_value  # noqa: E402
 

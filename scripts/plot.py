@@ -41,6 +41,7 @@ import generic_table
 import make_tables as mt
 from fafo.bench import report
 from fafo.bench import report_format as rf
+from fafo.bench.tools import tables
 from fafo.extras import available, install_hint
 
 METRICS = [("speedup", "speedup over vanilla (×)"),
@@ -142,7 +143,7 @@ def plot_table(table: mt.Table, axis: str | None = None, logx: bool = False):
 def sweep_series(roots, key: str) -> list[dict]:
     """Any runs against ``key``: per (model, method[, task]) its label, sorted (x, y) points per metric, break-even
     tau where recorded and its runs."""
-    runs = generic_table.runs_frame(sorted(report.collect(roots).runs, key=lambda r: r.order), by=key)
+    runs = generic_table.runs_frame(sorted(tables.collect(roots).runs, key=lambda r: r.order), by=key)
     runs = runs[runs["value"] != rf.DASH]
     if runs.empty:
         raise SystemExit(f"error: no run under {', '.join(map(str, roots))} has the config key {key}; "

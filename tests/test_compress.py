@@ -1,7 +1,6 @@
 """Quest, SnapKV and StreamingLLM as FAFO compression functions (fafo_quest, fafo_snapkv) and as lossy decoding."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +9,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from baselines.lossy import LossyDecoder
 from baselines.vanilla import VanillaDecoder
-from fafo.bench.spec import check_region_fits
 from fafo.compress.base import FixedRegion
 from fafo.compress.quest import Quest
 from fafo.compress.snapkv import SnapKV
@@ -217,5 +215,5 @@ def test_bad_compression_settings_are_refused():
 ])
 def test_a_region_as_large_as_the_context_names_the_settings_that_size_it(compress, knobs):
     with pytest.raises(ConfigError, match=f"compresses nothing; lower {knobs} below 4096$"):
-        check_region_fits(SimpleNamespace(compress=compress), 4096)
-    check_region_fits(SimpleNamespace(compress=compress), compress.budget + 1)  # a smaller region is fine
+        compress.check_fits(4096)
+    compress.check_fits(compress.budget + 1)  # a smaller region is fine

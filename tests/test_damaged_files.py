@@ -343,7 +343,7 @@ def test_a_damaged_reference_entry_reads_as_absent_and_is_rewritten(tmp_path, ho
     record = {"tokens": [1, 2, 3], "total_s": [0.1, 0.1, 0.1], "decode_s": [0.1, 0.1, 0.1]}
     store.put("abcdef", record)
     assert store.get("abcdef") == record
-    damage(store._path("abcdef"), how)
+    damage(tmp_path / "refs" / "ab" / "abcdef.json", how)
     assert store.get("abcdef") is None  # generated and timed again, never a crash
     store.put("abcdef", record)
     assert store.get("abcdef") == record

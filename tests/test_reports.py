@@ -204,7 +204,8 @@ def test_plots_draw_95_intervals_and_coverage(tmp_path, capsys):
 
 
 def test_runs_with_no_common_sample_are_marked_not_comparable(tmp_path):
-    from fafo.bench.report import align, collect
+    from fafo.bench.report import align
+    from fafo.bench.tools.tables import collect
 
     write_run(tmp_path, "a", "m", "fafo", seed=15, fail={"s0", "s1"})
     write_run(tmp_path, "b", "m", "lookahead", seed=16, fail={"s2", "s3"})

@@ -1,14 +1,9 @@
-"""Side-by-side comparison: every method of ``compare.methods`` on one model and task, in one process, one run
-directory (``python -m fafo.bench experiment=demo``, the README's main job).
-
-Each method's config is composed as ``python -m fafo.bench method=<name> <your overrides>
-<compare.overrides.<name>>`` would compose it and resolved (every check) before the model loads once; each then runs
-as an ordinary run on the shared engine into ``<run dir>/<method>/`` (its own records, so a rerun resumes and
-``scripts/make_tables.py`` reads it like a sweep), warmed (``compare.warm_each``) and with its own A/A floor
-(``compare.aa_each``: vanilla timed again right after the method). At the end one table (``compare.csv``,
-``compare.md``, with the per-category table when samples carry categories) and a plot of speedup and tau with their
-intervals (``compare.png``), every method on the (sample, turn)s all of them completed
-(:func:`fafo.bench.report.align`); vanilla against its own interleaved run is the job's A/A line, drawn as a band.
+"""Side-by-side comparison (``compare.methods``; ``python -m fafo.bench experiment=demo``, the README's main job):
+every method composed as ``method=<name> <your overrides> <compare.overrides.<name>>`` would compose it, resolved
+before the model loads once, then run as an ordinary run on the shared engine into ``<run dir>/<method>/`` (a rerun
+resumes), each warmed (``compare.warm_each``) with its own A/A floor (``compare.aa_each``). Then one table
+(``compare.csv``, ``compare.md``, per category when samples carry categories) and a plot (``compare.png``), every
+method on the (sample, turn)s all of them completed (:func:`fafo.bench.report.align`); vanilla's row is the A/A line.
 """
 
 from __future__ import annotations
@@ -21,7 +16,8 @@ from tqdm import tqdm
 
 from fafo.bench.naming import CONF
 from fafo.bench.report import definitions
-from fafo.bench.report_format import fmt_exact, fmt_hist, fmt_interval, fmt_n, markdown as markdown_table
+from fafo.bench.report_format import fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n, num
+from fafo.bench.report_format import markdown as markdown_table
 from fafo.errors import ConfigError
 
 INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager"]
@@ -152,65 +148,39 @@ HEAD = ["method", "n (failed)", "speedup", "A/A", "decode", "projected (err)", "
         "exact match", "peak MB", "vanilla MB", "overhead MB", "verify ms", "accept hist"]
 
 
-def _with_interval(row: dict, key: str, spec: str) -> str:
-    interval = fmt_interval(row, key)
-    return cell(row.get(key), spec) + (f" {interval}" if interval else "")
+def _cell(row: dict, key: str, spec: str, unit: str = "", interval: bool = False) -> str:
+    """``row[key]`` as ``spec`` with ``unit`` ("-" where it is missing), and its interval (:func:`fmt_interval`)."""
+    text = fmt(row.get(key), spec, "-") + (unit if num(row.get(key)) is not None else "")
+    return text + (f" {fmt_interval(row, key)}" if interval and fmt_interval(row, key) else "")
 
 
 def markdown(table) -> str:
     """The table as Markdown: the A/A line first, labelled so, then one line per method; every interval as
     :func:`~fafo.bench.report_format.fmt_interval` writes it (``[..]`` 95 %, ``{..}`` per-sample range)."""
     lines = []
-    rows = table.to_dict("records")
-    rows.sort(key=lambda r: r["role"] != "A/A noise floor")
-    for row in rows:
-        aa = row["role"] == "A/A noise floor"
-        mark = "†" if cell(row["common_samples"], "{:.0f}") != "-" else ""
-        eager = " (eager)" if row.get("method_backend") == "eager" and _given(row.get("speedup_vs_eager")) else ""
-        err = row.get("projection_error")
-        projected = cell(row.get("projected_speedup"), "{:.2f}x") + (
-            f" ({100 * err:+.0f} %)" if err is not None and err == err else "") + (
-            "~" if (row.get("projection_beyond_curve") or 0) > 0 else "")
-        cells = [AA_LABEL if aa else str(row["method"]) + eager, fmt_n(row, "-"),
-                 ("A/A " if aa else "") + _with_interval(row, "speedup", "{:.2f}x") + mark,
-                 "-" if aa else _with_interval(row, "aa_speedup", "{:.2f}x"),
-                 cell(row.get("speedup_decode"), "{:.2f}x"), "-" if aa else projected,
-                 _with_interval(row, "tau", "{:.2f}"), cell(row["tau_all"], "{:.2f}"),
-                 cell(row["tokens_per_s"], "{:.1f}"), fmt_exact(row, "-"),
-                 cell(row["peak_mem_mb"], "{:.0f}"), cell(row["ref_peak_mem_mb"], "{:.0f}"),
-                 cell(row["mem_overhead_mb"], "{:.0f}"), cell(row["verify_ms"], "{:.2f}"),
-                 fmt_hist(row["accept_hist"], dash="-")]
-        lines.append(cells)
+    for row in sorted(table.to_dict("records"), key=lambda r: r["role"] != "A/A noise floor"):
+        aa, err = row["role"] == "A/A noise floor", num(row.get("projection_error"))
+        mark = "†" if num(row["common_samples"]) is not None else ""
+        eager = " (eager)" if row.get("method_backend") == "eager" and num(row.get("speedup_vs_eager")) is not None \
+            else ""
+        err = f" ({100 * err:+.0f} %)" if err is not None else ""
+        projected = _cell(row, "projected_speedup", ".2f", "x") + err + \
+            ("~" if (row.get("projection_beyond_curve") or 0) > 0 else "")
+        lines.append([AA_LABEL if aa else str(row["method"]) + eager, fmt_n(row, "-"),
+                      ("A/A " if aa else "") + _cell(row, "speedup", ".2f", "x", True) + mark,
+                      "-" if aa else _cell(row, "aa_speedup", ".2f", "x", True),
+                      _cell(row, "speedup_decode", ".2f", "x"),
+                      "-" if aa else projected, _cell(row, "tau", ".2f", interval=True), _cell(row, "tau_all", ".2f"),
+                      _cell(row, "tokens_per_s", ".1f"), fmt_exact(row, "-"), _cell(row, "peak_mem_mb", ".0f"),
+                      _cell(row, "ref_peak_mem_mb", ".0f"), _cell(row, "mem_overhead_mb", ".0f"),
+                      _cell(row, "verify_ms", ".2f"), fmt_hist(row["accept_hist"], dash="-")])
     return markdown_table(HEAD, lines, labels=1).rstrip()
 
 
-def _given(value) -> bool:
-    return value is not None and not (isinstance(value, float) and value != value)
-
-
-def cell(value, fmt) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    return fmt(value) if callable(fmt) else fmt.format(value)
-
-
-def interval_of(row: dict, key: str):
+def interval_of(row: dict, key: str) -> list[float] | None:
     """[lo, hi] of ``key``'s interval in a table row (95 % bootstrap or per-sample range), None without one."""
-    for kind in ("ci95", "range"):
-        v = row.get(f"{key}_{kind}")
-        if isinstance(v, (list, tuple)) and len(v) == 2 and None not in v:
-            return [float(v[0]), float(v[1])]
-    return None
-
-
-def _errors(values, rows, key) -> list[list[float]]:
-    """matplotlib ``xerr`` [[below...], [above...]] of each row's interval (0 where a value has none)."""
-    lo, hi = [], []
-    for v, row in zip(values, rows):
-        iv = interval_of(row, key) if v == v else None
-        lo.append(max(0.0, v - iv[0]) if iv else 0.0)
-        hi.append(max(0.0, iv[1] - v) if iv else 0.0)
-    return [lo, hi]
+    return next(([float(v[0]), float(v[1])] for v in (row.get(f"{key}_ci95"), row.get(f"{key}_range"))
+                 if isinstance(v, (list, tuple)) and len(v) == 2 and None not in v), None)
 
 
 def plot(table, path: Path, text: str) -> None:
@@ -222,30 +192,30 @@ def plot(table, path: Path, text: str) -> None:
     import matplotlib.pyplot as plt
 
     methods = table[table["role"] != "A/A noise floor"].reset_index(drop=True)
-    aa = table[table["role"] == "A/A noise floor"]
+    records = methods.to_dict("records")
     kinds = sorted({str(k) for k in table["speedup_kind"] if isinstance(k, str)})
-    name = f"speedup_{'/'.join(kinds)}" if kinds else "speedup"
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * max(len(methods), 1) + 2.2), sharey=True)
     y = list(range(len(methods)))
-    records = methods.to_dict("records")
     bars = ("95% bootstrap CI" if any(r.get("speedup_ci95") is not None for r in records) else
             "range over samples" if any(r.get("speedup_range") is not None for r in records) else "no interval")
-    for ax, col, label in ((axes[0], "speedup", f"{name} vs vanilla (x), bars: {bars}"),
-                           (axes[1], "tau", ("tau (tokens per verification step, prefill excluded)" if kinds
-                                             else "tau (new tokens / (forwards + 1))") + f", bars: {bars}")):
+    for ax, col, label in ((axes[0], "speedup", f"speedup_{'/'.join(kinds)}" if kinds else "speedup"),
+                           (axes[1], "tau", "tau (tokens per verification step, prefill excluded)" if kinds
+                            else "tau (new tokens / (forwards + 1))")):
         values = methods[col].astype(float).fillna(0.0)
-        ax.barh(y, values, xerr=_errors(values, records, col), capsize=3,
-                color=["#4c72b0" if v >= 1.0 else "#c44e52" for v in values])
+        ivs = [interval_of(r, col) if v == v else None for v, r in zip(values, records)]
+        xerr = [[max(0.0, v - iv[0]) if iv else 0.0 for v, iv in zip(values, ivs)],
+                [max(0.0, iv[1] - v) if iv else 0.0 for v, iv in zip(values, ivs)]]
+        ax.barh(y, values, xerr=xerr, capsize=3, color=["#4c72b0" if v >= 1.0 else "#c44e52" for v in values])
         ax.axvline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xlabel(label, fontsize=8)
+        ax.set_xlabel(label + (" vs vanilla (x)" if col == "speedup" else "") + f", bars: {bars}", fontsize=8)
         for i, v in zip(y, values):
             ax.text(v, i, f" {v:.2f}", va="center", fontsize=8)
-    for row in aa.to_dict("records"):
+    for row in table[table["role"] == "A/A noise floor"].to_dict("records"):
         if interval_of(row, "speedup"):
             lo, hi = interval_of(row, "speedup")
             axes[0].axvspan(lo, hi, color="grey", alpha=0.25, label=f"{AA_LABEL} {fmt_interval(row, 'speedup')}")
             axes[0].legend(fontsize=7, loc="lower right")
-    axes[0].set_yticks(y, [f"{m} (n={fmt_n(r, '-')})" for m, r in zip(methods["method"], methods.to_dict("records"))])
+    axes[0].set_yticks(y, [f"{m} (n={fmt_n(r, '-')})" for m, r in zip(methods["method"], records)])
     axes[0].invert_yaxis()
     fig.suptitle(text, fontsize=7, wrap=True)
     fig.tight_layout()

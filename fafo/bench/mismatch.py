@@ -1,21 +1,11 @@
-"""Reading exactness in half precision: is a greedy mismatch numerics (a tie) or a bug (a divergence)?
-
-In float16/bfloat16 a one-token decode forward and a many-token verification forward reduce in different orders,
-so a lossless method can pick the other of two near-equal tokens where vanilla picked one. At a sample's first
-mismatch (index i), outside the timed region, the target's logits after the shared prefix (prompt + the common
-i tokens) are recomputed in float32 and the two tokens' logits compared:
-
-* ``tie``: ``|logit(method token) - logit(reference token)| <= margin`` in float32 (``bench.tie_margin``,
-  logit units): the two continuations are equally plausible and the choice is rounding;
-* ``divergence``: a larger gap, or the generations differ only in length (a cut at another place): a bug;
-* ``unchecked``: the float32 check itself could not run (no memory for the copy, an error); the row keeps its
-  timings and its exact_match, and the summary's ``mismatch_check`` says why.
-
-The float32 model is the run's own engine when it already is float32. Otherwise it is a float32 copy on the
-**CPU**, loaded at the first mismatch and kept until the run ends (:meth:`MismatchJudge.release`): it never
-occupies the device, so it cannot change a later row's peak memory nor make a later prefill run out of device
-memory. ``bench.tie_check=device`` loads the copy on the run's device for one check and frees it right after
-(faster on long prompts, when the device has room beside the run), never while anything is timed.
+"""Exactness in half precision: is a greedy mismatch numerics (a tie) or a bug (a divergence)? In float16/bfloat16
+a one-token decode forward and a many-token verification forward reduce in different orders, so a lossless method
+can pick the other of two near-equal tokens. At a sample's first mismatch, outside the timed region, the target's
+logits after the shared prefix are recomputed in float32: ``tie`` when the two tokens' logits are within
+``bench.tie_margin``, ``divergence`` for a larger gap or a cut at another length, ``unchecked`` when the check
+could not run (the summary's ``mismatch_check`` says why). The float32 model is the run's own engine when it is
+float32, else a copy on the CPU kept until the run ends (never on the device: later peaks and prefills are
+unaffected), or with ``bench.tie_check=device`` one loaded on the device and freed around each check.
 """
 
 from __future__ import annotations

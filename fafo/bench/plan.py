@@ -68,12 +68,6 @@ class JobPlan:
                 f"(weights {self.weights_gb:.1f}, KV {self.kv_gb:.1f}, method {self.method_gb:.1f}, activations "
                 f"{self.act_gb:.1f}){hours}")
 
-    def summary_fields(self) -> dict:
-        """What a run's summary records about its samples' fit (counts, never silent)."""
-        return {"n_dropped": self.n_dropped + self.n_filtered, "n_dropped_unfit": self.n_dropped,
-                "n_dropped_filter": self.n_filtered, "n_beyond_trained": self.n_beyond_trained,
-                "context_limit": self.context_limit, "plan_peak_gb": round(self.peak_gb, 3)}
-
 
 def worst_turn(task, tokenizer, sample, max_new: int) -> tuple[int, int]:
     """(turn, prompt tokens) of the sample's longest prompt, earlier own answers at their longest."""
@@ -199,7 +193,7 @@ def _fix(spec, prompt: int, max_new: int, scratch: int, trained: int) -> str:
             "task.max_input_tokens, or drop such samples before timing with bench.drop_unfit=true")
 
 
-def job_label(names: dict) -> str:
+def job_label(names: dict) -> str:  # model / method / task
     return " / ".join(str(names.get(k, "?")) for k in ("model", "method", "task"))
 
 
@@ -208,10 +202,10 @@ def gpu_memory_limit(bench, device: torch.device) -> float | None:
     takes ``bench.gpu_mem_gb`` or 80 (None: a CPU run, not checked)."""
     if device.type != "cuda":
         return None
+    limits = [float(bench.gpu_mem_gb)] if bench.gpu_mem_gb is not None else []
     if torch.cuda.is_available():
-        here = torch.cuda.get_device_properties(device).total_memory / GB
-        return min(here, float(bench.gpu_mem_gb)) if bench.gpu_mem_gb is not None else here
-    return float(bench.gpu_mem_gb) if bench.gpu_mem_gb is not None else DEFAULT_GPU_GB
+        limits.append(torch.cuda.get_device_properties(device).total_memory / GB)
+    return min(limits, default=DEFAULT_GPU_GB)
 
 
 def checked(plan: JobPlan) -> JobPlan:

@@ -1,21 +1,11 @@
 """Run records: ``samples.csv`` (one row per sample, turn and timing repeat) and ``outputs.jsonl`` (one line per
 sample and turn), written by :class:`RecordWriter` and read by everything that reads a run (:func:`read_rows`,
-:func:`read_outputs`: reports, the export, ``diff``, the tests).
-
-Rows are appended, flushed and fsynced as they are produced, so a killed run loses nothing it wrote, and every
-row carries a ``crc`` (CRC-32 of its other fields), so a torn or garbled line is detectable anywhere in the file,
-not only at its end. An output line is valid JSON with its keys or it is torn; readers leave both out.
-
-On resume the two files are reconciled per (sample, turn, repeat) before anything runs (:meth:`RecordWriter.__init__`):
-
-* torn lines (no trailing newline, a bad crc, invalid JSON) are dropped;
-* an ``ok`` row without the output of its (sample, turn) is dropped, and so is an output without an ``ok`` row:
-  both are redone (the output is written before its row, so a kill between the two leaves an output alone);
-* a duplicated row keeps its first copy; a ``skipped: turn k failed`` row is dropped when turn k's failure is
-  no longer on record, so the turns after it run again.
-
-The repaired files are written to a temporary file and renamed over the old ones (never half-rewritten), the
-repairs are listed in :attr:`RecordWriter.repairs`, and :meth:`RecordWriter.check` is the final consistency check.
+:func:`read_outputs`). Rows are appended and fsynced one by one, each with a ``crc`` (CRC-32 of its other fields),
+so a torn or garbled line is detectable anywhere in the file; an output line is valid JSON with its keys or torn.
+On resume the two files are reconciled per (sample, turn, repeat) before anything runs: torn lines are dropped; an
+``ok`` row without its output, and an output without its ``ok`` row, are both redone (the output is written first);
+a duplicated row keeps its first copy; a ``skipped: turn k failed`` row whose failed turn is gone is redone. The
+repaired files replace the old ones by rename, and :meth:`RecordWriter.check` is the final consistency check.
 """
 
 from __future__ import annotations
@@ -124,20 +114,19 @@ def _as_written(row: dict) -> dict:
 
 def check_lock_free(run_dir: str | Path) -> None:
     """Raise ConfigError now (before a model loads) if another job holds ``run_dir``'s writer lock."""
-    path = Path(run_dir) / ".lock"
-    if not path.exists():
-        return
-    with open(path) as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(_busy(run_dir)) from None
-        fcntl.flock(f, fcntl.LOCK_UN)
+    if (Path(run_dir) / ".lock").exists():
+        with open(Path(run_dir) / ".lock") as f:
+            _lock(f, run_dir)
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _busy(run_dir) -> str:
-    return (f"run directory {run_dir} is being written by another job; wait for it to finish (re-running "
-            "resumes it) or set bench.output_dir elsewhere")
+def _lock(f, run_dir) -> None:
+    try:  # one writer per run directory; sweep jobs write to their own directories
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ConfigError(f"run directory {run_dir} is being written by another job; wait for it to finish "
+                          "(re-running resumes it) or set bench.output_dir elsewhere") from None
 
 
 class RecordWriter:
@@ -147,13 +136,8 @@ class RecordWriter:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.dir / ".lock", "w")
-        try:  # one writer per run directory; sweep jobs write to their own directories
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise ConfigError(_busy(self.dir)) from None
-        self.samples_path = self.dir / "samples.csv"
-        self.outputs_path = self.dir / "outputs.jsonl"
+        _lock(self._lock, self.dir)
+        self.samples_path, self.outputs_path = self.dir / "samples.csv", self.dir / "outputs.jsonl"
         self.repairs: list[str] = []
         rows = read_rows(self.samples_path, self.repairs)
         rewrite_csv = bool(self.repairs) or (self.samples_path.exists() and not rows) or any(

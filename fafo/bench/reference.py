@@ -1,16 +1,10 @@
-"""The vanilla reference store: one JSON file per reference generation, shared across runs.
-
-A reference is reusable only when everything that decides its tokens and its speed is the same: the checkpoint,
-dtype, device name, attention backend, the exact prompt token ids, max_new_tokens, stop ids, sampling settings,
-the software versions, torch's thread count, the host and the engine's git commit. All of that goes into the key
-(:func:`run_reference_key`), so reuse can never compare against a mismatched baseline.
-Files are written atomically (temp + rename), so concurrent sweep jobs cannot corrupt each other.
-
-Reusing a stored reference's *timing* is off by default (``bench.reuse_reference=false``): the reference is then
-timed in the same process, interleaved with the method sample by sample, so both see the same machine. With
-``bench.reuse_reference=true`` a stored timing is reused only when :func:`timing_reusable` accepts it: at least
-:data:`MIN_STORED_REPEATS` repeats whose max/min stays within ``bench.reuse_max_spread`` (1.1), taken on a machine
-that was not busy; otherwise the reference is timed again, interleaved, and the row's ``ref_source`` says which.
+"""The vanilla reference store: one JSON file per reference generation, shared across runs and written atomically
+(concurrent sweep jobs cannot corrupt it). Everything that decides a reference's tokens and speed is in its key
+(:func:`reference_key`: checkpoint, dtype, device, backend, prompt ids, max_new_tokens, stop ids, sampling,
+versions, threads, host, engine commit), so reuse never compares against a mismatched baseline. Reusing a stored
+*timing* is off by default (``bench.reuse_reference=false``: vanilla is timed beside the method, sample by sample);
+when on, only a timing :func:`timing_reusable` accepts is reused (at least :data:`MIN_STORED_REPEATS` repeats within
+``bench.reuse_max_spread``, taken on a machine that was not busy), and each row's ``ref_source`` says which.
 """
 
 from __future__ import annotations
@@ -27,22 +21,17 @@ import torch
 from fafo.bench.records import write_json_atomic
 
 
-def reference_key(**fields) -> str:
-    """A stable hash of the fields that determine a reference generation (lists of ids are hashed too)."""
-    blob = json.dumps(fields, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
-def run_reference_key(spec, engine, env: dict, eos, prompt: list[int], max_new: int) -> str:
-    """The key of the reference generation of ``prompt`` in the run ``spec`` on ``engine`` (``env``:
-    :func:`fafo.bench.timing.environment`)."""
-    return reference_key(
+def reference_key(spec, engine, env: dict, eos, prompt: list[int], max_new: int) -> str:
+    """A stable hash of everything that determines the reference generation of ``prompt`` in the run ``spec`` on
+    ``engine`` (``env``: :func:`fafo.bench.timing.environment`)."""
+    fields = dict(
         model=spec.ckpt.identity, dtype=spec.dtype, device=env["device_name"], backend=engine.backend,
         prompt=hashlib.sha256(json.dumps(prompt).encode()).hexdigest(), max_new_tokens=max_new, eos=eos,
         sampling=asdict(spec.sampling), decoder=repr(spec.reference), context=spec.context,
         **({"compile": asdict(spec.compile)} if spec.compile else {}),  # eager keys stay as they were
         versions=[env["torch"], env["transformers"], env["fafo_bench"]],
         threads=torch.get_num_threads(), host=socket.gethostname(), engine_commit=env["git_sha"])
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 MIN_STORED_REPEATS = 3
@@ -63,48 +52,33 @@ def timing_reusable(record: dict, max_spread: float, busy_load: float) -> tuple[
 
 
 class ReferenceStore:
-    """Reads and writes reference generations under ``root/<key[:2]>/<key>.json``.
+    """Reference generations under ``root/<key[:2]>/<key>.json`` and a run's use of them: each (sample, turn)
+    starts from a stored timing when ``reuse`` is on and :func:`timing_reusable` accepts it (else from a fresh state,
+    the refusal counted in :attr:`refused`), and its interleaved timing replaces the stored one unless that one has
+    more repeats and still qualifies. A damaged entry reads as absent and is rewritten: a store torn by a killed job
+    heals on the next run."""
 
-    A damaged entry (empty, truncated, garbage, not a record) reads as absent: its reference is generated again
-    and the entry rewritten, so a store torn by a killed job heals on the next run. ``bench.reference_dir`` itself
-    is checked before anything loads (:func:`fafo.bench.settings.check_config`)."""
-
-    def __init__(self, root: str | Path | None):
+    def __init__(self, root: str | Path | None, reuse: bool = False, max_spread: float = 1.1,
+                 busy_load: float = 0.75):
         self.root = Path(root) if root else None
-
-    def _path(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.json"
+        self.reuse, self.max_spread, self.busy_load = reuse, max_spread, busy_load
+        self.refused: dict = {"n": 0, "examples": []}  # stored timings that could not be reused, and why
 
     def get(self, key: str) -> dict | None:
-        if self.root is None:
-            return None
-        path = self._path(key)
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):  # absent, or damaged: timed again, rewritten
+            record = json.loads((self.root / key[:2] / f"{key}.json").read_text(encoding="utf-8"))
+        except (TypeError, OSError, UnicodeDecodeError, json.JSONDecodeError):  # no store, absent, or damaged
             return None
         return record if isinstance(record, dict) and isinstance(record.get("tokens"), list) else None
 
     def put(self, key: str, record: dict) -> None:
-        if self.root is None:
-            return
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, record)
-
-
-class ReferenceTimings:
-    """A run's use of the store: each (sample, turn) starts from a stored timing when ``reuse`` is on and
-    :func:`timing_reusable` accepts it (else from a fresh state, the refusal counted in :attr:`refused`), and its
-    interleaved timing replaces the stored one unless that one has more repeats and still qualifies."""
-
-    def __init__(self, store: ReferenceStore, reuse: bool, max_spread: float, busy_load: float):
-        self.store, self.reuse, self.max_spread, self.busy_load = store, reuse, max_spread, busy_load
-        self.refused: dict = {"n": 0, "examples": []}  # stored timings that could not be reused, and why
+        if self.root is not None:
+            (self.root / key[:2]).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.root / key[:2] / f"{key}.json", record)
 
     def start(self, key: str) -> dict:
         """The reference state of one (sample, turn): a stored timing (``stored_ok``) when it may be reused."""
-        fresh = {"tokens": None, "total_s": [], "decode_s": [], "stored": self.store.get(key)}
+        fresh = {"tokens": None, "total_s": [], "decode_s": [], "stored": self.get(key)}
         stored = fresh["stored"]
         if not self.reuse or stored is None:
             return fresh
@@ -122,5 +96,5 @@ class ReferenceTimings:
         keep_old = old is not None and len(old.get("total_s", [])) > len(ref["total_s"]) and timing_reusable(
             old, self.max_spread, self.busy_load)[0]
         if not keep_old:
-            self.store.put(key, {"tokens": ref["tokens"], "total_s": ref["total_s"], "decode_s": ref["decode_s"],
-                                 "peak_mem_mb": ref.get("peak_mem_mb"), **machine, "time": time.time()})
+            self.put(key, {"tokens": ref["tokens"], "total_s": ref["total_s"], "decode_s": ref["decode_s"],
+                           "peak_mem_mb": ref.get("peak_mem_mb"), **machine, "time": time.time()})

@@ -1,26 +1,16 @@
-"""Run directories read for reports, and runs compared on the samples they all cover. Every table and plot (the
-comparison's, ``scripts/make_tables.py``, ``scripts/generic_table.py``, ``scripts/plot.py``) reads runs here:
-
-* :func:`collect` finds the runs under some roots: ``summary.json`` (finished), ``samples.csv`` rows without a summary
-  (killed or running: summarised from the rows, marked partial) and ``error.txt`` alone (failed before any row);
-* :func:`align` recomputes the runs of one table on the (sample, turn)s all of them cover when they cover different
-  sets (a method failed or skipped a sample: averaging two methods over different samples is not a comparison), each
-  with a :class:`Coverage` whose note the table prints as a footnote;
-* :func:`category_summaries` gives a run's numbers per sample category, for the per-category tables;
-* :func:`definitions` names in a caption which speedup and tau a table shows (runs written before ``speedup_kind``
-  existed as what they measured). Missing keys (old run directories) print as a dash (:mod:`report_format`).
+"""Runs compared on the samples they all cover, for every table (the comparison's, ``scripts/``): :func:`align`
+recomputes a table's runs on the (sample, turn)s all of them cover when they differ (a method failed or skipped a
+sample), each with a :class:`Coverage` footnote; :func:`category_summaries` gives a run's numbers per category;
+:func:`definitions` names in a caption which speedup and tau a table shows. Missing keys print as a dash.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fafo.bench.metrics import histogram, summarize
 from fafo.bench.records import read_outputs, read_rows, turn_key
-
-SKIP_DIRS = {"_reference", ".submitit", "wandb", ".hydra", "tables", "plots"}
 
 # Summary keys that depend on which (sample, turn)s were summarised: dropped before a recomputation on a subset, so
 # a key the recomputation does not produce reads as missing rather than as the whole run's value.
@@ -61,10 +51,6 @@ class Coverage:
     n_own: int               # the (sample, turn)s this run covers (status ok)
     note: str                # the group's footnote: the common count and what each run lacks
 
-    @property
-    def recomputed(self) -> bool:
-        return self.n_own != len(self.common)
-
 
 @dataclass
 class Run:
@@ -86,12 +72,6 @@ class Run:
         if self.rows is None and self.path is not None and (self.path / "samples.csv").exists():
             self.rows = read_rows(self.path / "samples.csv")
         return self.rows
-
-
-@dataclass
-class Collected:
-    runs: list[Run] = field(default_factory=list)
-    failed: list[tuple[str, str]] = field(default_factory=list)  # (run dir, first line of error.txt)
 
 
 def load_yaml(path: Path) -> dict:
@@ -118,38 +98,6 @@ def summarize_rows(rows: list[dict], config: dict | None = None, kind: str | Non
 
     config, boot = config or {}, dotted(config or {}, "bench.bootstrap")
     return summarize(rows, dotted(config, "bench.max_spread") or 1.5, 1000 if boot is None else boot, kind or "e2e")
-
-
-def collect(roots: list[str | Path]) -> Collected:
-    """Every run under ``roots``: finished ones (summary.json), partial ones (samples.csv only), failed ones."""
-    out = Collected()
-    for i, root in enumerate(map(Path, roots)):
-        if not root.exists():
-            raise SystemExit(f"error: results directory {root} does not exist")
-        dirs = set()
-        for name in ("summary.json", "samples.csv", "error.txt"):
-            dirs.update(p.parent for p in root.rglob(name) if not SKIP_DIRS & set(p.relative_to(root).parts))
-        for d in sorted(dirs):
-            rel = d.relative_to(root).as_posix()
-            rel = rel if len(roots) == 1 else f"{root.as_posix()}/{rel}"
-            config = load_yaml(d / "config.yaml") or load_yaml(d / ".hydra" / "config.yaml")
-            run = Run(rel, {}, config, True, (i, rel), path=d)
-            if (d / "summary.json").exists():
-                try:
-                    run.summary = json.loads((d / "summary.json").read_text())
-                except json.JSONDecodeError:
-                    pass
-            if not run.summary and run.sample_rows():
-                rows = run.sample_rows()
-                run.summary = {**{k: rows[0].get(k) for k in ("model", "method", "task")},
-                               **summarize_rows(rows, config, speedup_kind({}, config))}
-                run.complete = False
-            if not run.summary:
-                if (d / "error.txt").exists():
-                    out.failed.append((rel, (d / "error.txt").read_text().strip().splitlines()[0]))
-                continue
-            out.runs.append(run)
-    return out
 
 
 # ------------------------------------------------------------------ the same samples for every run of a table

@@ -1,36 +1,31 @@
 """The benchmark loop over a resolved run (:class:`~fafo.bench.spec.RunSpec`): :meth:`Runner.run` loads the
-weights once (a comparison's methods share them), allocates the shared cache at the run's size, warms up (timed
-apart), then :func:`measure` times, per sample, turn and repeat, vanilla right before the method (interleaved; a
-stored timing only with ``bench.reuse_reference``, :func:`~fafo.bench.reference.timing_reusable`), compares tokens
-and appends one row (:func:`row`); rows on record are skipped, so a restarted run resumes. One baseline: with
-compiled steps every method races the compiled vanilla; a method that cannot run compiled (``eager_forwards``)
-runs eagerly beside an eager vanilla too (``eager_ref_*``); ``bench.aa_floor`` times vanilla again right after the
-method (``aa_*``, the A/A floor). Every generation's forwards are logged for :mod:`fafo.bench.tools.projection`.
+weights once (a comparison's methods share them), sizes the shared cache, warms up, then :func:`measure` times per
+sample, turn and repeat vanilla right before the method (interleaved; a stored timing only with
+``bench.reuse_reference``), compares tokens and appends one row (:func:`row`); a restarted run resumes. With compiled
+steps every method races the compiled vanilla; one that cannot run compiled runs eagerly beside an eager vanilla too
+(``eager_ref_*``); ``bench.aa_floor`` times vanilla again right after the method (``aa_*``, the A/A floor).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import random
 import sys
 import time
 import traceback
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from fafo.bench.mismatch import MismatchJudge
-from fafo.bench.records import RecordWriter, compact, first_mismatch, row_key, write_json_atomic
-from fafo.bench.reference import ReferenceStore, ReferenceTimings, run_reference_key
+from fafo.bench.records import RecordWriter, first_mismatch, row_key, write_json_atomic
+from fafo.bench.reference import reference_key
 from fafo.bench.summary import RunningTotals, print_summary, run_summary
-from fafo.bench.timing import PeakMemory, SyncClock, busy_warning, environment, load_average, machine_state
+from fafo.bench.timing import Meter, busy_warning, load_average, machine_state
 from fafo.bench.transcript import output_line
 from fafo.bench.wandb_log import WandbLogger
-from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
+from fafo.engine.compiled import compile_stats, reset_compiled_state
 from fafo.engine.engine import Engine
 
 SAMPLE_HOOKS: list = []  # run after each sample, every row of it written (a scheduler's stop: tools.preempt)
@@ -87,79 +82,6 @@ class Runner:
             if meter is not None:
                 meter.judge.release()  # the float32 copy the tie check may have loaded
             reset_compiled_state()
-
-
-class Meter:
-    """A run's measuring instruments on its engine: the synchronising clock, peak memory, the vanilla reference
-    store, the float32 tie judge, and what a timed generation runs on."""
-
-    def __init__(self, spec, engine: Engine):
-        self.spec, self.engine = spec, engine
-        self.clock, self.memory, self.env = SyncClock(spec.device), PeakMemory(spec.device), environment(spec.device)
-        self.eos = () if spec.bench.ignore_eos else engine.eos_ids
-        b = spec.bench
-        self.references = ReferenceTimings(ReferenceStore(b.reference_dir), b.reuse_reference, b.reuse_max_spread,
-                                           b.busy_load)  # always written; read for reuse when asked
-        self.judge = MismatchJudge(engine, spec.ckpt, spec.context, b.tie_margin, b.tie_check)
-        self.n_params = sum(p.numel() for p in engine.model.parameters())  # tied embeddings counted once
-
-    def generate(self, decoder, prompt: list[int], max_new: int, seed_index: int, eager: bool = False):
-        """One timed generation: (Generation, times, its forward log grouped by :func:`compact`, peak MB)."""
-        seed = (self.spec.bench.seed * 1_000_003 + seed_index) % 2**32  # per sample: reruns and resumes agree
-        for seeder in (random.seed, np.random.seed, torch.manual_seed):  # methods with their own randomness
-            seeder(seed)
-        generator = self.spec.sampling.generator(seed_index, self.spec.device)
-        self.memory.reset()
-        self.engine.ledger.log = log = []
-        try:
-            with self.eager(eager):
-                self.clock.start()
-                gen = decoder.generate(self.engine, prompt, max_new, self.eos, self.spec.sampling, generator,
-                                       self.clock)
-                self.clock.stop()
-        finally:
-            self.engine.ledger.log = None
-        times = {"prefill_s": self.clock.prefill_s, "decode_s": self.clock.decode_s, "total_s": self.clock.total_s}
-        return gen, times, compact(log), self.memory.peak_mb(self.engine, gen.extras, (id(decoder), eager))
-
-    def eager(self, eager: bool):
-        """Decode steps eager inside (``eager``) on an engine whose steps are compiled."""
-        return self.engine.eager_steps() if eager and self.engine.compiled is not None else nullcontext()
-
-    def warmup(self) -> float:
-        """``bench.warmup`` generations of the first prompt by every decoder, excluded from all timings; with
-        compiled steps at least one (two with CUDA graphs, which record on a graph's second call), compiling every
-        step shape. Each decoder's warm-up peak is kept (:meth:`~fafo.bench.timing.PeakMemory.warm`); cross-request
-        state (:attr:`~fafo.decoding.Decoder.cross_request_state`) is restored afterwards."""
-        spec = self.spec
-        rounds = max(spec.bench.warmup, (2 if spec.compile.cudagraphs else 1) if spec.compile is not None else 0)
-        if not rounds or not spec.samples:
-            return 0.0
-        sample = spec.samples[0]
-        prompt = spec.task.prompt_ids(self.engine.tokenizer, sample, 0, [])
-        decoders = (spec.method, spec.reference)
-        before = [d.snapshot() for d in decoders]  # warm-up leaves no learnt state behind
-        runs = [(spec.method, spec.method_eager), (spec.reference, False)] + \
-            ([(spec.reference, True)] if spec.method_eager else [])  # the eager vanilla timed beside an eager method
-        total, tokens = 0.0, min(spec.max_new_tokens(sample), spec.bench.warmup_tokens)
-        for _ in range(rounds):
-            for decoder, eager in runs:
-                self.memory.reset()
-                self.clock.start()
-                with self.eager(eager):
-                    decoder.generate(self.engine, prompt, tokens, self.eos, spec.sampling,
-                                     spec.sampling.generator(0, spec.device))
-                self.clock.stop()
-                total += self.clock.total_s
-                self.memory.warm((id(decoder), eager))
-        for decoder, snapshot in zip(decoders, before):
-            decoder.restore(snapshot)
-        if cudagraph_skips():  # each skipped graph would run without replay inside every timed sample
-            raise RuntimeError(
-                f"{cudagraph_skips()} compiled decode steps were not recorded as CUDA graphs (a CPU tensor or a "
-                "dynamic shape reached a compiled step; TORCH_LOGS=perf_hints names it): timings would be of "
-                "replay-free steps. Fix the decoder, or run with bench.compile_mode=default")
-        return total
 
 
 def measure(spec, meter: Meter, records: RecordWriter, logger=None, progress=None) -> list[dict]:
@@ -228,7 +150,7 @@ def timed(spec, meter: Meter, sample, turn: int, repeat: int, prompt: list[int],
     it; returns (row, output line, the reference state the turn's next repeat continues)."""
     max_new = spec.max_new_tokens(sample)
     seed_index = int(hashlib.sha1(f"{sample.id}/{turn}".encode()).hexdigest()[:8], 16)
-    key = run_reference_key(spec, meter.engine, meter.env, meter.eos, prompt, max_new)
+    key = reference_key(spec, meter.engine, meter.env, meter.eos, prompt, max_new)
     graphs = compile_stats()["graphs"]
     ref = ref or meter.references.start(key)
     if ref.get("stored_ok"):  # bench.reuse_reference=true and the stored timing passed timing_reusable

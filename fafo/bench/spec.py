@@ -21,6 +21,7 @@ from fafo.bench.plan import JobPlan, assess, checked
 from fafo.bench.records import check_lock_free
 from fafo.bench.settings import Bench, bench_settings, check_config, resolve_compile, resolve_device, resolve_dtype
 from fafo.bounds import check_node
+from fafo.compress.base import Compression
 from fafo.decoding import Decoder
 from fafo.engine.compiled import CompileOptions
 from fafo.engine.context import context_limit
@@ -114,7 +115,8 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None, weights: bool = 
     if not weights:
         return spec
     plan = checked(assess(spec))  # context, every turn, scratch, memory: refuses or drops
-    check_region_fits(method, context)
+    if isinstance(getattr(method, "compress", None), Compression):
+        method.compress.check_fits(context)
     return replace(spec, samples=tuple(plan.kept), plan=plan, cache_slots=plan.cache_slots)
 
 
@@ -140,14 +142,3 @@ def method_node(cfg: DictConfig) -> DictConfig:
     node = OmegaConf.to_container(cfg, resolve=True)
     node.pop("name", None)
     return OmegaConf.create(node)
-
-
-def check_region_fits(method, context: int) -> None:
-    """A compression function that keeps at least the whole context is a mistake (e.g. local=100000 at 4k)."""
-    budget = getattr(getattr(method, "compress", None), "budget", None)
-    if not isinstance(budget, int) or budget < context:
-        return
-    names = getattr(method.compress, "budget_fields", ())  # declared by the compression: the settings that size it
-    knobs = " or ".join(f"method.compress.{name}" for name in names) or "method.compress's sizes"
-    raise ConfigError(f"method.compress keeps {budget} entries, not fewer than the model context {context}, so it "
-                      f"compresses nothing; lower {knobs} below {context}")

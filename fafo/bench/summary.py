@@ -3,24 +3,15 @@ from) and what a run prints: the progress bar's running figures and the end-of-r
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from dataclasses import asdict
 
 from fafo.bench.metrics import flag_counts, histogram, summarize
-from fafo.bench.report_format import interval_label
+from fafo.bench.report_format import interval_label, num
 from fafo.bench.timing import load_average
 
 RANDOM_MODEL_NOTE = "NOTE: a random tiny model - its speed numbers are a smoke test only, not a benchmark."
-
-
-def _num(v) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(x) else x
 
 
 def run_summary(spec, meter, records, machine: dict, problems: list[str], **timings) -> dict:
@@ -34,8 +25,11 @@ def run_summary(spec, meter, records, machine: dict, problems: list[str], **timi
                "sampling": asdict(spec.sampling), "ignore_eos": b.ignore_eos, "random_model": spec.ckpt.random,
                "checkpoint": spec.ckpt.source, "n_params": meter.n_params, "run_dir": str(spec.run_dir),
                "host_ms_per_step": _median_of(rows, "host_ms"), **machine, "load_end": load_average(),
-               "repaired": records.repairs, "records_check": problems or "ok", "ref_reuse_refused": refused,
-               **spec.plan.summary_fields()}
+               "repaired": records.repairs, "records_check": problems or "ok", "ref_reuse_refused": refused}
+    plan = spec.plan  # the samples' fit: counts, never silent
+    summary |= {"n_dropped": plan.n_dropped + plan.n_filtered, "n_dropped_unfit": plan.n_dropped,
+                "n_dropped_filter": plan.n_filtered, "n_beyond_trained": plan.n_beyond_trained,
+                "context_limit": plan.context_limit, "plan_peak_gb": round(plan.peak_gb, 3)}
     if refused["n"]:
         print(f"note: {refused['n']} stored reference timings were not reused and were timed again beside the "
               f"method ({refused['examples'][0]})", file=sys.stderr, flush=True)
@@ -83,15 +77,15 @@ class RunningTotals:
     def add(self, row: dict) -> None:
         if row.get("status") != "ok":
             return
-        n, ref_n, forwards = _num(row.get("new_tokens")), _num(row.get("ref_new_tokens")), _num(row.get("forwards"))
+        n, ref_n, forwards = num(row.get("new_tokens")), num(row.get("ref_new_tokens")), num(row.get("forwards"))
         if n is not None and forwards is not None:
             self.tokens += n - 1
             self.forwards += forwards
         if n is None or ref_n is None or n <= 1 or ref_n <= 1:
             return
         decode = self.kind == "decode"
-        t, ref_t = (_num(row.get("decode_s")), _num(row.get("ref_decode_s"))) if decode else \
-            (_num(row.get("total_s")), _num(row.get("ref_total_s")))
+        t, ref_t = (num(row.get("decode_s")), num(row.get("ref_decode_s"))) if decode else \
+            (num(row.get("total_s")), num(row.get("ref_total_s")))
         if t and ref_t:
             self.time, self.ref_time = self.time + t, self.ref_time + ref_t
             self.n, self.ref_n = self.n + n - decode, self.ref_n + ref_n - decode

@@ -1,18 +1,14 @@
-"""The Hydra callback of ``python -m fafo.bench`` (registered in ``conf/config.yaml`` ``hydra.callbacks``).
-
-* Before a run or sweep starts (before Hydra creates any directory): ``bench.output_dir`` must be creatable, or
-  one ``error:`` line and exit status 2 instead of Hydra's traceback.
-* After every job of a sweep: its outcome (run directory, overrides, error or None) is written to
-  ``<sweep dir>/.sweeps/<sweep id>/<job>.json``, so jobs that run elsewhere (SLURM) report back too.
-* With ``bench.plan=true`` (:mod:`fafo.bench.plan`): at the end one plan line per job; exit status 1 when any
-  job would fail.
-* At the end of a sweep: ONE LINE PER JOB (model / checkpoint, n_params, dtype, method, task, tau, speedup with
-  its 95 % interval, from each job's ``summary.json``), then one line per failed job (its overrides and error);
-  the process exits with status 1 when any job failed.
+"""The Hydra callback of ``python -m fafo.bench`` (``conf/config.yaml`` ``hydra.callbacks``): ``bench.output_dir``
+checked before Hydra creates any directory (one ``error:`` line, exit status 2); each sweep job's outcome written
+to ``<sweep dir>/.sweeps/<sweep id>/<job>.json`` (jobs that run elsewhere, SLURM, report back too); at the end one
+line per job (its plan with ``bench.plan=true``, else what ran and measured, then the failures), exit status 1 when
+any job failed or would fail.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -20,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -34,12 +30,10 @@ NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "bench.
 def check_output_dir(output_dir) -> None:
     """bench.output_dir must be a directory or creatable as one (no regular file on its path)."""
     path = Path(str(output_dir)).expanduser()
-    for part in (path, *path.parents):
-        if part.exists():
-            if not part.is_dir():
-                raise ConfigError(f"bench.output_dir={str(output_dir)!r}: {part} is a file, not a directory; set "
-                                  "bench.output_dir to a directory path")
-            return
+    part = next(p for p in (path, *path.parents) if p.exists())
+    if not part.is_dir():
+        raise ConfigError(f"bench.output_dir={str(output_dir)!r}: {part} is a file, not a directory; set "
+                          "bench.output_dir to a directory path")
 
 
 def _check_output_dir(config: DictConfig) -> None:
@@ -100,24 +94,22 @@ class SweepReport(Callback):
         _check_output_dir(config)
         os.environ[SWEEP_ENV] = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
-    def _jobs_dir(self, config: DictConfig) -> Path | None:
-        return jobs_dir(config.hydra.sweep.dir)
-
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        jobs = self._jobs_dir(config)
+        jobs = jobs_dir(config.hydra.sweep.dir)
         if jobs is None or config.hydra.mode.name != "MULTIRUN":
             return
-        value = job_return._return_value
-        if job_return.status == JobStatus.FAILED:
-            error = f"error: {type(value).__name__}: {str(value).splitlines()[0] if str(value) else ''}"
-        else:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # a failed job's value is what it raised (said below)
+                value = job_return.return_value
             error = value.get("error") if isinstance(value, dict) else None
+        except Exception as exc:  # noqa: BLE001 - the job's own failure, reported with the sweep
+            value, error = None, f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         record_outcome(jobs, {"num": int(config.hydra.job.num), "run_dir": str(config.hydra.runtime.output_dir),
                               "overrides": list(job_return.overrides or []), "error": error,
                               "plan": value.get("plan") if isinstance(value, dict) else None})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        jobs = self._jobs_dir(config)
+        jobs = jobs_dir(config.hydra.sweep.dir)
         if jobs is None or not jobs.is_dir():
             return
         outcomes = [json.loads(p.read_text()) for p in sorted(jobs.glob("*.json"))]

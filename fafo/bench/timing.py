@@ -1,14 +1,23 @@
-"""Timing and memory measurement: device sync + perf_counter, peak memory per generation."""
+"""Timing and memory measurement: device sync + perf_counter, peak memory per generation, and a run's instruments
+(:class:`Meter`: one timed generation, the warm-up), the machine's state and the environment numbers came from."""
 
 from __future__ import annotations
 
 import os
 import platform
+import random
 import subprocess
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from fafo.bench.mismatch import MismatchJudge
+from fafo.bench.records import compact
+from fafo.bench.reference import ReferenceStore
+from fafo.engine.compiled import cudagraph_skips
 
 
 def sync(device: torch.device) -> None:
@@ -167,3 +176,76 @@ def busy_warning(state: dict, busy_load: float, busy_gpu_mb: float = 1024.0) -> 
         return None
     return ("warning: the machine is busy: " + "; ".join(why) + ". Timings may be inflated; speedups stay "
             "side by side (interleaved reference), but prefer an idle machine for published numbers")
+
+
+class Meter:
+    """A run's measuring instruments on its engine: the synchronising clock, peak memory, the vanilla reference
+    store, the float32 tie judge, and what a timed generation runs on."""
+
+    def __init__(self, spec, engine):
+        self.spec, self.engine = spec, engine
+        self.clock, self.memory, self.env = SyncClock(spec.device), PeakMemory(spec.device), environment(spec.device)
+        self.eos = () if spec.bench.ignore_eos else engine.eos_ids
+        b = spec.bench
+        self.references = ReferenceStore(b.reference_dir, b.reuse_reference, b.reuse_max_spread,
+                                         b.busy_load)  # always written; read for reuse when asked
+        self.judge = MismatchJudge(engine, spec.ckpt, spec.context, b.tie_margin, b.tie_check)
+        self.n_params = sum(p.numel() for p in engine.model.parameters())  # tied embeddings counted once
+
+    def generate(self, decoder, prompt: list[int], max_new: int, seed_index: int, eager: bool = False):
+        """One timed generation: (Generation, times, its forward log grouped by :func:`compact`, peak MB)."""
+        seed = (self.spec.bench.seed * 1_000_003 + seed_index) % 2**32  # per sample: reruns and resumes agree
+        for seeder in (random.seed, np.random.seed, torch.manual_seed):  # methods with their own randomness
+            seeder(seed)
+        generator = self.spec.sampling.generator(seed_index, self.spec.device)
+        self.memory.reset()
+        self.engine.ledger.log = log = []
+        try:
+            with self.eager(eager):
+                self.clock.start()
+                gen = decoder.generate(self.engine, prompt, max_new, self.eos, self.spec.sampling, generator,
+                                       self.clock)
+                self.clock.stop()
+        finally:
+            self.engine.ledger.log = None
+        times = {"prefill_s": self.clock.prefill_s, "decode_s": self.clock.decode_s, "total_s": self.clock.total_s}
+        return gen, times, compact(log), self.memory.peak_mb(self.engine, gen.extras, (id(decoder), eager))
+
+    def eager(self, eager: bool):
+        """Decode steps eager inside (``eager``) on an engine whose steps are compiled."""
+        return self.engine.eager_steps() if eager and self.engine.compiled is not None else nullcontext()
+
+    def warmup(self) -> float:
+        """``bench.warmup`` generations of the first prompt by every decoder, excluded from all timings; with
+        compiled steps at least one (two with CUDA graphs, which record on a graph's second call), compiling every
+        step shape. Each decoder's warm-up peak is kept (:meth:`~fafo.bench.timing.PeakMemory.warm`); cross-request
+        state (:attr:`~fafo.decoding.Decoder.cross_request_state`) is restored afterwards."""
+        spec = self.spec
+        rounds = max(spec.bench.warmup, (2 if spec.compile.cudagraphs else 1) if spec.compile is not None else 0)
+        if not rounds or not spec.samples:
+            return 0.0
+        sample = spec.samples[0]
+        prompt = spec.task.prompt_ids(self.engine.tokenizer, sample, 0, [])
+        decoders = (spec.method, spec.reference)
+        before = [d.snapshot() for d in decoders]  # warm-up leaves no learnt state behind
+        runs = [(spec.method, spec.method_eager), (spec.reference, False)] + \
+            ([(spec.reference, True)] if spec.method_eager else [])  # the eager vanilla timed beside an eager method
+        total, tokens = 0.0, min(spec.max_new_tokens(sample), spec.bench.warmup_tokens)
+        for _ in range(rounds):
+            for decoder, eager in runs:
+                self.memory.reset()
+                self.clock.start()
+                with self.eager(eager):
+                    decoder.generate(self.engine, prompt, tokens, self.eos, spec.sampling,
+                                     spec.sampling.generator(0, spec.device))
+                self.clock.stop()
+                total += self.clock.total_s
+                self.memory.warm((id(decoder), eager))
+        for decoder, snapshot in zip(decoders, before):
+            decoder.restore(snapshot)
+        if cudagraph_skips():  # each skipped graph would run without replay inside every timed sample
+            raise RuntimeError(
+                f"{cudagraph_skips()} compiled decode steps were not recorded as CUDA graphs (a CPU tensor or a "
+                "dynamic shape reached a compiled step; TORCH_LOGS=perf_hints names it): timings would be of "
+                "replay-free steps. Fix the decoder, or run with bench.compile_mode=default")
+        return total

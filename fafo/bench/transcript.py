@@ -1,20 +1,9 @@
-"""An ``outputs.jsonl`` line (:func:`output_line`): one per sample and turn, what its tokens came from, so that a
-mismatch can be read side by side with its prompt.
-
-Each line carries the method's ``tokens`` and ``text``, accept lengths, forwards by kind and its decode forwards as
-the engine ran them (``forward_log``, :func:`fafo.bench.records.compact`; the reference's in ``ref_forward_log``),
-and:
-
-* the prompt: ``prompt_sha256`` (SHA-256 of the JSON list of its token ids, the hash the vanilla reference store
-  keys on), ``prompt_ids`` (every id up to :data:`PROMPT_IDS_MAX` tokens, else null: a 128k-token prompt would add
-  ~0.8 MB per line; the task rebuilds it from the sample id), and its decoded ``prompt_head`` and ``prompt_tail``
-  (the first :data:`HEAD_TOKENS` and the last :data:`TAIL_TOKENS` tokens after those: together the whole prompt up
-  to 256 tokens; special tokens kept, the chat template is part of what the model read);
-* vanilla's answer to the same prompt: ``ref_tokens`` and ``ref_text`` (decoded as ``text`` is: special tokens
-  skipped), whatever the reference timing's source.
-
-``python -m fafo.bench.tools.diff`` and ``python -m fafo.bench.tools.specbench_export`` read them; runs recorded
-before they existed lack them, and both tools say what they fall back to.
+"""An ``outputs.jsonl`` line (:func:`output_line`), one per sample and turn: the method's tokens, text, accept
+lengths, forwards by kind and decode forwards (``forward_log``; the reference's in ``ref_forward_log``), the prompt
+(``prompt_sha256``, the hash the reference store keys on; ``prompt_ids`` up to :data:`PROMPT_IDS_MAX` tokens, else
+null; ``prompt_head`` and ``prompt_tail`` decoded with special tokens, together the whole prompt up to 256 tokens)
+and vanilla's answer (``ref_tokens``, ``ref_text``), so a mismatch reads side by side with its prompt
+(``python -m fafo.bench.tools.diff``, ``python -m fafo.bench.tools.specbench_export``; older runs lack them).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Weights & Biases logging: config, one log step per row, the per-sample table and the summary.
-
-``offline`` by default (files under the run directory, sync later with ``wandb sync``), ``online`` by flag,
-``disabled`` in tests. wandb is an optional extra, imported only when a mode other than ``disabled`` is asked for:
-without it the default ``offline`` runs with W&B logging off (one note), and ``online`` is refused before a model
-loads.
+"""Weights & Biases logging: config, one log step per row, the per-sample table and the summary. ``offline`` by
+default (files under the run directory, ``wandb sync`` later), ``online`` by flag, ``disabled`` in tests; wandb is
+an optional extra: without it ``offline`` runs with W&B off (one note) and ``online`` is refused before a model loads.
 """
 
 from __future__ import annotations

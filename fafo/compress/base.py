@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from fafo.engine.cache import KVCache
+from fafo.errors import ConfigError
 
 
 @dataclass
@@ -44,6 +45,13 @@ class Compression(ABC):
     @abstractmethod
     def budget(self) -> int:
         """Entries C(kv) holds at most (the fixed region's size)."""
+
+    def check_fits(self, context: int) -> None:
+        """Refuse a region that keeps at least the whole context (it would compress nothing: local=100000 at 4k)."""
+        if self.budget >= context:
+            knobs = " or ".join(f"method.compress.{name}" for name in self.budget_fields) or "method.compress's sizes"
+            raise ConfigError(f"method.compress keeps {self.budget} entries, not fewer than the model context "
+                              f"{context}, so it compresses nothing; lower {knobs} below {context}")
 
     @property
     def wants_decode_query(self) -> bool:

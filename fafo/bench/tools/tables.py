@@ -1,14 +1,58 @@
-"""The paper and generic tables' writers (``scripts/make_tables.py``, ``scripts/generic_table.py``,
-``scripts/plot.py``): a table row's numbers over its runs, the cells with their marks, the long CSV's extra
-columns, and LaTeX (booktabs) beside the Markdown of :func:`fafo.bench.report_format.markdown`."""
+"""The paper and generic tables' readers and writers (``scripts/make_tables.py``, ``scripts/generic_table.py``,
+``scripts/plot.py``): the runs under some roots (:func:`collect`), a table row's numbers over its runs, the cells
+with their marks, the long CSV's extra columns, and LaTeX (booktabs) beside the Markdown of
+:func:`fafo.bench.report_format.markdown`."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fafo.bench.metrics import histogram
-from fafo.bench.report import Run
+from fafo.bench.report import Run, load_yaml, speedup_kind, summarize_rows
 from fafo.bench.report_format import DASH, fmt_ci, fmt_interval, num
+
+SKIP_DIRS = {"_reference", ".submitit", "wandb", ".hydra", "tables", "plots"}
+
+
+@dataclass
+class Collected:
+    runs: list[Run] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (run dir, first line of error.txt)
+
+
+def collect(roots: list[str | Path]) -> Collected:
+    """Every run under ``roots``: finished ones (``summary.json``), partial ones (``samples.csv`` rows without a
+    summary: killed or running, summarised from the rows) and failed ones (``error.txt`` alone)."""
+    out = Collected()
+    for i, root in enumerate(map(Path, roots)):
+        if not root.exists():
+            raise SystemExit(f"error: results directory {root} does not exist")
+        dirs = set()
+        for name in ("summary.json", "samples.csv", "error.txt"):
+            dirs.update(p.parent for p in root.rglob(name) if not SKIP_DIRS & set(p.relative_to(root).parts))
+        for d in sorted(dirs):
+            rel = d.relative_to(root).as_posix()
+            rel = rel if len(roots) == 1 else f"{root.as_posix()}/{rel}"
+            config = load_yaml(d / "config.yaml") or load_yaml(d / ".hydra" / "config.yaml")
+            run = Run(rel, {}, config, True, (i, rel), path=d)
+            if (d / "summary.json").exists():
+                try:
+                    run.summary = json.loads((d / "summary.json").read_text())
+                except json.JSONDecodeError:
+                    pass
+            if not run.summary and run.sample_rows():
+                rows = run.sample_rows()
+                run.summary = {**{k: rows[0].get(k) for k in ("model", "method", "task")},
+                               **summarize_rows(rows, config, speedup_kind({}, config))}
+                run.complete = False
+            if not run.summary:
+                if (d / "error.txt").exists():
+                    out.failed.append((rel, (d / "error.txt").read_text().strip().splitlines()[0]))
+                continue
+            out.runs.append(run)
+    return out
 
 
 def aggregate(runs: list[Run]) -> dict:
