@@ -79,7 +79,7 @@ def test_cli_runs_every_draftless_method_on_spec_bench_with_per_subtask_table(tm
     """The real CLI: a 4-method sweep over a Spec-Bench file on the tiny model; exact, rows per category, the
     prompt and vanilla's answer in every output line, make_tables splits the runs per subtask beside the
     leaderboard, and the export of one run (its own tokenizer found from its config) is what speed.py reads."""
-    from fafo.bench.transcript import prompt_hash
+    from fafo.bench.records import prompt_hash
     from tests.test_specbench_export import speed
 
     data = write_question_jsonl(tmp_path / "question.jsonl")

@@ -4,7 +4,7 @@ and vanilla's answer."""
 import hashlib
 import json
 
-from fafo.bench.transcript import HEAD_TOKENS, PROMPT_IDS_MAX, TAIL_TOKENS, prompt_fields, reference_fields
+from fafo.bench.records import HEAD_TOKENS, PROMPT_IDS_MAX, TAIL_TOKENS, prompt_fields, reference_fields
 from fafo.engine.tiny_tokenizer import build_tiny_tokenizer
 
 

@@ -2,6 +2,11 @@
 sample and turn), written by :class:`RecordWriter` and read by everything that reads a run (:func:`read_rows`,
 :func:`read_outputs`). Rows are appended and fsynced one by one, each with a ``crc`` (CRC-32 of its other fields),
 so a torn or garbled line is detectable anywhere in the file; an output line is valid JSON with its keys or torn.
+An output line (:func:`output_line`) holds the method's tokens, text, accept lengths, forwards by kind and decode
+forwards (``forward_log``; the reference's in ``ref_forward_log``), the prompt (``prompt_sha256``, the hash the
+reference store keys on; ``prompt_ids`` up to :data:`PROMPT_IDS_MAX` tokens; ``prompt_head`` and ``prompt_tail``
+decoded with special tokens, the whole prompt up to 256 tokens) and vanilla's answer (``ref_tokens``, ``ref_text``),
+so a mismatch reads side by side with its prompt (``fafo.bench.tools.diff``; older runs lack them).
 On resume the two files are reconciled per (sample, turn, repeat) before anything runs: torn lines are dropped; an
 ``ok`` row without its output, and an output without its ``ok`` row, are both redone (the output is written first);
 a duplicated row keeps its first copy; a ``skipped: turn k failed`` row whose failed turn is gone is redone. The
@@ -12,11 +17,13 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import hashlib
 import io
 import json
 import os
 import sys
 import zlib
+from dataclasses import asdict
 from pathlib import Path
 
 from fafo.errors import ConfigError
@@ -34,6 +41,9 @@ SAMPLE_COLUMNS = [
 ]
 OUTPUT_KEYS = ("sample_id", "turn", "tokens", "text")
 SKIPPED = "skipped: turn "
+PROMPT_IDS_MAX = 8192  # ids stored in full up to this many prompt tokens (~50 KB of JSON a line)
+HEAD_TOKENS = 64
+TAIL_TOKENS = 192
 
 
 def row_key(sample_id, turn, repeat) -> tuple[str, int, int]:
@@ -298,3 +308,33 @@ def write_json_atomic(path: str | Path, obj) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=str))
     os.replace(tmp, path)
+
+
+def prompt_hash(prompt: list[int]) -> str:
+    return hashlib.sha256(json.dumps(prompt).encode()).hexdigest()
+
+
+def prompt_fields(tokenizer, prompt: list[int]) -> dict:
+    """The prompt's fields of an output line (module docstring)."""
+    head = prompt[:HEAD_TOKENS]
+    tail = prompt[max(HEAD_TOKENS, len(prompt) - TAIL_TOKENS):]
+    return {"prompt_sha256": prompt_hash(prompt), "prompt_ids": list(prompt) if len(prompt) <= PROMPT_IDS_MAX else None,
+            "prompt_head": tokenizer.decode(head), "prompt_tail": tokenizer.decode(tail) if tail else ""}
+
+
+def reference_fields(tokenizer, ref_tokens: list[int] | None) -> dict:
+    """Vanilla's answer of an output line (module docstring)."""
+    if ref_tokens is None:
+        return {"ref_tokens": None, "ref_text": None}
+    return {"ref_tokens": list(ref_tokens), "ref_text": tokenizer.decode(ref_tokens, skip_special_tokens=True)}
+
+
+def output_line(tokenizer, sample_id, turn: int, prompt: list[int], gen, log: list, ref: dict) -> dict:
+    """The output line of a (sample, turn): the method's Generation ``gen`` and forward ``log``, the reference's
+    state ``ref`` (its tokens and forward log)."""
+    return {"sample_id": str(sample_id), "turn": turn, "prompt_tokens": len(prompt), "tokens": gen.tokens,
+            "text": tokenizer.decode(gen.tokens, skip_special_tokens=True), "accept_lengths": gen.accept_lengths,
+            "forwards": asdict(gen.forwards), "draft_model_forwards": gen.draft_model_forwards,
+            "drafted": gen.drafted, "accepted": gen.accepted, "extras": gen.extras, "forward_log": log,
+            "ref_forward_log": ref.get("forward_log"), **prompt_fields(tokenizer, prompt),
+            **reference_fields(tokenizer, ref["tokens"])}
