@@ -4,33 +4,14 @@ the first generation (tests/test_compiled.py and the methods' own compiled tests
 
 from torch._dynamo.utils import counters
 
-from baselines.lookahead import LookaheadDecoder
-from baselines.swift import SwiftDecoder
-from baselines.triforce import TriForceDecoder
 from baselines.vanilla import VanillaDecoder
-from fafo.compress.quest import Quest
-from fafo.compress.snapkv import SnapKV
-from fafo.compress.stream import StreamingLLM
 from fafo.engine.compiled import CompileOptions, compile_stats
 from fafo.engine.engine import Engine
-from fafo.fafo import FAFODecoder
-from tests.helpers import DRAFT_SPEC
 from tests.lossless import PROMPTS
+from tests.methods import COMPILED_STREAM as SMALL, METHODS as CASES  # noqa: F401 (SMALL: test_compiled)
 
-SMALL = StreamingLLM(sink=2, local=6)
 CAPACITY = 512  # the runner sizes the cache once per run, before warm-up; so do these tests
-METHODS = {
-    "vanilla": lambda: VanillaDecoder(),
-    "fafo-stream": lambda: FAFODecoder(compress=SMALL, n=6, k=3),
-    "fafo-quest": lambda: FAFODecoder(compress=Quest(token_budget=16, page_size=4, dense_layers=1), n=4, k=3),
-    "fafo-snapkv": lambda: FAFODecoder(compress=SnapKV(capacity=16, window=4, kernel=3, local=4), n=4, k=3),
-    "fafo-2forward": lambda: FAFODecoder(compress=SMALL, n=6, k=3, fused=False),
-    "lookahead": lambda: LookaheadDecoder(level=3, window=4, guess_set=3),
-    "triforce": lambda: TriForceDecoder(draft=None, budget=16, chunk_size=4, gamma2=4),
-    "triforce-draft": lambda: TriForceDecoder(draft={"tiny": DRAFT_SPEC}, budget=16, chunk_size=4, gamma1=2,
-                                              draft_budget=24, draft_start=4),
-    "swift": lambda: SwiftDecoder(),
-}
+METHODS = {name: case.compiled for name, case in CASES.items() if case.compiled}  # tests/methods.py
 # the runner's warm-up prompt, then prompts of other lengths and acceptance (repetitive and varied)
 WARMUP = PROMPTS[0]
 SAMPLES = [PROMPTS[1], PROMPTS[2] * 3, PROMPTS[0] * 2 + PROMPTS[1]]

@@ -5,9 +5,13 @@
   vanilla greedy) and the CLI case (tests/test_method_matrix.py: ``python -m fafo.bench method=<name>`` on the
   tiny model records exact-match rows);
 * the lossless cases of small instances (``variants``: tests/test_draftless.py, the FlexAttention case);
-* the sampling case (``sampling``: tests/test_sampling.py, exact in distribution).
+* the sampling case (``sampling``: tests/test_sampling.py, exact in distribution);
+* the compiled-step case (``compiled``: tests/compiled_cases.py), the host-device traffic per step of a small
+  instance (``traffic``: tests/test_gpu_readiness.py) and the host ops per step of the config (``ops``:
+  tests/test_host_work.py).
 
-Adding a method: one method file, one YAML, one entry here.
+Adding a method: one method file, one YAML, one entry here; tests/test_method_matrix.py fails until every method
+class of conf/method/ has a traffic case and, unless it runs eagerly, a compiled case.
 """
 
 from __future__ import annotations
@@ -16,13 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from baselines.longspec import LongSpecDecoder
 from baselines.lookahead import LookaheadDecoder
 from baselines.prompt_lookup import PromptLookupDecoder
+from baselines.quantspec import QuantSpecDecoder
 from baselines.sam_decoding import SAMDecoder
 from baselines.suffix_decoding import SuffixDecoder
 from baselines.swift import SwiftDecoder
 from baselines.token_recycling import TokenRecyclingDecoder
 from baselines.triforce import TriForceDecoder
+from baselines.vanilla import VanillaDecoder
+from fafo.compress.quest import Quest
+from fafo.compress.snapkv import SnapKV
 from fafo.compress.stream import StreamingLLM
 from fafo.fafo import FAFODecoder
 from tests.conftest import MODEL_SPECS
@@ -41,6 +50,18 @@ DEEP_QWEN = {"num_hidden_layers": 6, "num_attention_heads": 4, "family": "qwen2"
 SWIFT_SEARCH = {"context_window": 4, "bayes_interval": 3, "max_tolerance_iter": 12, "max_opt_iter": 40}
 TRIFORCE_SAMPLING = {"budget": 64, "chunk_size": 4, "draft_budget": 24, "draft_start": 4, "gamma1": 2, "gamma2": 3}
 TRIFORCE_SMALL = {"budget": 16, "chunk_size": 4, "draft_budget": 24, "draft_start": 4}
+COMPILED_STREAM = StreamingLLM(sink=2, local=6)  # small enough that the tiny prompts swap entries
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The host-device traffic case: host-to-device ``copies`` and device-to-host ``reads`` per decode step at most
+    (docs/performance.md, "The GPU path, checked on the CPU"), of ``instance`` (default: the compiled case, else
+    the first variant)."""
+
+    copies: int
+    reads: int
+    instance: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -63,50 +84,67 @@ class Case:
     variants: dict[str, Callable] = field(default_factory=dict)  # named small instances (the first: the method's)
     flex: Flex | None = None             # the FlexAttention case, with the first variant
     sampling: str | None = None          # the repetitive model of the sampling case ("rep2", "rep4"); None: none
+    compiled: Callable | None = None     # the compiled-step case's small instance (tests/compiled_cases.py)
+    traffic: Traffic | None = None       # the host-device traffic case (tests/test_gpu_readiness.py)
+    ops: int = 0                         # torch ops per step outside forwards at most (tests/test_host_work.py)
 
     def small(self):
         return next(iter(self.variants.values()))()
 
+    def traffic_instance(self):
+        return (self.traffic.instance or self.compiled or self.small)()
+
 
 METHODS: dict[str, Case] = {
-    "vanilla": Case(),
+    "vanilla": Case(compiled=VanillaDecoder, traffic=Traffic(1, 1), ops=1),
     "fafo_stream": Case(variants={"fafo_stream": lambda: FAFODecoder(compress=StreamingLLM(sink=2, local=6), n=3,
                                                                      k=2)},
-                        flex=Flex(), sampling="rep2"),
-    "fafo_2forward": Case(),
-    "fafo_quest": Case(),
-    "fafo_snapkv": Case(),
-    "lossy": Case(lossless=False),
+                        flex=Flex(), sampling="rep2", compiled=lambda: FAFODecoder(compress=COMPILED_STREAM, n=6, k=3),
+                        traffic=Traffic(1, 1), ops=21),
+    "fafo_2forward": Case(compiled=lambda: FAFODecoder(compress=COMPILED_STREAM, n=6, k=3, fused=False),
+                          traffic=Traffic(1, 1), ops=22),
+    "fafo_quest": Case(compiled=lambda: FAFODecoder(compress=Quest(token_budget=16, page_size=4, dense_layers=1),
+                                                    n=4, k=3), traffic=Traffic(1, 1), ops=36),
+    "fafo_snapkv": Case(compiled=lambda: FAFODecoder(compress=SnapKV(capacity=16, window=4, kernel=3, local=4), n=4,
+                                                     k=3), traffic=Traffic(1, 1), ops=21),
+    "lossy": Case(lossless=False, ops=20),
     "lookahead": Case(variants={"lookahead": lambda: LookaheadDecoder(level=4, window=3, guess_set=2)},
-                      flex=Flex(), sampling="rep2"),
-    "lookahead_13b": Case(),
-    "lookahead_specbench": Case(),
+                      flex=Flex(), sampling="rep2",
+                      compiled=lambda: LookaheadDecoder(level=3, window=4, guess_set=3), traffic=Traffic(2, 1), ops=5),
+    "lookahead_13b": Case(ops=5),
+    "lookahead_specbench": Case(ops=5),
     "swift": Case(variants={"swift": lambda: SwiftDecoder(**SWIFT_SEARCH, stop_threshold=0.0, max_step_draft=4)},
-                  flex=Flex(model=DEEP_QWEN), sampling="rep4"),
-    "swift_script": Case(),
+                  flex=Flex(model=DEEP_QWEN), sampling="rep4", compiled=SwiftDecoder, traffic=Traffic(3, 3), ops=14),
+    "swift_script": Case(ops=14),
     "triforce": Case(overrides=TINY_DRAFT + SMALL_TRIFORCE,
                      variants={"triforce": lambda: TriForceDecoder(**TRIFORCE_SMALL, gamma2=3,
                                                                    draft={"tiny": DRAFT_SPEC})},
                      flex=Flex(model="llama_gqa", prompts=(PROMPTS[0] * 4,), max_new=12, draft_model=True),
-                     sampling="rep2"),
-    "triforce_nodraft": Case(overrides=SMALL_TRIFORCE, sampling="rep2"),
-    "triforce_official": Case(overrides=TINY_DRAFT + SMALL_TRIFORCE),
-    "longspec": Case(overrides=RANDOM_DRAFT),
-    "longspec_chain": Case(overrides=RANDOM_DRAFT),
-    "quantspec": Case(),
-    "quantspec_fp16": Case(),
+                     sampling="rep2", compiled=lambda: TriForceDecoder(**TRIFORCE_SMALL, gamma1=2,
+                                                                       draft={"tiny": DRAFT_SPEC}),
+                     traffic=Traffic(20, 18), ops=21),
+    "triforce_nodraft": Case(overrides=SMALL_TRIFORCE, sampling="rep2",
+                             compiled=lambda: TriForceDecoder(draft=None, budget=16, chunk_size=4, gamma2=4),
+                             traffic=Traffic(5, 5), ops=9),
+    "triforce_official": Case(overrides=TINY_DRAFT + SMALL_TRIFORCE, ops=15),
+    "longspec": Case(overrides=RANDOM_DRAFT, ops=36,
+                     traffic=Traffic(2, 2, lambda: LongSpecDecoder(draft={"path": None, "random_seed": 0}))),
+    "longspec_chain": Case(overrides=RANDOM_DRAFT, ops=30),
+    "quantspec": Case(traffic=Traffic(7, 7, QuantSpecDecoder), ops=7),
+    "quantspec_fp16": Case(ops=7),
     "prompt_lookup": Case(variants={"prompt_lookup": lambda: PromptLookupDecoder(),
                                     "prompt_lookup_small": lambda: PromptLookupDecoder(num_tokens=3, max_ngram=2)},
-                          flex=Flex(), sampling="rep2"),
+                          flex=Flex(), sampling="rep2", traffic=Traffic(1, 1), ops=3),
     "token_recycling": Case(variants={"token_recycling": lambda: TokenRecyclingDecoder()}, flex=Flex(),
-                            sampling="rep2"),
+                            sampling="rep2", traffic=Traffic(2, 2), ops=8),
     "suffix_decoding": Case(variants={"suffix_decoding": lambda: SuffixDecoder(),
                                       "suffix_decoding_path": lambda: SuffixDecoder(tree=False, max_depth=8,
                                                                                     max_spec_factor=2.0)},
-                            sampling="rep2"),
-    "sam_decoding": Case(variants={"sam_decoding": lambda: SAMDecoder(n_predicts=8)}, sampling="rep2"),
+                            sampling="rep2", traffic=Traffic(1, 1), ops=3),
+    "sam_decoding": Case(variants={"sam_decoding": lambda: SAMDecoder(n_predicts=8)}, sampling="rep2",
+                         traffic=Traffic(1, 1), ops=3),
     # its corpus is built per model (scripts/build_sam_corpus.py); a small text corpus here
-    "sam_decoding_published": Case(overrides=(f"method.corpus_path={SAM_CORPUS}",)),
+    "sam_decoding_published": Case(overrides=(f"method.corpus_path={SAM_CORPUS}",), ops=3),
 }
 DRAFTLESS = ("prompt_lookup", "token_recycling", "suffix_decoding", "sam_decoding")  # draft from text, not a model
 # sampling instances: the small variant, or a sampling-specific one where the test needs acceptance on its model

@@ -11,18 +11,17 @@ import json
 import pytest
 import torch
 
-from baselines.lookahead import LookaheadDecoder, lookahead_step_mask
-from baselines.swift import SwiftDecoder
+from baselines.lookahead import lookahead_step_mask
 from baselines.vanilla import VanillaDecoder
-from fafo.compress.stream import StreamingLLM
 from fafo.engine.attention import AttentionPlan, causal_plan, dense_attention, flex_attention_backend, \
     sdpa_attention, tree_mask
 from fafo.engine.engine import Engine
 from fafo.engine.kernels import gathered_mask
-from fafo.fafo import FAFODecoder, fafo_step_mask
+from fafo.fafo import fafo_step_mask
 from tests.conftest import LOSSLESS_MODELS
 from tests.lossless import PROMPTS, assert_lossless
 from tests.helpers import run_cli
+from tests.methods import METHODS as CASES
 
 ATOL = 1e-5
 
@@ -140,12 +139,7 @@ def test_engine_logits_equal_across_paths(name, engine):
             torch.testing.assert_close(logits, steps["dense"][kind], atol=ATOL, rtol=1e-5, msg=f"{backend} {kind}")
 
 
-METHODS = {
-    "fafo": lambda: FAFODecoder(compress=StreamingLLM(sink=2, local=6), n=5, k=3),
-    "fafo-2forward": lambda: FAFODecoder(compress=StreamingLLM(sink=2, local=6), n=5, k=3, fused=False),
-    "lookahead": lambda: LookaheadDecoder(level=3, window=4, guess_set=3),
-    "swift": lambda: SwiftDecoder(),
-}
+METHODS = {name: CASES[name].compiled for name in ("fafo_stream", "fafo_2forward", "lookahead", "swift")}
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -173,8 +167,8 @@ def test_cli_runs_fafo_on_each_path(attention, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method_name", ["vanilla", "fafo-stream", "fafo-quest", "fafo-2forward", "lookahead",
-                                         "triforce", "triforce-draft", "swift"])
+@pytest.mark.parametrize("method_name", ["vanilla", "fafo_stream", "fafo_quest", "fafo_2forward", "lookahead",
+                                         "triforce_nodraft", "triforce", "swift"])
 def test_compiled_sdpa_reads_only_the_live_prefix_and_compiles_once(method_name, engine, checkpoint):
     """CPU's compiled path: the live prefix is the size of a dynamic tensor (one graph for every length, the dead
     tail of a large cache never read), token-identical to eager, no recompiles after the warm-up generation."""

@@ -47,7 +47,7 @@ def test_compiled_inductor_is_token_identical(method_name, engine, checkpoint, f
 GROUP3 = dict(family="llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=2, seed=12)
 
 
-@pytest.mark.parametrize("method_name", ["vanilla", "fafo-stream", "lookahead", "token-recycling"])
+@pytest.mark.parametrize("method_name", ["vanilla", "fafo_stream", "lookahead", "token-recycling"])
 def test_compiled_flex_pads_groups_exactly(method_name, ckpt_root, fresh_dynamo):
     """A group that is not a power of two: the traced calls pad it (and Token Recycling's 81-row trees, 81 x 4
     rows, take BLOCK_M = 128: tests/test_kernel_routing.py), traced the way CUDA compiles them; tokens equal

@@ -14,12 +14,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 import fafo.engine.attention as attention
 import fafo.engine.engine as engine_module
 import fafo.tree
-from baselines.longspec import LongSpecDecoder
-from baselines.prompt_lookup import PromptLookupDecoder
-from baselines.quantspec import QuantSpecDecoder
-from baselines.sam_decoding import SAMDecoder
-from baselines.suffix_decoding import SuffixDecoder
-from baselines.token_recycling import TokenRecyclingDecoder
 from baselines.vanilla import VanillaDecoder
 from fafo.bench.metrics import summarize
 from fafo.bench.runner import Runner
@@ -28,22 +22,17 @@ from fafo.engine.compiled import CompiledStep, CompileOptions, reset_compiled_st
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from tests.lossless import PROMPTS
-from tests.compiled_cases import METHODS as COMPILED_METHODS
 from tests.helpers import make_cfg, read_rows, run_cli
+from tests.methods import METHODS as CASES
 
-RANDOM_DRAFT = {"path": None, "random_seed": 0}
-METHODS = {**COMPILED_METHODS, "quantspec": QuantSpecDecoder, "longspec": lambda: LongSpecDecoder(draft=RANDOM_DRAFT),
-           "prompt_lookup": PromptLookupDecoder, "token_recycling": TokenRecyclingDecoder,
-           "suffix_decoding": SuffixDecoder, "sam_decoding": lambda: SAMDecoder(n_predicts=8)}
-
-# Host-to-device copies per decode step, at most (docs/performance.md, "The GPU path, checked on the CPU"): one
-# packed upload per forward of the target (tokens, positions, slots and a tree's mask together), plus what a method
-# moves besides.
-# FAFO uploads its step's tokens and positions (both forwards' in one copy for FAFO-2forward); its KV moves are
-# slices or built on the device. LongSpec drafts its tree on the device: the verification's upload and the KV move.
-COPIES_PER_STEP = {"vanilla": 1, "fafo-stream": 1, "fafo-quest": 1, "fafo-snapkv": 1, "fafo-2forward": 1,
-                   "lookahead": 2, "triforce": 5, "triforce-draft": 20, "swift": 3, "quantspec": 7, "longspec": 2,
-                   "prompt_lookup": 1, "token_recycling": 2, "suffix_decoding": 1, "sam_decoding": 1}
+# One small instance per method class with its budgets per decode step (tests/methods.py, Traffic; the docs:
+# docs/performance.md, "The GPU path, checked on the CPU"). Host-to-device copies: one packed upload per forward of
+# the target (tokens, positions, slots and a tree's mask together), plus what a method moves besides (FAFO's KV
+# moves are slices or built on the device; LongSpec drafts its tree on the device: the verification's upload and the
+# KV move). Device-to-host reads (each a sync on CUDA): the step's verification, plus each drafted token of a
+# drafting loop on the host (QuantSpec, TriForce's levels, SWIFT's confidence), LongSpec's tree once, Token
+# Recycling's top-k.
+TRAFFIC = {name: case for name, case in CASES.items() if case.traffic}
 
 
 class FactoryCopies(TorchFunctionMode):
@@ -62,12 +51,6 @@ class FactoryCopies(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-# Device-to-host reads per decode step, at most (docs/performance.md): each is a sync on CUDA. One is the step's
-# verification (the committed tokens); drafting loops on the host read each drafted token (QuantSpec, TriForce's
-# levels, SWIFT's confidence), LongSpec its drafted tree once, Token Recycling its top-k.
-READS_PER_STEP = {"vanilla": 1, "fafo-stream": 1, "fafo-quest": 1, "fafo-snapkv": 1, "fafo-2forward": 1,
-                  "lookahead": 1, "triforce": 5, "triforce-draft": 18, "swift": 3, "quantspec": 7, "longspec": 2,
-                  "prompt_lookup": 1, "token_recycling": 2, "suffix_decoding": 1, "sam_decoding": 1}
 READS_PER_GENERATION = 5  # the prompt's next token, and a gathered step mask built once per mask
 
 
@@ -109,22 +92,18 @@ class DeviceReads(TorchFunctionMode):
         return out
 
 
-def test_every_method_is_listed():
-    assert set(COPIES_PER_STEP) == set(METHODS) == set(READS_PER_STEP)
-
-
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", sorted(TRAFFIC))
 def test_device_to_host_reads_per_step(name, engine):
     eng = engine("llama_gqa")
     ids = eng.tokenizer(PROMPTS[0] * 2).input_ids
-    method = METHODS[name]()
+    method = TRAFFIC[name].traffic_instance()
     with DeviceReads(eng.model.parameters()) as reads:
         method.setup(eng)
         gen = method.generate(eng, ids, 40)
     steps = len(gen.accept_lengths)
     assert gen.tokens == VanillaDecoder().generate(eng, ids, 40).tokens
     assert steps and reads.n >= steps, "every step reads its committed tokens: the probe missed them"
-    assert reads.n <= READS_PER_STEP[name] * steps + READS_PER_GENERATION, f"{reads.n} reads in {steps} steps"
+    assert reads.n <= TRAFFIC[name].traffic.reads * steps + READS_PER_GENERATION, f"{reads.n} reads in {steps} steps"
 
 
 def test_the_read_probe_sees_each_kind_of_read():
@@ -142,7 +121,7 @@ def test_the_read_probe_sees_each_kind_of_read():
     assert before == 9 and reads.n == before
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", sorted(TRAFFIC))
 def test_host_to_device_copies_per_step(name, engine, monkeypatch):
     eng = engine("llama_gqa")
     uploads = []
@@ -155,7 +134,7 @@ def test_host_to_device_copies_per_step(name, engine, monkeypatch):
 
     for module in (engine_module, fafo.tree):  # SWIFT compacts through fafo.tree too
         monkeypatch.setattr(module, "upload", counted)
-    method = METHODS[name]()
+    method = TRAFFIC[name].traffic_instance()
     method.setup(eng)
     ids = eng.tokenizer(PROMPTS[0] * 2).input_ids
     with FactoryCopies() as factory:
@@ -163,7 +142,7 @@ def test_host_to_device_copies_per_step(name, engine, monkeypatch):
     steps = len(gen.accept_lengths)
     copies = sum(uploads) + factory.n
     assert gen.tokens == VanillaDecoder().generate(eng, ids, 40).tokens
-    assert copies <= COPIES_PER_STEP[name] * steps + 1, f"{copies} copies in {steps} steps (+1 for the prompt)"
+    assert copies <= TRAFFIC[name].traffic.copies * steps + 1, f"{copies} copies in {steps} steps (+1 for the prompt)"
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
@@ -243,7 +222,7 @@ def test_compiled_rows_are_left_out_of_speedups():
 
 
 def test_cuda_graph_skip_is_an_error(tmp_path, monkeypatch):
-    monkeypatch.setattr("fafo.bench.runner.cudagraph_skips", lambda: 2)
+    monkeypatch.setattr("fafo.bench.timing.cudagraph_skips", lambda: 2)
     cfg = make_cfg(tmp_path, "model=tiny_llama", "bench.max_samples=1", "bench.max_new_tokens=4",
                    "bench.compile=true", "bench.compile_backend=aot_eager")
     with pytest.raises(RuntimeError, match="not recorded as CUDA graphs"):

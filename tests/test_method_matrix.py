@@ -3,8 +3,11 @@ FlexAttention backend is token-identical to vanilla greedy, and ``python -m fafo
 model records exact-match rows."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from baselines.vanilla import VanillaDecoder
 from fafo.engine.engine import Engine
@@ -16,11 +19,49 @@ from tests.methods import METHOD_CONF, METHODS
 TINY = ["model=tiny_llama", "task=builtin", "bench.max_samples=2", "bench.max_new_tokens=8", "bench.warmup=0"]
 
 
+class RepeatLast(VanillaDecoder):
+    """A method class no entry of tests/methods.py covers."""
+
+
+def target_of(path: Path) -> str:
+    """A method config's ``_target_``, through the sibling config its ``defaults`` names first."""
+    node = OmegaConf.load(path)
+    parents = [d for d in node.get("defaults") or [] if isinstance(d, str) and d != "_self_"]
+    return node.get("_target_") or target_of(path.parent / f"{parents[0]}.yaml")
+
+
+def registry_problems(conf=METHOD_CONF) -> list[str]:
+    """What tests/methods.py lacks for the method configs in ``conf``: an entry per YAML (with a host-ops budget) and
+    a host-device traffic case per method class (lossy ones aside: the case checks tokens against vanilla's)."""
+    yamls = {p.stem: target_of(p) for p in sorted(Path(conf).glob("*.yaml"))}
+    problems = [f"{name}: no entry in tests/methods.py" for name in yamls if name not in METHODS]
+    problems += [f"{name}: an entry without its conf/method/{name}.yaml" for name in METHODS if name not in yamls]
+    problems += [f"{name}: no host-ops budget (ops)" for name, case in METHODS.items() if not case.ops]
+
+    def classes(instances):
+        return {f"{type(x).__module__}.{type(x).__name__}" for x in instances}
+
+    traffic = classes(c.traffic_instance() for c in METHODS.values() if c.traffic)
+    lossy = {yamls.get(n) for n, c in METHODS.items() if not c.lossless}
+    return problems + [f"{target}: no traffic case (tests/methods.py, Traffic)"
+                       for target in sorted(set(yamls.values()) - lossy - traffic)]
+
+
 def test_every_method_config_has_an_entry():
-    assert sorted(METHODS) == sorted(p.stem for p in METHOD_CONF.glob("*.yaml"))
+    assert registry_problems() == []
     for name, case in METHODS.items():
         assert not case.variants or next(iter(case.variants)) == name, f"{name}: its first variant is its own"
         assert case.flex is None or case.variants, f"{name}: the FlexAttention case needs a small instance"
+
+
+def test_a_new_method_config_without_its_entries_fails(tmp_path):
+    """One more YAML, of a new method class: no entry and no traffic case, each named."""
+    conf = tmp_path / "method"
+    shutil.copytree(METHOD_CONF, conf)
+    (conf / "repeat_last.yaml").write_text("_target_: tests.test_method_matrix.RepeatLast\nname: repeat-last\n")
+    problems = registry_problems(conf)
+    assert problems == ["repeat_last: no entry in tests/methods.py",
+                        "tests.test_method_matrix.RepeatLast: no traffic case (tests/methods.py, Traffic)"]
 
 
 @pytest.mark.parametrize("name", sorted(n for n, case in METHODS.items() if case.flex))
