@@ -136,8 +136,8 @@ def test_buffer_holds_between_g_and_2g_tokens_with_rollbacks(engine):
             x = gen.extras
             assert G <= x["fp_tokens_min"] and x["fp_tokens_max"] < 2 * G, x
             assert gen.accepted < gen.drafted  # drafts were rejected and rolled back
-            seen.append(gen.accepted / gen.drafted)
-        assert all(0 <= a <= 1 for a in seen)
+            seen.append(gen.accepted)
+        assert any(seen), f"{target}: no draft was ever accepted, so no commit past a draft was exercised"
 
 
 def test_kv_memory_at_4k_context_is_under_60_percent_of_vanilla(engine):
