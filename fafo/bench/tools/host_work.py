@@ -55,7 +55,7 @@ class _Ops(TorchDispatchMode):
         self.forward_ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name
+        name = func.name().split(".")[0]  # aten::add.Tensor -> aten::add
         if not (func.is_view or name in NOT_OPS or self.paused):
             if self.inside:
                 self.forward_ops += 1

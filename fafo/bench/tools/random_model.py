@@ -78,9 +78,9 @@ def transformers_twin(engine: Engine, attn_implementation: str = "sdpa"):
     import transformers
 
     config = copy.deepcopy(engine.model.hf_config)  # the engine's own config stays as it is
-    config._attn_implementation = attn_implementation
     with torch.device("meta"):
-        hf = transformers.AutoModelForCausalLM.from_config(config, dtype=engine.dtype)
+        hf = transformers.AutoModelForCausalLM.from_config(config, dtype=engine.dtype,
+                                                           attn_implementation=attn_implementation)
     missing, unexpected = hf.load_state_dict(engine.model.state_dict(), strict=False, assign=True)
     missing = [m for m in missing if not (m == "lm_head.weight" and engine.model.args.tie_embeddings)]
     if missing or unexpected:

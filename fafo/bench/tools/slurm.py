@@ -208,14 +208,15 @@ def _stop_and_requeue(guard: PreemptGuard, stop: Preempted) -> None:
         print(f"{name} while SLURM job {env.job_id} is {state}: stopped cleanly, SLURM decides what follows "
               "(a requeued job resumes from its records)", file=sys.stderr, flush=True)
         sys.exit(128 + stop.signum)
-    handler = getattr(guard.previous_handler(env._usr_sig()), "__self__", None)  # submitit's SignalHandler
+    usr_sig = getattr(signal, "SIG" + env.USR_SIG)  # submitit's time-limit signal (SUBMITIT_PREEMPT_SIGNAL)
+    handler = getattr(guard.previous_handler(usr_sig), "__self__", None)  # submitit's SignalHandler
     print(f"{name}: stopped cleanly ({stop}); requeueing SLURM job {env.job_id}, which resumes from its records",
           file=sys.stderr, flush=True)
     try:
         if hasattr(handler, "checkpoint_and_try_requeue"):  # dumps the checkpoint, scontrol requeue, sys.exit
-            handler.checkpoint_and_try_requeue(env._usr_sig())
+            handler.checkpoint_and_try_requeue(usr_sig)
         else:
-            env._requeue(0)
+            subprocess.check_call(["scontrol", "requeue", env.job_id], timeout=60)
     except subprocess.CalledProcessError as exc:
         print(f"requeue of SLURM job {env.job_id} failed ({exc}); re-run the sweep to resume it", file=sys.stderr,
               flush=True)
