@@ -179,6 +179,6 @@ def test_bench_engine_refuses_cuda_graphs_on_cpu(bench):
     (np.arange(6), 6), (np.zeros((2, 4), dtype="int64"), 4),
 ])
 def test_forward_rows_are_counted_for_every_input_form_a_method_passes(tokens, rows):
-    from fafo.bench.engine_timing import n_rows
+    from fafo.bench.tools.engine_timing import n_rows
 
     assert n_rows(tokens) == rows
