@@ -84,7 +84,7 @@ class LookaheadDecoder(Decoder):
         guess_set: G, n-grams kept per pool key and hence guesses verified per step at most (0: none).
         bonus_token: after a fully matched guess also commit the model's next prediction (official: no).
         pool_from_prompt: also store the prompt's and the committed text's N-grams (POOL_FROM_PROMPT).
-        seed: seeds the window's initial tokens (drawn from the prompt).
+        seed: seeds the window's initial tokens (drawn from the prompt; official: unseeded).
     """
 
     level: int = at_least(3, 5, why="N-1 >= 2 levels; N=2 would commit one token per step")

@@ -63,7 +63,8 @@ class PromptLookupDecoder(TreeDrafter):
 
     Attributes:
         num_tokens: most draft tokens per step (transformers' ``prompt_lookup_num_tokens``).
-        max_ngram: longest n-gram matched (transformers' ``max_matching_ngram_size``).
+        max_ngram: longest n-gram matched (transformers' ``max_matching_ngram_size``; 3 as the original and
+        Spec-Bench, transformers' own default being 2).
         min_ngram: shortest n-gram matched (transformers and the original: 1).
     """
 

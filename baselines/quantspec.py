@@ -36,7 +36,8 @@ class QuantSpecDecoder(Decoder):
         target: ``int8kv`` (the verifier reads the INT8 view, the paper) or ``fp16`` (full-precision cache for
             the verifier: lossless against vanilla, no memory saving).
         group_size: ``G``: tokens per key group; the buffer holds G..2G recent tokens. Must exceed gamma + 1.
-        weight_bits: 4 (the draft's MLP weights in 4 bits, round-to-nearest) or null (full precision).
+        weight_bits: 4 (the draft's MLP weights in 4 bits, round-to-nearest; the paper uses GPTQ) or null (full
+        precision).
         weight_group: inputs per 4-bit weight group (paper: 128). Even.
         resident_weights: keep the draft's 4-bit MLP weights dequantized (identical values, much faster in plain
             PyTorch on CPU, full-precision ``weight_bytes``); false = dequantize per forward (the int4 kernels' memory).

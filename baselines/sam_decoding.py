@@ -100,7 +100,7 @@ class SAMDecoder(TreeDrafter):
         alpha: a draft has at most ``1 + int(alpha * match length)`` nodes.
         len_bias: the corpus automaton's match length is reduced by this before the comparison.
         topk: the corpus tree's most children per node and nodes per depth (official ``K``).
-        corpus_path: a corpus for the static automaton (null = none).
+        corpus_path: a .jsonl/.json/.txt corpus for the static automaton (null = none; scripts/build_sam_corpus.py).
         add_vocabulary: add every vocabulary token as a one-token document to the corpus (as the official builder).
         corpus_required: refuse to run without ``corpus_path`` (presets reproducing a run that used a corpus).
     """

@@ -52,14 +52,16 @@ class SuffixDecoder(TreeDrafter):
     """SuffixDecoding (see the module docstring).
 
     Attributes:
-        max_depth: suffix tree depth = the longest pattern matched (``max_tree_depth``, 64).
-        max_spec_tokens: most speculated tokens per step (simulator: 0 = ``max_depth``).
-        max_spec_factor: speculated tokens <= factor * match length + offset.
+        max_depth: suffix tree depth = the longest pattern matched (simulator ``--max-depth``, ``max_tree_depth``, 64).
+        max_spec_tokens: most speculated tokens per step (simulator ``--max-spec-tokens``: 0 = ``max_depth``).
+        max_spec_factor: speculated tokens <= factor * match length + offset (``--max-spec-factor``).
         max_spec_offset: see ``max_spec_factor``.
-        min_token_prob: prune tokens whose estimated probability is below this.
-        tree: a speculation tree (paper's simulator) or a single path (``speculate``'s and vLLM's default).
+        min_token_prob: prune tokens whose estimated probability is below this (``--min-token-prob``).
+        tree: a speculation tree (paper's simulator) or a single path (``speculate``'s and vLLM's default;
+            simulator ``--use-tree-spec``).
         max_cached_outputs: outputs kept in the global tree, the current one included (None: unlimited, the
-            official default -1; 0: no global tree; N: the oldest evicted first).
+            simulator's ``--max-cached-requests -1``, vLLM's hook 100000; 0: no global tree; N: the oldest evicted
+            first).
     """
 
     max_depth: int = at_least(2, 64)

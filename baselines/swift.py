@@ -86,11 +86,14 @@ class SwiftDecoder(Decoder):
         stop_threshold: the draft stops after a token whose confidence is below this.
         topk: draft ids kept per step (official TOPK); caps the tree widths.
         tree_widths: children at a depth for confidence > 0.95 / > 0.8 / > 0.5 / otherwise.
-        optimization: search the skip set on the fly (official ``--optimization``).
-        bayes: use Bayesian-optimisation suggestions (official ``--bayes``); false = random search only.
+        optimization: search the skip set on the fly (official ``--optimization``: false in argparse, passed by
+            every official script).
+        bayes: use Bayesian-optimisation suggestions (official ``--bayes``, as ``--optimization``);
+            false = random search only.
         reset_per_sample: restart the search (set, scores, optimiser) at every sample (official: never).
-        attn_skip, mlp_skip: the starting skip set (null: attention and MLP of the odd layers).
-        seed: seeds the random search and the optimiser.
+        attn_skip, mlp_skip: the starting skip set (null: attention and MLP of the odd layers; official
+            ``--cache-hit`` loads one).
+        seed: seeds the random search and the optimiser (official ``--seed 2024``).
     """
 
     skip_ratio: float = 0.45

@@ -33,7 +33,7 @@ class TriForceDecoder(Decoder):
     """TriForce (paper defaults; ``gamma1=1`` = the official code; ``draft=None`` = no hierarchy).
 
     Attributes:
-        gamma1: draft tokens per middle-level (retrieval) forward.
+        gamma1: draft tokens per middle-level (retrieval) forward (official code: 1, ``method=triforce_official``).
         gamma2: tokens the middle level proposes before a full-cache verification (it may reach gamma2 + gamma1).
         budget: retrieval cache slots (a multiple of chunk_size, at least 2 chunks).
         chunk_size: tokens per retrieval chunk.

@@ -164,3 +164,22 @@ def plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     return value
+
+
+def field_defaults(cls) -> dict:
+    """The defaults of a dataclass's constructor fields that a config can hold (numbers, text, flags, null, lists,
+    mappings; not objects such as a default compression), as plain values: what a config that sets nothing gets."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        value = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        if f.init and value is not dataclasses.MISSING and _holdable(value):
+            out[f.name] = plain(value)
+    return out
+
+
+def _holdable(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return all(_holdable(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_holdable(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))

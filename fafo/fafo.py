@@ -82,7 +82,7 @@ class FAFODecoder(Decoder):
         k: tokens per stream, candidate length and longest pool key (paper best: 6-7).
         m: candidates verified per step (None = n).
         pool_cap: values per pool key, LRU (None = n, App. E).
-        stagger: position offset between consecutive streams.
+        stagger: stream i starts ``i * stagger`` positions after the current token (0: all at P + 1).
         see_current: whether fumble tokens attend the current token.
         pool_from_prompt: seed the pool with the prompt's k-grams.
         fused: one forward for fumble + verification (False: FAFO-2forward).

@@ -2,8 +2,12 @@
 
 
 import pytest
+import yaml
+from hydra.utils import get_class
+from omegaconf import OmegaConf
 
 from fafo.bench.spec import build, method_node
+from fafo.bounds import field_defaults
 from fafo.decoding import Decoder
 from fafo.sampling import Sampling
 from tests.helpers import CONF, PRESETS, compose_with, sweep_jobs
@@ -29,6 +33,34 @@ def test_config_composes_and_instantiates(group, option):
     assert cfg.model.name and (cfg.model.get("path") or cfg.model.get("gguf_file") or cfg.model.get("tiny")), \
         f"model/{option} needs a path, a gguf_file or a tiny spec"
     assert cfg.model.attention in ("sdpa", "flex")
+
+
+METHOD_FILES = sorted((CONF / "method").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", METHOD_FILES, ids=[p.relative_to(CONF).as_posix() for p in METHOD_FILES])
+def test_method_yaml_sets_only_what_differs_from_its_defaults(path):
+    """A file with a ``_target_`` starts from its class's defaults (``class_defaults/<Class>``, registered from the
+    dataclass by fafo.bench.naming) and one that extends another starts from that one; neither restates a value."""
+    own = yaml.safe_load(path.read_text())
+    first = own["defaults"][0]
+    if "_target_" in own:
+        cls = get_class(own["_target_"])
+        assert first == {"/class_defaults@_here_": cls.__name__}, f"{path.name}: defaults must start with its class's"
+        start = field_defaults(cls)
+    else:
+        start = OmegaConf.to_container(compose_with(f"method={first}").method)
+    restated = {k: v for k, v in own.items() if k not in ("defaults", "_target_") and start.get(k, object()) == v}
+    assert not restated, f"{path.name} restates {restated}"
+
+
+@pytest.mark.parametrize("option,key,value", [("fafo_stream", "stagger", 2), ("swift", "seed", 7),
+                                              ("fafo_quest", "compress.page_size", 8)])
+def test_a_default_set_by_the_class_is_typed_without_plus(option, key, value):
+    cfg = compose_with(f"method={option}", f"method.{key}={value}")
+    method = build(method_node(cfg.method), "method")
+    assert OmegaConf.select(cfg.method, key) == value
+    assert getattr(method.compress if key.startswith("compress.") else method, key.split(".")[-1]) == value
 
 
 COMPRESS = sorted(p.stem for p in (CONF / "method" / "compress").glob("*.yaml"))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from fafo.bounds import plain
+from fafo.bounds import field_defaults, plain
 from fafo.engine.loader import HUB_ID, Checkpoint, open_checkpoint
 from fafo.errors import ConfigError
 
@@ -181,3 +181,21 @@ def _run_dir_resolver(*parts: str, _root_: DictConfig) -> str:
 
 
 OmegaConf.register_new_resolver("fafo_run_dir", _run_dir_resolver, replace=True)
+
+
+def _store_class_defaults() -> None:
+    """Each method and compression class's defaults (:func:`fafo.bounds.field_defaults`) as Hydra's config
+    ``class_defaults/<Class>``: a conf/method/ YAML puts its class's first in its defaults list and sets only what
+    differs, while every setting stays typed without ``+`` (``method.k=7``), and config.yaml lists them all."""
+    import yaml
+    from hydra.core.config_store import ConfigStore
+    from hydra.utils import get_class
+
+    for path in sorted((CONF / "method").rglob("*.yaml")):
+        target = (yaml.safe_load(path.read_text()) or {}).get("_target_")
+        if target:
+            node = field_defaults(get_class(target))
+            ConfigStore.instance().store(group="class_defaults", name=target.rsplit(".", 1)[1], node=node)
+
+
+_store_class_defaults()
