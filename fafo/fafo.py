@@ -1,4 +1,5 @@
-"""FAFO: Fumble Around and Find Out (seed papers 000_/001_, section 4, App. D-I, Algorithms 1-4).
+"""FAFO: Fumble Around and Find Out ("FAFO: Lossy KV Cache Compression for Lossless Inference Acceleration via
+Draftless Fumble Decoding", section 4, App. D-I, Algorithms 1-4).
 
 Each step runs ONE forward over ``[current token | m candidates x k | n streams x k (column-wise)]``:
 

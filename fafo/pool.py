@@ -1,4 +1,4 @@
-"""The "Find Out" candidate pool (FAFO seed 000_, Algorithms 2-3 and App. E), kept on the CPU.
+"""The "Find Out" candidate pool (FAFO paper, Algorithms 2-3 and App. E), kept on the CPU.
 
 Caching (Alg. 2): a stream's new k-token state is stored under every suffix (lengths 1..k) of that stream's
 buffer of its last k discarded tokens: the key is the text the state *followed*. Each key keeps at most ``cap``

@@ -6,7 +6,7 @@ the model's answers to its earlier turns) into prompt token ids. Tasks are built
 :meth:`Task.samples` checks the settings and raises :class:`~fafo.errors.ConfigError`, so call it before
 loading the model to fail early.
 
-Prompt conventions (see ``shared/reference/datasets_ref.md``): chat samples go through the tokenizer's chat
+Prompt conventions (as the benchmarks' own evaluation code): chat samples go through the tokenizer's chat
 template with ``add_generation_prompt=True`` and are then tokenized with ``add_special_tokens=False`` (no
 double BOS); turn ``t > 0`` replays the earlier turns with the model's own answers (MT-Bench) or the gold
 references (SCBench). Raw samples (code completion, PG-19, ...) are tokenized as plain text with the

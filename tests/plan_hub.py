@@ -1,6 +1,6 @@
 """Config-only checkpoints of every model a paper preset names, and release-format data for every task they run.
 
-Checkpoints: ``config.json`` with the real dimensions and rope settings (shared/reference/model_configs.md) plus the
+Checkpoints: ``config.json`` with the real dimensions and rope settings (each checkpoint's hub config.json) plus the
 tiny byte-level tokenizer (no weights), laid out as a Hugging Face hub cache (``models--org--name/snapshots/<rev>/``
 with ``refs/main``), so that hub ids resolve offline exactly as on a user's machine. Data: each task's release
 format (field names as the loaders read them) at the lengths the presets need, with a few samples that the

@@ -25,7 +25,7 @@ from tests.step_shapes import method_key, step_query_counts
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
-# (query heads, KV heads) of every preset model (shared/reference/model_configs.md via tests/plan_hub.py), the
+# (query heads, KV heads) of every preset model (their hub config.json, in tests/plan_hub.py), the
 # embedded SmolLM2-135M (conf/model/smollm2_135m.yaml: 9/3) and the tiny configs (conf/model/tiny_*.yaml: 4/2)
 HEADS = {hub: (f["num_attention_heads"], f["num_key_value_heads"]) for hub, f in MODELS.items()}
 HEADS.update({"SmolLM2-135M-Instruct": (9, 3), "tiny-llama": (4, 2), "tiny-qwen2": (4, 2)})

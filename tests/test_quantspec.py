@@ -21,7 +21,8 @@ SMALL = dict(group_size=16, gamma=4, weight_group=32, chunk_size=32)  # chunk 32
 
 
 def formula(x: torch.Tensor, dim: int):
-    """The paper's formulas (seed 002_), written out independently of quantize()."""
+    """QuantSpec's formulas ("QuantSpec: Self-Speculative Decoding with Hierarchical Quantized KV
+    Cache", Sec. 4.2), written out independently of quantize()."""
     mn = x.amin(dim, keepdim=True)
     scale = (x.amax(dim, keepdim=True) - mn) / 15
     q_hi = torch.clamp(torch.round((x - mn) / scale), 0, 15)

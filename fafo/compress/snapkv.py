@@ -7,7 +7,7 @@ their attention to the keys before the window is summed over the window rows, sm
 ``capacity - window`` keys per KV head are kept together with the window itself (query-head scores of a GQA
 group are averaged, as kvpress does, rather than repeating KV per query head). SnapKV does not evict during
 decoding; FAFO's fixed region must stay bounded, so generated tokens are kept in a local window of ``local``
-most recent ones (seed 000_, App. G.5).
+most recent ones (the FAFO paper, App. G.5).
 """
 
 from __future__ import annotations

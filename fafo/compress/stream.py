@@ -3,7 +3,7 @@
 Based on StreamingLLM (https://arxiv.org/abs/2309.17453) and LM-Infinite (https://arxiv.org/abs/2308.16137):
 keep the first ``sink`` tokens and the most recent ``local`` ones. Keys keep their original positions (FAFO's
 prompts are shorter than the pre-training length, so no re-rotation is needed). The FAFO paper's best
-Init+Local budget is about 760 tokens (seed 000_, Table 13).
+Init+Local budget is about 760 tokens (Table 13).
 """
 
 from __future__ import annotations
