@@ -20,7 +20,7 @@ import make_tables as mt  # noqa: E402
 import plot as plot_script  # noqa: E402
 from report_runs import write_run  # noqa: E402
 
-from fafo.bench import compare  # noqa: E402
+from fafo.bench.tools import compare_table  # noqa: E402
 from fafo.bench.metrics import summarize  # noqa: E402
 from fafo.bench.report import read_rows  # noqa: E402
 from fafo.bench.report_format import fmt_interval  # noqa: E402
@@ -126,7 +126,7 @@ def test_old_run_directories_still_load_with_dashes(tmp_path):
     fig, data = plot_script.plot_sweep([tmp_path / "sweep"], "bench.bootstrap")
     assert data[0]["speedup"] and fig.axes[0].get_lines()
     summaries = {"vanilla": json.loads((tmp_path / "sweep/x/vanilla/summary.json").read_text())}
-    line = compare.markdown(compare.comparison_table(summaries)).splitlines()[2]
+    line = compare_table.markdown(compare_table.comparison_table(summaries)).splitlines()[2]
     cells = [c.strip() for c in line.strip("|").split("|")]
     # old rows: no vanilla peak, no overhead, no histogram (verify ms is derivable: decode_s / forwards)
     assert line.startswith("| vanilla (A/A noise floor) | 4 (0) | A/A ") and cells[-4:-2] == ["-", "-"]
@@ -138,22 +138,22 @@ def test_main_job_table_shows_vanilla_as_the_a_a_noise_floor(tmp_path):
     for name, seed in names.items():
         write_run(tmp_path, name, "m", name, seed=seed, fail={"s3"} if name == "lookahead" else ())
     summaries = {n: json.loads((tmp_path / n / "summary.json").read_text()) for n in names}
-    aligned, notes = compare.on_common_samples(tmp_path, summaries)
-    table = compare.comparison_table(aligned)
+    aligned, notes = compare_table.on_common_samples(tmp_path, summaries)
+    table = compare_table.comparison_table(aligned)
     assert list(table["method"]) == ["vanilla", "lookahead"] and list(table["role"]) == ["A/A noise floor", "method"]
-    md = compare.markdown(table)
+    md = compare_table.markdown(table)
     aa = md_rows(md)[1]
     assert aa[0] == "vanilla (A/A noise floor)" and aa[2].startswith("A/A ")
     common = {(s, 0) for s in ("s0", "s1", "s2")}
     expected = common_summary(read_rows(tmp_path / "vanilla" / "samples.csv"), common)
     assert aa[2] == f"A/A {expected['speedup']:.2f}x {{{expected['speedup_range'][0]:.2f}–" \
                     f"{expected['speedup_range'][1]:.2f}}}†"  # 3 samples: their range, not a "95 %" interval
-    text = compare.caption(OmegaConf.create({"bench": {}, "compare": {}}),
+    text = compare_table.caption(OmegaConf.create({"bench": {}, "compare": {}}),
                            {n: {"dtype": "float32", **s} for n, s in aligned.items()})
     assert "95 %" not in md and "{lo–hi} = lowest and highest per-sample value" in text
     assert "[lo–hi] = 95 %" not in text  # no cell has a bootstrap interval, so none is defined
     assert notes and "lookahead lacks 1 (1 failed" in notes[0]
-    compare.write_outputs(table, tmp_path, "caption " + " ".join(notes), compare.categories_markdown(tmp_path,
+    compare_table.write_outputs(table, tmp_path, "caption " + " ".join(notes), compare_table.categories_markdown(tmp_path,
                                                                                                      aligned))
     written = (tmp_path / "compare.md").read_text()
     assert "| vanilla (A/A noise floor) |" in written and "| method | chat | code |" in written

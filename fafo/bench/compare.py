@@ -1,9 +1,8 @@
 """Side-by-side comparison (``compare.methods``; ``python -m fafo.bench experiment=demo``, the README's main job):
 every method composed as ``method=<name> <your overrides> <compare.overrides.<name>>`` would compose it, resolved
 before the model loads once, then run as an ordinary run on the shared engine into ``<run dir>/<method>/`` (a rerun
-resumes), each warmed (``compare.warm_each``) with its own A/A floor (``compare.aa_each``). Then one table
-(``compare.csv``, ``compare.md``, per category when samples carry categories) and a plot (``compare.png``), every
-method on the (sample, turn)s all of them completed (:func:`fafo.bench.report.align`); vanilla's row is the A/A line.
+resumes), each warmed (``compare.warm_each``) with its own A/A floor (``compare.aa_each``). Then one table and a plot
+of every method on the (sample, turn)s all of them completed (:mod:`fafo.bench.tools.compare_table`).
 """
 
 from __future__ import annotations
@@ -15,20 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from fafo.bench.naming import CONF
-from fafo.bench.report import definitions
-from fafo.bench.report_format import fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n, num
-from fafo.bench.report_format import markdown as markdown_table
 from fafo.errors import ConfigError
 
-INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager"]
-COLUMNS = ["method", "role", "n_samples", "n_turns", "n_failed", "n_flagged", "n_no_decode", "speedup",
-           "speedup_kind", "speedup_e2e", "speedup_decode", "aa_speedup", "speedup_vs_eager", "projected_speedup",
-           "projection_error", "projection_beyond_curve", "tau", "tau_all", "tau_with_prefill", "tokens_per_s",
-           "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence", "peak_mem_mb", "ref_peak_mem_mb",
-           "mem_overhead_mb", "verify_ms", "accept_hist", "new_tokens", "common_samples", "method_backend"] + \
-    [f"{k}_{kind}" for k in INTERVALS for kind in ("ci95", "range")]
 REFERENCE = "vanilla"
-AA_LABEL = "vanilla (A/A noise floor)"
 
 
 def method_configs(cfg: DictConfig, overrides: list[str]) -> dict[str, DictConfig]:
@@ -63,6 +51,7 @@ def run_compare(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     """Run every method of ``cfg.compare.methods`` (see the module docstring); returns {method: summary}."""
     from fafo.bench.runner import Runner
     from fafo.bench.spec import resolve
+    from fafo.bench.tools.compare_table import write_comparison
 
     specs = {name: resolve(c, run_dir / name) for name, c in method_configs(cfg, overrides).items()}
     bar = tqdm(total=sum(len(s.samples) for s in specs.values()), desc=f"compare {len(specs)} methods",
@@ -72,152 +61,5 @@ def run_compare(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
         bar.set_description(f"{name} ({len(summaries) + 1}/{len(specs)})")
         summaries[name] = runner.run(spec, progress=bar, report=False)
     bar.close()
-    aligned, notes = on_common_samples(run_dir, summaries)
-    write_outputs(comparison_table(aligned), run_dir, caption(cfg, aligned, notes),
-                  categories_markdown(run_dir, aligned))
+    write_comparison(cfg, run_dir, summaries)
     return summaries
-
-
-def _runs(run_dir: Path, summaries: dict[str, dict]):
-    from fafo.bench.report import Run
-
-    return [Run(name, s, {}, True, path=Path(run_dir) / name) for name, s in summaries.items()]
-
-
-def on_common_samples(run_dir: Path, summaries: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
-    """{method: summary} recomputed on the (sample, turn)s every method completed, and the note saying so."""
-    from fafo.bench.report import align
-
-    runs, note = align(_runs(run_dir, summaries), label=lambda r: r.rel)
-    out = {r.rel: {**r.summary, "common_samples": len(r.coverage.common) if r.coverage else None} for r in runs}
-    return out, ([f"† {note}"] if note else [])
-
-
-def comparison_table(summaries: dict[str, dict]):
-    """One row per method: coverage, speedups with intervals, its own A/A floor, tau and tau_all, exactness, memory
-    beside vanilla's, time per verification forward, acceptance histogram, the projected decode speedup (pandas
-    DataFrame); vanilla's row has role "A/A noise floor"."""
-    import pandas as pd
-
-    rows = [{"method": s.get("method", name), **{k: s.get(k) for k in COLUMNS[1:]},
-             "role": "A/A noise floor" if REFERENCE in (name, s.get("method")) else "method"}
-            for name, s in summaries.items()]
-    return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) -> str:
-    """What the numbers came from: model, task, new tokens, dtype, machine, threads and load (start-end)."""
-    s = next(iter(summaries.values()))
-    params = f"{s['n_params'] / 1e6:.1f}M params, " if s.get("n_params") else ""
-    loads = [x.get(k) for x in summaries.values() for k in ("load_start", "load_end") if x.get(k) is not None]
-    load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
-    text = (f"{s['model']} ({params}{s['dtype']}), task {s['task']}, {s['n_samples']} samples, "
-            f"{cfg.bench.get('max_new_tokens') or 'task-default'} new tokens per turn, greedy; "
-            f"{s.get('device_name', s.get('device'))}, {s.get('threads', '?')} threads{load}; vanilla timed beside "
-            f"each method; the {AA_LABEL} row is vanilla against its own interleaved run, and each method's A/A "
-            "column is vanilla against a second vanilla timed right after that method: not results, the noise "
-            "floor (speedups within them are noise). n = samples[/turns] (failed rows). decode = speedup_decode; "
-            "projected = the decode speedup bench.cost_curve's device gives this method's own forwards, err = "
-            "projected / measured decode - 1. "
-            + " ".join(f"{line}." for line in definitions(summaries.values(), ("tau", "tau_all"))))
-    note = cfg.compare.get("note")
-    eager = [f"{name}: {s['timing_note']}." for name, s in summaries.items() if s.get("timing_note")]
-    return " ".join([text, *notes, *eager] + ([note] if note else []))
-
-
-def categories_markdown(run_dir: Path, summaries: dict[str, dict]) -> str:
-    """The per-category table of the methods whose samples carry categories ("" when none do)."""
-    from fafo.bench.report import align, category_markdown
-
-    runs, _ = align(_runs(run_dir, summaries))  # per category on the common samples too
-    return category_markdown([([name], run) for name, run in zip(summaries, runs)], ["method"], dash="-").rstrip()
-
-
-def write_outputs(table, run_dir: Path, text: str, by_category: str = "") -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    table.to_csv(run_dir / "compare.csv", index=False)
-    md = markdown(table)
-    extra = f"\n\n{by_category}" if by_category else ""
-    (run_dir / "compare.md").write_text(f"{md}\n\n{text}{extra}\n")
-    plot(table, run_dir / "compare.png", text)
-    print(f"\n== fafo-bench comparison ({run_dir}) ==\n{md}\n{text}{extra}\n"
-          f"written: compare.csv, compare.md, compare.png", flush=True)
-
-
-HEAD = ["method", "n (failed)", "speedup", "A/A", "decode", "projected (err)", "tau", "tau_all", "tokens/s",
-        "exact match", "peak MB", "vanilla MB", "overhead MB", "verify ms", "accept hist"]
-
-
-def _cell(row: dict, key: str, spec: str, unit: str = "", interval: bool = False) -> str:
-    """``row[key]`` as ``spec`` with ``unit`` ("-" where it is missing), and its interval (:func:`fmt_interval`)."""
-    text = fmt(row.get(key), spec, "-") + (unit if num(row.get(key)) is not None else "")
-    return text + (f" {fmt_interval(row, key)}" if interval and fmt_interval(row, key) else "")
-
-
-def markdown(table) -> str:
-    """The table as Markdown: the A/A line first, labelled so, then one line per method; every interval as
-    :func:`~fafo.bench.report_format.fmt_interval` writes it (``[..]`` 95 %, ``{..}`` per-sample range)."""
-    lines = []
-    for row in sorted(table.to_dict("records"), key=lambda r: r["role"] != "A/A noise floor"):
-        aa, err = row["role"] == "A/A noise floor", num(row.get("projection_error"))
-        mark = "†" if num(row["common_samples"]) is not None else ""
-        eager = " (eager)" if row.get("method_backend") == "eager" and num(row.get("speedup_vs_eager")) is not None \
-            else ""
-        err = f" ({100 * err:+.0f} %)" if err is not None else ""
-        projected = _cell(row, "projected_speedup", ".2f", "x") + err + \
-            ("~" if (row.get("projection_beyond_curve") or 0) > 0 else "")
-        lines.append([AA_LABEL if aa else str(row["method"]) + eager, fmt_n(row, "-"),
-                      ("A/A " if aa else "") + _cell(row, "speedup", ".2f", "x", True) + mark,
-                      "-" if aa else _cell(row, "aa_speedup", ".2f", "x", True),
-                      _cell(row, "speedup_decode", ".2f", "x"),
-                      "-" if aa else projected, _cell(row, "tau", ".2f", interval=True), _cell(row, "tau_all", ".2f"),
-                      _cell(row, "tokens_per_s", ".1f"), fmt_exact(row, "-"), _cell(row, "peak_mem_mb", ".0f"),
-                      _cell(row, "ref_peak_mem_mb", ".0f"), _cell(row, "mem_overhead_mb", ".0f"),
-                      _cell(row, "verify_ms", ".2f"), fmt_hist(row["accept_hist"], dash="-")])
-    return markdown_table(HEAD, lines, labels=1).rstrip()
-
-
-def interval_of(row: dict, key: str) -> list[float] | None:
-    """[lo, hi] of ``key``'s interval in a table row (95 % bootstrap or per-sample range), None without one."""
-    return next(([float(v[0]), float(v[1])] for v in (row.get(f"{key}_ci95"), row.get(f"{key}_range"))
-                 if isinstance(v, (list, tuple)) and len(v) == 2 and None not in v), None)
-
-
-def plot(table, path: Path, text: str) -> None:
-    """Speedup and tau per method with their intervals as error bars (95 % bootstrap from 10 samples, else the
-    per-sample range: the axis label says which); vanilla's A/A interval as a grey band (the noise floor)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = table[table["role"] != "A/A noise floor"].reset_index(drop=True)
-    records = methods.to_dict("records")
-    kinds = sorted({str(k) for k in table["speedup_kind"] if isinstance(k, str)})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * max(len(methods), 1) + 2.2), sharey=True)
-    y = list(range(len(methods)))
-    bars = ("95% bootstrap CI" if any(r.get("speedup_ci95") is not None for r in records) else
-            "range over samples" if any(r.get("speedup_range") is not None for r in records) else "no interval")
-    for ax, col, label in ((axes[0], "speedup", f"speedup_{'/'.join(kinds)}" if kinds else "speedup"),
-                           (axes[1], "tau", "tau (tokens per verification step, prefill excluded)" if kinds
-                            else "tau (new tokens / (forwards + 1))")):
-        values = methods[col].astype(float).fillna(0.0)
-        ivs = [interval_of(r, col) if v == v else None for v, r in zip(values, records)]
-        xerr = [[max(0.0, v - iv[0]) if iv else 0.0 for v, iv in zip(values, ivs)],
-                [max(0.0, iv[1] - v) if iv else 0.0 for v, iv in zip(values, ivs)]]
-        ax.barh(y, values, xerr=xerr, capsize=3, color=["#4c72b0" if v >= 1.0 else "#c44e52" for v in values])
-        ax.axvline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xlabel(label + (" vs vanilla (x)" if col == "speedup" else "") + f", bars: {bars}", fontsize=8)
-        for i, v in zip(y, values):
-            ax.text(v, i, f" {v:.2f}", va="center", fontsize=8)
-    for row in table[table["role"] == "A/A noise floor"].to_dict("records"):
-        if interval_of(row, "speedup"):
-            lo, hi = interval_of(row, "speedup")
-            axes[0].axvspan(lo, hi, color="grey", alpha=0.25, label=f"{AA_LABEL} {fmt_interval(row, 'speedup')}")
-            axes[0].legend(fontsize=7, loc="lower right")
-    axes[0].set_yticks(y, [f"{m} (n={fmt_n(r, '-')})" for m, r in zip(methods["method"], records)])
-    axes[0].invert_yaxis()
-    fig.suptitle(text, fontsize=7, wrap=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from fafo.bench.records import write_json_atomic
+from fafo.bench.records import prompt_hash, write_json_atomic
 
 
 def reference_key(spec, engine, env: dict, eos, prompt: list[int], max_new: int) -> str:
@@ -26,7 +26,7 @@ def reference_key(spec, engine, env: dict, eos, prompt: list[int], max_new: int)
     ``engine`` (``env``: :func:`fafo.bench.timing.environment`)."""
     fields = dict(
         model=spec.ckpt.identity, dtype=spec.dtype, device=env["device_name"], backend=engine.backend,
-        prompt=hashlib.sha256(json.dumps(prompt).encode()).hexdigest(), max_new_tokens=max_new, eos=eos,
+        prompt=prompt_hash(prompt), max_new_tokens=max_new, eos=eos,
         sampling=asdict(spec.sampling), decoder=repr(spec.reference), context=spec.context,
         **({"compile": asdict(spec.compile)} if spec.compile else {}),  # eager keys stay as they were
         versions=[env["torch"], env["transformers"], env["fafo_bench"]],

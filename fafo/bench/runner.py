@@ -19,11 +19,10 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from fafo.bench.records import RecordWriter, first_mismatch, row_key, write_json_atomic
+from fafo.bench.records import RecordWriter, first_mismatch, output_line, row_key, write_json_atomic
 from fafo.bench.reference import reference_key
 from fafo.bench.summary import RunningTotals, print_summary, run_summary
 from fafo.bench.timing import Meter, busy_warning, load_average, machine_state
-from fafo.bench.records import output_line
 from fafo.bench.wandb_log import WandbLogger
 from fafo.engine.compiled import compile_stats, reset_compiled_state
 from fafo.engine.engine import Engine

@@ -115,8 +115,8 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None, weights: bool = 
     if not weights:
         return spec
     plan = checked(assess(spec))  # context, every turn, scratch, memory: refuses or drops
-    if isinstance(getattr(method, "compress", None), Compression):
-        method.compress.check_fits(context)
+    if isinstance(compress, Compression):
+        compress.check_fits(context)
     return replace(spec, samples=tuple(plan.kept), plan=plan, cache_slots=plan.cache_slots)
 
 
