@@ -2,7 +2,6 @@
 reading a run's rows, building task files, and the tiny draft model. Test modules import from here, never from
 each other."""
 
-import csv
 import importlib
 import itertools
 import json
@@ -20,10 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from fafo.bench.naming import CONF
+from fafo.bench.records import read_rows as read_samples_csv
 from tasks.spec_bench import SUBTASKS
 
 REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
 # this tree first; a PYTHONPATH already set stays behind it (make test-compat's --target folder of wheels)
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -68,9 +68,13 @@ def make_cfg(tmp_path, *overrides):
 
 
 def read_rows(run_dir) -> list[dict]:
-    """A run's ``samples.csv`` rows as strings."""
-    with open(Path(run_dir) / "samples.csv", newline="") as f:
-        return list(csv.DictReader(f))
+    """A run's ``samples.csv`` rows as strings, read as everything that reads a run reads them (checksums checked):
+    a row the reader drops fails the test."""
+    path, repairs = Path(run_dir) / "samples.csv", []
+    assert path.is_file(), f"{path} was not written"
+    rows = read_samples_csv(path, repairs)
+    assert not repairs, repairs
+    return rows
 
 
 def run_cli(*args, cwd, wait=True, timeout=600, env=None):

@@ -35,10 +35,10 @@ from fafo.compress.snapkv import SnapKV
 from fafo.compress.stream import StreamingLLM
 from fafo.fafo import FAFODecoder
 from tests.conftest import MODEL_SPECS
-from tests.helpers import DRAFT_SPEC
+from tests.helpers import CONF, DRAFT_SPEC
 from tests.lossless import PROMPTS
 
-METHOD_CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+METHOD_CONF = CONF / "method"
 SAM_CORPUS = Path(__file__).resolve().parent / "data" / "sam_corpus.txt"  # a small text corpus (PROMPTS)
 # TriForce presets get a tiny draft (llama-68m cannot be fetched offline)
 TINY_DRAFT = ("method.draft.path=null", "method.draft.tiny={family: llama, hidden_size: 32, num_hidden_layers: 1}")

@@ -13,7 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from fafo.bench.metrics import summarize
-from fafo.bench.records import SAMPLE_COLUMNS, row_crc
+from fafo.bench.records import SAMPLE_COLUMNS, read_rows, row_crc
 
 # samples.csv as written before the forward ledger (fafo/bench/records.py SAMPLE_COLUMNS at that time)
 OLD_COLUMNS = [
@@ -118,9 +118,8 @@ def with_crc(rows: list[dict], columns: list[str]) -> list[dict]:
 
 
 def read(run_dir: Path) -> list[dict]:
-    """samples.csv rows as csv.DictReader reads them (strings)."""
-    with open(Path(run_dir) / "samples.csv", newline="") as f:
-        return list(csv.DictReader(f))
+    """samples.csv rows as every reader of a run reads them (strings, checksums checked)."""
+    return read_rows(Path(run_dir) / "samples.csv")
 
 
 # ------------------------------------------------------------------ paper-table trees (tests/test_reproduce.py)

