@@ -194,7 +194,7 @@ def _store_class_defaults() -> None:
     for path in sorted((CONF / "method").rglob("*.yaml")):
         target = (yaml.safe_load(path.read_text()) or {}).get("_target_")
         if target:
-            node = field_defaults(get_class(target))
+            node = {"_target_": target, **field_defaults(get_class(target))}  # _target_ first in config.yaml
             ConfigStore.instance().store(group="class_defaults", name=target.rsplit(".", 1)[1], node=node)
 
 
