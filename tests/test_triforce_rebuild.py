@@ -69,11 +69,10 @@ def test_rebuilds_happen_at_the_interval(name, interval, draft, engine, builds, 
 
 
 def test_default_interval_is_the_official_generation_length_and_official_preset_never_rebuilds():
-    from omegaconf import OmegaConf
+    from tests.helpers import compose_with
 
     assert TriForceDecoder.__dataclass_fields__["rebuild_interval"].default == 256
-    base = OmegaConf.load(REPO / "conf" / "method" / "triforce.yaml")
-    official = OmegaConf.load(REPO / "conf" / "method" / "triforce_official.yaml")
+    base, official = (compose_with(f"method={name}").method for name in ("triforce", "triforce_official"))
     assert base.rebuild_interval == 256 and official.rebuild_interval is None
 
 

@@ -193,8 +193,11 @@ def _store_class_defaults() -> None:
 
     for path in sorted((CONF / "method").rglob("*.yaml")):
         target = (yaml.safe_load(path.read_text()) or {}).get("_target_")
-        if target:
-            node = {"_target_": target, **field_defaults(get_class(target))}  # _target_ first in config.yaml
+        try:  # _target_ first in config.yaml; one that does not import is refused when the run builds it
+            node = {"_target_": target, **field_defaults(get_class(target))} if target else None
+        except (ImportError, AttributeError, ValueError):
+            node = None
+        if node:
             ConfigStore.instance().store(group="class_defaults", name=target.rsplit(".", 1)[1], node=node)
 
 

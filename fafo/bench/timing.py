@@ -63,7 +63,7 @@ class PeakMemory:
 
     CUDA: ``max_memory_allocated`` since ``reset`` (``allocated_bytes.all.peak``: every pool of the caching
     allocator, CUDA-graph private pools included; ``torch/cuda/memory.py``), taken together with the same peak
-    over the decoder's own warm-up generations (:meth:`warm`, :func:`generation_peak`). Why: in
+    over the decoder's own warm-up generations (:meth:`warm`), the larger of the two. Why: in
     ``torch/_inductor/cudagraph_trees.py`` every compiled step of every decoder shares one private pool per device
     (``CUDAGraphTreeManager.__init__``: ``cuda_graphs_thread_pool``); a step's intermediates are allocated in it
     when it warms up (``CUDAWarmupNode.run``, under ``_use_cuda_memory_pool_manager``) and when it is recorded
@@ -94,15 +94,8 @@ class PeakMemory:
     def peak_mb(self, engine, extras: dict, key=None) -> float:
         """The peak of the generation since :meth:`reset`, by the decoder ``key`` names (its warm-up peak kept)."""
         if self.device.type == "cuda":
-            return generation_peak(torch.cuda.max_memory_allocated(self.device), self.warm_bytes.get(key, 0)) / 2**20
+            return max(torch.cuda.max_memory_allocated(self.device), self.warm_bytes.get(key, 0)) / 2**20
         return (engine.weights_nbytes + engine.cache_nbytes + int(extras.get("buffer_bytes", 0))) / 2**20
-
-
-def generation_peak(timed_bytes: int, warm_bytes: int) -> int:
-    """A CUDA generation's peak: the larger of its own ``max_memory_allocated`` (its eager work: prefill, a prompt
-    longer than the warm-up's, state sized by the prompt) and its decoder's warm-up peak (the compiled steps'
-    intermediates, which its CUDA-graph replays reuse without allocating; :class:`PeakMemory`)."""
-    return max(int(timed_bytes), int(warm_bytes))
 
 
 def cpu_name() -> str:
