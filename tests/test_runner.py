@@ -172,7 +172,8 @@ def test_cli_prints_one_error_line_and_exits_2(tmp_path):
     proc = run_cli("bench.dtype=float64", f"bench.output_dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: bench.dtype='float64' is not supported; use auto or one of float32, float16, bfloat16"]
+        "error: bench.dtype='float64' must be one of auto, float32, float16, bfloat16 (auto = float16 on CUDA, "
+        "float32 on CPU)"]
     proc = run_cli("method=nope", cwd=tmp_path)
     assert proc.returncode != 0 and "method/nope" in proc.stderr and "vanilla" in proc.stderr
 
