@@ -21,7 +21,7 @@ class KVCache:
 
     Args:
         n_layers: number of transformer layers.
-        batch: batch size (1 for every speculative method).
+        batch: rows (requests decoded together; 1 for one request at a time).
         n_kv_heads: KV heads per layer (GQA: fewer than query heads).
         max_len: physical slots per layer.
         head_dim: per-head dimension.
@@ -29,10 +29,42 @@ class KVCache:
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
-        self.kv = torch.zeros((2, n_layers, batch, n_kv_heads, max_len, head_dim), dtype=dtype, device=device)
-        self.keys = list(self.kv[0].unbind(0))  # per layer [B, Hkv, S, D], views of kv
-        self.values = list(self.kv[1].unbind(0))
-        self.max_len = max_len
+        self.bind(torch.zeros((2, n_layers, batch, n_kv_heads, max_len, head_dim), dtype=dtype, device=device))
+
+    def bind(self, kv: torch.Tensor) -> None:
+        """Make ``kv`` (a buffer, or a view of rows of one) this cache's storage."""
+        self.kv = kv
+        self.keys = list(kv[0].unbind(0))  # per layer [B, Hkv, S, D], views of kv
+        self.values = list(kv[1].unbind(0))
+        self.max_len = kv.shape[SLOT_DIM]
+        self._first_rows: dict[int, KVCache] = {}
+
+    @classmethod
+    def view(cls, kv: torch.Tensor) -> "KVCache":
+        """A cache over ``kv`` (a view of another cache's rows: writes and moves land in that cache)."""
+        cache = cls.__new__(cls)
+        cache.bind(kv)
+        return cache
+
+    @property
+    def batch(self) -> int:
+        return self.kv.shape[2]
+
+    def row(self, b: int) -> "KVCache":
+        """Row ``b`` as a batch-1 cache of its own (a view; :meth:`bind` it to another row when the request moves)."""
+        return KVCache.view(self.kv[:, :, b : b + 1])
+
+    def rows(self, n: int) -> "KVCache":
+        """The first ``n`` rows (a view, the same object at every call): a batched step over the requests there."""
+        if n == self.batch:
+            return self
+        if n not in self._first_rows:
+            self._first_rows[n] = KVCache.view(self.kv[:, :, :n])
+        return self._first_rows[n]
+
+    def copy_row(self, src: int, dst: int, n_slots: int) -> None:
+        """Copy the first ``n_slots`` slots of row ``src`` to row ``dst`` in every layer (one op)."""
+        self.kv[:, :, dst, :, :n_slots].copy_(self.kv[:, :, src, :, :n_slots])
 
     def tensors(self) -> list[torch.Tensor]:
         """The buffer and its per-layer views (what CUDA graphs must keep at static addresses)."""
@@ -43,9 +75,14 @@ class KVCache:
         return self.kv.numel() * self.kv.element_size()
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """slots: [Q] long; k, v: [B, Hkv, Q, D]."""
-        self.keys[layer].index_copy_(2, slots, k)
-        self.values[layer].index_copy_(2, slots, v)
+        """slots: [Q] long (the same slots in every row) or [B, Q] (each row's own); k, v: [B, Hkv, Q, D]."""
+        if slots.dim() == 1:
+            self.keys[layer].index_copy_(2, slots, k)
+            self.values[layer].index_copy_(2, slots, v)
+            return
+        index = slots[:, None, :, None].expand(k.shape)
+        self.keys[layer].scatter_(2, index, k)
+        self.values[layer].scatter_(2, index, v)
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy the entries of slots ``src`` to slots ``dst`` in every layer and head (src, dst: [N] long).

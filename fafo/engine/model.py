@@ -102,7 +102,7 @@ class Attention(nn.Module):
             out = cache.attend(self.layer, q, k, v, slots, plan, self.scale)
             return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
         if slots is not None:  # the first len(slots) tokens of the step are kept; the rest stay scratch
-            n = slots.shape[0]
+            n = slots.shape[-1]
             cache.write(self.layer, slots, k[:, :, :n], v[:, :, :n])
         out = attend(backend, q, cache.keys[self.layer], cache.values[self.layer], k, v, plan, self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
@@ -189,10 +189,12 @@ class Transformer(nn.Module):
             positions: [B, Q] or [Q] logical positions (RoPE).
             cache: the static cache; ``slots`` of it are written, ``plan.prefix`` slots of it are read.
             slots: [Q'] long physical slots for the KV of the step's first Q' tokens (Q' <= Q; the others are
-                attended within the step only), or ``None`` to write nothing.
+                attended within the step only), [B, Q'] when each batch row has its own, or ``None`` to write
+                nothing.
             plan: visibility of cached and step keys per query.
             backend: ``sdpa`` or ``flex``.
-            logits: ``"all"``, ``"last"``, ``"none"`` (hidden states) or a [K] index tensor of rows to project.
+            logits: ``"all"``, ``"last"``, ``"none"`` (hidden states), a [K] index tensor of rows to project, or
+                [B, K]: each batch row's own.
             skip: optional (attention layers, MLP layers) to skip (self-speculative drafting); a skipped
                 attention layer writes no KV.
 
@@ -211,8 +213,10 @@ class Transformer(nn.Module):
                 return self.model.norm(x)
             if logits == "last":
                 x = x[:, -1:]
-        else:
+        elif logits.dim() == 1:
             x = x[:, logits]
+        else:
+            x = x.gather(1, logits[..., None].expand(-1, -1, x.shape[-1]))
         return self.lm_head(self.model.norm(x))
 
 
