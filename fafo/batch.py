@@ -38,14 +38,16 @@ from dataclasses import dataclass, field
 import torch
 
 from fafo.decoding import Decoder, Generation, Step, StepState, truncate_at_stop
-from fafo.engine.batching import StepInputs, StepLogits, forward_rows
+from fafo.engine.batching import StepInputs, StepLogits, bucket_count, forward_rows
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from fafo.engine.ledger import MODEL_TIME, ForwardCounts
+from fafo.engine.torch_compat import raise_recompile_limit
 from fafo.errors import ConfigError
 from fafo.sampling import GREEDY, Sampling
 
 BATCHING = ("static", "continuous")
+COMPILED_SHAPES = 32  # the graphs one request's compiled steps may need (fafo.engine.compiled.CompiledStep)
 
 
 def check_batch(decoder: Decoder | type[Decoder], batch_size: int, name: str = "") -> None:
@@ -153,6 +155,8 @@ def decode_batch(decoder: Decoder, engine: Engine, requests: list[Request], batc
     sampling = sampling or GREEDY
     need = max(len(r.prompt_ids) + r.max_new_tokens + decoder.extra_slots(r.max_new_tokens) for r in requests)
     cache = engine.cache(need, batch=batch_size)
+    if engine.compiled is not None:  # each bucket of rows compiles the step shapes a single request does
+        raise_recompile_limit(COMPILED_SHAPES * bucket_count(batch_size))
     queue, rows = deque(range(len(requests))), []
     generations: list[Generation | None] = [None] * len(requests)
     times: list[RequestTimes | None] = [None] * len(requests)

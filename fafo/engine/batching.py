@@ -65,6 +65,11 @@ def batch_bucket(n: int, capacity: int) -> int:
     return min(capacity, 1 << max(n - 1, 0).bit_length())
 
 
+def bucket_count(capacity: int) -> int:
+    """How many row counts compiled steps of a ``capacity``-row cache run (each its own graphs)."""
+    return len({batch_bucket(n, capacity) for n in range(1, capacity + 1)})
+
+
 class StepLogits:
     """The logits a step's forwards returned, ``outs[f]``: ``[B, R, V]`` (one request per row, ``counts[f][b]`` of
     its rows real), read on the host at most once: the argmax (and top-k) of every row of every forward come back

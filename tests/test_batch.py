@@ -1,0 +1,320 @@
+"""Batch > 1: the engine's batched forward (fafo/engine/batching.py) computes each request's step as it would alone,
+and every method that decodes a batch (fafo/batch.py) gives each request the tokens of its greedy decode alone, at
+B = 4 with ragged prompts and rows that end at different steps (EOS, max_new_tokens, a one-token answer, an answer
+ended by its first token), in static and continuous batching; methods that learn nothing across requests also
+accept exactly what they accept alone. Sampled batches draw what each request draws alone and follow vanilla's law.
+Compiled batches (aot_eager + FlexAttention, inductor + SDPA) are in the slow tier."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from baselines.longspec import LongSpecDecoder
+from baselines.lossy import LossyDecoder
+from baselines.quantspec import Int8KVReference, QuantSpecDecoder
+from baselines.suffix_index import SuffixIndex
+from baselines.swift import SwiftDecoder
+from baselines.token_recycling import TokenRecyclingDecoder
+from baselines.triforce import TriForceDecoder
+from fafo.batch import BATCHING, Request, check_batch as check_batch_size, decode_batch
+from fafo.engine.attention import AttentionPlan
+from fafo.engine.compiled import CompileOptions, compile_stats
+from fafo.engine.engine import Engine
+from fafo.engine.batching import StepInputs, StepLogits, batch_bucket, forward_one, forward_rows
+from fafo.errors import ConfigError
+from fafo.fafo import fafo_step_mask
+from fafo.sampling import Sampling
+from fafo.sampling_check import compare, run_many
+from fafo.tree import DraftTree, tree_inputs
+from tests.helpers import compose_with
+from tests.batch_cases import (B, CONFIGS, CROSS_REQUEST, METHODS, alone, assert_as_alone, check_batch, ragged_requests,
+                               run_batch)
+from tests.methods import METHOD_CONF, METHODS as METHOD_CONFIGS, sampling_cases
+from tests.sampling_law import K, SAMPLES, SAMPLING, passes
+
+
+# ------------------------------------------------------------------ the batched forward
+def _rows(eng, prompts):
+    """Step inputs of several kinds on ragged prefixes: a tree, a causal chain, one token, a root alone."""
+    trees = [DraftTree.from_paths(7, [[8, 9, 10], [8, 11], [12]]), DraftTree.root(5)]
+    steps = [tree_inputs(trees[0], len(prompts[0])), tree_inputs(trees[1], len(prompts[1]))]
+    n = len(prompts[2])
+    steps.append(StepInputs([3, 4, 5], range(n, n + 3), range(n, n + 3), AttentionPlan(prefix=n), logits="last"))
+    n = len(prompts[3])
+    steps.append(StepInputs([9], [n], [n], AttentionPlan(prefix=n)))
+    return steps
+
+
+def _prefilled(eng, prompts):
+    batch = eng.new_cache(256, batch=len(prompts))
+    single = [eng.new_cache(256) for _ in prompts]
+    for b, p in enumerate(prompts):
+        eng.prefill(batch.row(b), p)
+        eng.prefill(single[b], p)
+    return batch, single
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "dense", "flex"])
+@pytest.mark.parametrize("name", ["llama_mha", "qwen2_gqa"])
+def test_batched_forward_equals_each_request_alone(name, backend, engine):
+    """Ragged prefixes, a different kind of step in each row (mask, causal, one token): each row's logits and the
+    KV it writes equal its step alone; then every row's one-token step (the fused vanilla path) too."""
+    eng = engine(name, backend)
+    prompts = [list(range(5, 17)), list(range(3, 40)), list(range(40, 47)), list(range(60, 90))]
+    batch, single = _prefilled(eng, prompts)
+    steps = _rows(eng, prompts)
+    out, counts, width = forward_rows(eng, batch, steps)
+    assert width == max(len(s.tokens) for s in steps)
+    for b, step in enumerate(steps):
+        ref = forward_one(eng, single[b], [step]).outs[0][0]
+        torch.testing.assert_close(out[b, : counts[b]], ref, atol=2e-5, rtol=0)
+        n = len(prompts[b]) + len(step.tokens)
+        torch.testing.assert_close(batch.kv[:, :, b, :, :n], single[b].kv[:, :, 0, :, :n], atol=1e-5, rtol=0)
+    vanilla = [StepInputs([11 + b], [len(p)], [len(p)], AttentionPlan(prefix=len(p)), "last")
+               for b, p in enumerate(prompts)]
+    out, counts, _ = forward_rows(eng, batch, vanilla)
+    for b, step in enumerate(vanilla):
+        torch.testing.assert_close(out[b, :1], forward_one(eng, single[b], [step]).outs[0][0], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_batched_region_step_equals_each_request_alone(backend, engine):
+    """FAFO's fused step (one shared mask, stream queries over each row's own fixed region) on ragged rows."""
+    eng = engine("llama_gqa", backend)
+    prompts = [list(range(5, 30)), list(range(3, 12)), list(range(40, 70))]
+    batch, single = _prefilled(eng, prompts)
+    m, k, n = 2, 3, 3
+    mask = fafo_step_mask(m, k, n)
+    steps = []
+    for b, p in enumerate(prompts):
+        P, Q = len(p), 1 + m * k + n * k
+        plan = AttentionPlan(prefix=P, step_mask=mask, region_from=1 + m * k, region_len=[8, 5, 8][b],
+                             region_capacity=8)
+        steps.append(StepInputs(list(range(20, 20 + Q)), list(range(P, P + Q)), range(200, 200 + 1 + m * k), plan))
+    out, counts, _ = forward_rows(eng, batch, steps)
+    for b, step in enumerate(steps):
+        torch.testing.assert_close(out[b, : counts[b]], forward_one(eng, single[b], [step]).outs[0][0], atol=2e-5,
+                                   rtol=0)
+
+
+def test_one_device_read_per_step_whatever_the_batch(engine, monkeypatch):
+    """The argmax of every row of every forward of a step (FAFO-2forward: two) comes back in one read."""
+    eng = engine("llama_gqa")
+    requests = ragged_requests(eng)
+    reads = []
+    real = StepLogits._read
+    monkeypatch.setattr(StepLogits, "_read", lambda self, fn, width: reads.append(1) or real(self, fn, width))
+    result = decode_batch(METHODS["fafo_2forward"](), eng, requests, B, "continuous")
+    assert max(len(s.requests) for s in result.steps) == B and len(reads) == len(result.steps)
+
+
+# ------------------------------------------------------------------ every method, every request as alone
+@pytest.mark.parametrize("batching", BATCHING)
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_each_request_equals_its_greedy_decode_alone(name, batching, engine):
+    """High acceptance (a repetitive model), GQA Qwen2: tokens as alone; acceptance as alone (unless learnt
+    across requests); each batched forward carries exactly the active requests (finished ones cost nothing)."""
+    eng = engine("qwen2_gqa_rep")
+    requests = ragged_requests(eng)
+    eng.ledger.log = []
+    try:
+        result = run_batch(name, eng, batching, requests)
+        decode = [r.batch for r in eng.ledger.log if r.kind != "prefill"]
+    finally:
+        eng.ledger.log = None
+    assert_as_alone(f"{name} {batching}", eng, requests, result)
+    if name not in CROSS_REQUEST:
+        for gen, ref in zip(result.generations, alone(METHODS[name], eng, requests)):
+            assert gen.accept_lengths == ref.accept_lengths  # and so the same forwards (padding aside)
+            assert replace(gen.forwards, tokens=0) == replace(ref.forwards, tokens=0)
+    sizes = [len(s.requests) for s in result.steps]
+    per_step = len(decode) // len(sizes)  # FAFO-2forward: a fumble and a verification forward
+    assert decode == [n for n in sizes for _ in range(per_step)]  # rows of each forward = active requests
+    seen = set()
+    for prev, step in zip([None] + result.steps, result.steps):
+        if batching == "continuous" and len(step.requests) < B:  # the batch is short only when none waits
+            assert all(t.admitted_s < step.end_s for t in result.times)
+        if batching == "static" and prev is not None:  # a batch only loses requests until the next one starts
+            assert set(step.requests) <= set(prev.requests) or not set(step.requests) & seen
+        seen |= set(step.requests)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_low_acceptance_mha_llama(name, engine):
+    """Near-zero acceptance (varied text), MHA Llama, a batch of 3 over 7 requests."""
+    eng = engine("llama_mha")
+    check_batch(name, eng, "static", ragged_requests(eng), batch_size=3)
+
+
+@pytest.mark.parametrize("name", ["vanilla", "token_recycling", "lookahead", "fafo_quest", "fafo_2forward"])
+def test_flex_attention(name, engine):
+    eng = engine("qwen2_gqa_rep", "flex")
+    check_batch(name, eng, "continuous", ragged_requests(eng)[:5])
+
+
+@pytest.mark.parametrize("name", ["prompt_lookup", "lookahead", "fafo_stream"])
+def test_static_shapes_padding(name, engine, monkeypatch):
+    """Under engine.static_shapes (compiled steps) rows are padded to the method's static size: same tokens."""
+    eng = engine("llama_gqa")
+    monkeypatch.setattr(eng, "static_shapes", True)
+    check_batch(name, eng, "static", ragged_requests(eng))
+
+
+def test_batch_of_one_is_the_single_request_loop(engine):
+    """B = 1 runs the requests one after another through the batched path: same tokens, acceptance, forwards and
+    run-wide state as :func:`fafo.decoding.decode` (Token Recycling's matrix learnt across requests)."""
+    eng = engine("qwen2_gqa_rep")
+    requests = ragged_requests(eng)
+    batched = TokenRecyclingDecoder()
+    batched.setup(eng)
+    result = decode_batch(batched, eng, requests, 1)
+    single = TokenRecyclingDecoder()
+    single.setup(eng)
+    for gen, r in zip(result.generations, requests):
+        ref = single.generate(eng, r.prompt_ids, r.max_new_tokens, r.eos_ids)
+        assert (gen.tokens, gen.accept_lengths, gen.forwards) == (ref.tokens, ref.accept_lengths, ref.forwards)
+    assert np.array_equal(batched.adjacency, single.adjacency)
+
+
+@pytest.mark.parametrize("name", sorted(CROSS_REQUEST))
+def test_run_wide_state_is_learnt_in_request_order(name, engine):
+    """A shared matrix or tree, updated request by request in request order: the same batch gives the same
+    acceptance and the same learnt state on every run, static and continuous alike."""
+    eng = engine("qwen2_gqa_rep")
+    requests = ragged_requests(eng)
+    runs = []
+    for _ in range(2):
+        method = METHODS[name]()
+        method.setup(eng)
+        result = decode_batch(method, eng, requests, B, "continuous")
+        runs.append(([g.accept_lengths for g in result.generations], _learnt(method)))
+    assert runs[0] == runs[1]
+
+
+def _learnt(method) -> object:
+    """What a method learnt across requests: Token Recycling's matrix, the sequences of SuffixDecoding's tree."""
+    if isinstance(method, TokenRecyclingDecoder):
+        return method.adjacency.tobytes()
+    tree = method.global_tree
+    return {seq: tree.tokens[start:end].tolist() for seq, (start, end) in tree.seqs.items()}
+
+
+# ------------------------------------------------------------------ sampling
+@pytest.mark.parametrize("name", sorted(set(METHODS) - CROSS_REQUEST))
+def test_sampled_requests_draw_what_they_draw_alone(name, engine):
+    """Each request keeps its own generator and the method's exact rule: a batch draws each request's tokens as
+    it draws them alone (so the batch is exact in distribution whenever the method is). Methods that learn across
+    requests draft otherwise in a batch, so they draw otherwise: their law is checked below."""
+    eng = engine("qwen2_gqa_rep")
+    sampling = Sampling(temperature=0.8, top_k=8, seed=3)
+    requests = [Request(r.prompt_ids, r.max_new_tokens, r.eos_ids, sampling.generator(i))
+                for i, r in enumerate(ragged_requests(eng))]
+    method = METHODS[name]()
+    method.setup(eng)
+    result = decode_batch(method, eng, requests, B, "continuous", sampling)
+    again = [Request(r.prompt_ids, r.max_new_tokens, r.eos_ids, sampling.generator(i)) for i, r in enumerate(requests)]
+    want = alone(METHODS[name], eng, again, sampling)
+    assert [g.tokens for g in result.generations] == [g.tokens for g in want]
+
+
+SAMPLED = {name: case for name, case in sampling_cases().items() if name in CONFIGS}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLED))
+def test_batched_sampling_matches_vanilla_law(name, law):
+    """tests/test_sampling.py's chi-square test, the generations decoded four at a time."""
+    eng, ids, joint = law(SAMPLED[name][0])
+    method = SAMPLED[name][1]()
+    method.setup(eng)
+    seqs, tau = run_many(method, eng, ids, SAMPLING, K, SAMPLES, batch_size=B)
+    assert tau > 1.1, f"{name}: too few accepted guesses (tau {tau:.3f}) for the test to mean anything"
+    rows = compare(seqs, joint, K)
+    assert passes(rows), rows
+
+
+# ------------------------------------------------------------------ what cannot be batched, and the pieces
+@pytest.mark.parametrize("cls", [TriForceDecoder, QuantSpecDecoder, Int8KVReference, LongSpecDecoder, SwiftDecoder,
+                                 LossyDecoder])
+def test_methods_that_cannot_batch_refuse_in_one_line(cls):
+    check_batch_size(cls, 1)
+    with pytest.raises(ConfigError, match=r"bench\.batch_size=4 .*; set bench\.batch_size=1$") as err:
+        check_batch_size(cls, 4)
+    assert "\n" not in str(err.value)
+
+
+def test_every_method_config_says_whether_it_batches():
+    """Each conf/method/ config's decoder class decodes a batch exactly when it is listed (tests/batch_cases.py)."""
+    from hydra.utils import get_class
+
+    names = {p.stem for p in METHOD_CONF.glob("*.yaml")}
+    assert names == set(METHOD_CONFIGS) and CONFIGS <= names
+    for name in sorted(names):
+        cls = get_class(compose_with(f"method={name}").method._target_)
+        assert (not cls.batch_refusal) == (name in CONFIGS), name
+
+
+def test_rows_of_the_cache_are_views_that_move(engine):
+    eng = engine("llama_gqa")
+    cache = eng.new_cache(16, batch=3)
+    row = cache.row(1)
+    eng.prefill(row, [5, 6, 7])
+    assert cache.kv[:, :, 1, :, :3].abs().sum() > 0 and cache.kv[:, :, [0, 2]].abs().sum() == 0
+    cache.copy_row(1, 2, 3)
+    row.bind(cache.kv[:, :, 2:3])
+    assert torch.equal(row.kv[:, :, 0], cache.kv[:, :, 1]) and cache.rows(2) is cache.rows(2)
+    assert [batch_bucket(n, 6) for n in range(1, 7)] == [1, 2, 4, 4, 6, 6]
+
+
+def test_an_older_sequence_can_grow_again():
+    """SuffixDecoding's global tree grows each request of a batch in turn: the same occurrences as if each
+    sequence had been written whole."""
+    grown, whole = SuffixIndex(8), SuffixIndex(8)
+    seqs = {0: [1, 2, 3, 1, 2], 1: [2, 3, 1], 2: [3, 1, 2, 3, 4]}
+    for chunk in range(3):
+        for seq_id, tokens in seqs.items():
+            grown.extend(seq_id, tokens[chunk * 2 : chunk * 2 + 2])
+    for seq_id, tokens in seqs.items():
+        whole.extend(seq_id, tokens)
+    for pattern in ([1], [2, 3], [1, 2], [3, 1, 2], [2, 3, 1], [4]):
+        assert grown.count(pattern) == whole.count(pattern), pattern
+    assert len(grown) == len(whole) == sum(len(t) for t in seqs.values())
+
+
+# ------------------------------------------------------------------ compiled batches (slow: cold compiles)
+def _compiled(checkpoint, name, options):
+    eng = Engine.from_pretrained(str(checkpoint(name)))
+    eng.enable_compile(options)
+    return eng
+
+
+def _check_compiled(name, eager, compiled, requests):
+    """Static then continuous batches, twice: tokens as alone (eager vanilla), graphs compiled in the first round
+    only, and none broken."""
+    graphs = []
+    for _ in range(2):
+        for batching in BATCHING:
+            assert_as_alone(f"{name} {batching} compiled", eager, requests, run_batch(name, compiled, batching, requests))
+        graphs.append(compile_stats()["graphs"])
+    assert graphs[0] >= 1 and graphs[1] == graphs[0], f"{name} recompiled in the second round: {graphs}"
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_compiled_flex_batches_are_token_identical_and_compile_once(name, checkpoint, engine, fresh_dynamo):
+    """aot_eager + FlexAttention (the path CUDA compiles): BlockMasks with a batch dimension, [B] live lengths."""
+    compiled = _compiled(checkpoint, "qwen2_gqa_rep", CompileOptions(backend="aot_eager", attention="flex"))
+    eager = engine("qwen2_gqa_rep")
+    _check_compiled(name, eager, compiled, ragged_requests(eager))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vanilla", "fafo_stream"])
+def test_compiled_sdpa_batches_are_token_identical_and_compile_once(name, checkpoint, engine, fresh_dynamo):
+    """inductor + SDPA (CPU's compiled path): live prefixes as dynamic sizes, [B] lengths masking each row."""
+    compiled = _compiled(checkpoint, "llama_gqa", CompileOptions(backend="inductor", attention="sdpa"))
+    eager = engine("llama_gqa")
+    _check_compiled(name, eager, compiled, ragged_requests(eager)[:5])
