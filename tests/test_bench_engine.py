@@ -6,6 +6,7 @@ import csv
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -171,3 +172,13 @@ def test_bench_engine_decode_modes_write_their_rows(tmp_path, mode, monkeypatch,
 def test_bench_engine_refuses_cuda_graphs_on_cpu(bench):
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--compile", "reduce-overhead"])
+
+
+@pytest.mark.parametrize("tokens, rows", [
+    (7, 1), ([1, 2, 3], 3), ([[1, 2], [3, 4]], 2), (torch.zeros(2, 5, dtype=torch.long), 5),
+    (np.arange(6), 6), (np.zeros((2, 4), dtype="int64"), 4),
+])
+def test_forward_rows_are_counted_for_every_input_form_a_method_passes(tokens, rows):
+    from fafo.bench.engine_timing import n_rows
+
+    assert n_rows(tokens) == rows

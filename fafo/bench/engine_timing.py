@@ -226,12 +226,12 @@ class ForwardTimer:
 
 
 def n_rows(tokens) -> int:
-    """Tokens in a forward's input (an int, a list, a ``[Q]`` or ``[B, Q]`` tensor or nested list)."""
-    if isinstance(tokens, torch.Tensor):
-        return tokens.shape[-1]
+    """Tokens in a forward's input (an int, a list, a ``[Q]`` or ``[B, Q]`` tensor or array, or nested list)."""
+    if hasattr(tokens, "shape"):  # torch tensor or numpy array
+        return int(tokens.shape[-1]) if len(tokens.shape) else 1
     if isinstance(tokens, int):
         return 1
-    return len(tokens[0]) if tokens and isinstance(tokens[0], (list, tuple)) else len(tokens)
+    return len(tokens[0]) if len(tokens) and isinstance(tokens[0], (list, tuple)) else len(tokens)
 
 
 def step_times(decoder, engine: Engine, prompt: list[int], new_tokens: int) -> StepTimes:
