@@ -133,9 +133,10 @@ class _Shape:
     """What one step shape (window columns x levels, number of guesses) needs, built once per generation."""
 
     mask: torch.Tensor  # [Q, Q] bool, on device
-    rel: np.ndarray  # [Q] positions relative to the current token (host: the step's positions are uploaded)
+    rel: np.ndarray  # [Q] positions relative to the current token (host: uploaded with the step's tokens)
     rows: torch.Tensor  # logits rows: current token, top window level, every guess token
     guess_base: int  # row of the first guess token
+    host: tuple[np.ndarray, np.ndarray]  # mask and rows on the host (a batch stacks requests in other phases)
 
 
 class LookaheadState(StepState):
@@ -182,13 +183,13 @@ class LookaheadState(StepState):
         shapes = self.cfg._shapes
         if key not in shapes:
             dev, k = self.engine.device, self.n - 1
-            mask = lookahead_step_mask(columns, levels, n_guesses, k).to(dev)
-            col = torch.arange(columns)
-            guess_rel = [torch.arange(1, k + 1)] * n_guesses  # every guess at P+1..P+N-1
-            rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
+            mask = lookahead_step_mask(columns, levels, n_guesses, k)
+            col = np.arange(columns)
+            guess_rel = [np.arange(1, k + 1)] * n_guesses  # every guess at P+1..P+N-1
+            rel = np.concatenate([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
             w = levels * columns
-            rows = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(w - columns, w + n_guesses * k)])
-            shapes[key] = _Shape(mask, rel.numpy(), rows.to(dev), w)
+            rows = np.concatenate([[0], np.arange(w - columns, w + n_guesses * k)])
+            shapes[key] = _Shape(mask.to(dev), rel, torch.from_numpy(rows).to(dev), w, (mask.numpy(), rows))
         return shapes[key]
 
     def extras(self) -> dict:
@@ -208,7 +209,8 @@ class LookaheadState(StepState):
         tokens = [self.cur] + [t for lv in levels for t in lv] + [t for g in self.guesses for t in g] + padding
         plan = AttentionPlan(prefix=self.P, step_mask=s.mask)
         slots = range(self.P, self.P + len(tokens))  # KV to slots P .. P+Q-1
-        return [StepInputs(tokens, s.rel + self.P, slots, plan, logits=s.rows)]
+        return [StepInputs(tokens, s.rel + self.P, slots, plan, logits=s.rows, host_mask=s.host[0],
+                           host_logits=s.host[1])]
 
     def outputs(self, remaining: int, logits: list[RowLogits]) -> Step:
         """The committed tokens; the step's ``kv`` are the rows (relative to P) of the accepted guess tokens, whose

@@ -20,6 +20,32 @@ Scheduling (``batching``):
 
 Prompts are prefilled one request at a time (each its own forward), as a request arrives.
 
+How a caller decodes B requests (what the runner does)::
+
+    check_batch(get_class(cfg.method._target_), B, name)  # before the model loads: one ConfigError line
+    method = instantiate(cfg.method); method.setup(engine)  # as for one request (warm-up likewise)
+    requests = [Request(ids, max_new_tokens, eos_ids, sampling.generator(i)) for i, ids in enumerate(prompts)]
+    result = decode_batch(method, engine, requests, B, "static", sampling)  # or "continuous"
+
+``requests`` are started in list order (the order a method's run-wide state learns in); ``generator`` is None
+when greedy, else the request's own seeded generator (what it would get alone). ``engine.enable_compile`` before
+the call gives compiled steps (graphs per bucket of rows and step shape). The :class:`BatchResult` holds, per
+request ``i``:
+
+* ``generations[i]``: a :class:`~fafo.decoding.Generation` like one request's: ``tokens`` (cut at EOS and
+  max_new_tokens), ``accept_lengths`` (one per step it took part in: its ``tau``, ``mean_accept``), ``forwards``
+  (prefill, verify, draft, aux: the batched forwards it was a row of), ``drafted`` / ``accepted``, ``extras``;
+  its ``host_s`` is NaN (host time is the batch's: ``result.host_s``);
+* ``times[i]``: ``admitted_s`` (its prefill began), ``first_token_s`` (prefill done), ``finished_s`` (its last
+  token), all ``time.perf_counter()``: latency ``finished_s - admitted_s``, time per output token
+  ``(finished_s - first_token_s) / (len(tokens) - 1)``; queueing is ``admitted_s - result.start_s``;
+
+and per batched step ``result.steps[j]``: ``requests`` (the active requests, request order: ``len`` is the number
+of active rows), ``new_tokens`` (what each committed that step, after the EOS cut) and ``end_s``. Batch throughput
+is ``sum(len(g.tokens)) / (max(t.finished_s) - result.start_s)``. Each batched forward is also in
+``engine.ledger`` (its ``batch``: rows). B = 1 is exactly :func:`fafo.decoding.decode`'s loop of one request after
+another (tokens, acceptance, forwards, run-wide state).
+
 Run-wide state a method learns across requests (SuffixDecoding's global tree, Token Recycling's matrix) is shared
 by the batch and updated by one request after another in request order (drafts built, outputs read, requests
 started and finished, in that order within each step): results are deterministic and do not depend on which cache
@@ -35,9 +61,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from fafo.decoding import Decoder, Generation, Step, StepState, truncate_at_stop
+from fafo.decoding import STEP_HOOKS, Decoder, Generation, Step, StepState, truncate_at_stop
 from fafo.engine.batching import StepInputs, StepLogits, bucket_count, forward_rows
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
@@ -170,6 +197,7 @@ def decode_batch(decoder: Decoder, engine: Engine, requests: list[Request], batc
         index = queue.popleft()
         req, admitted, mark = requests[index], time.perf_counter(), engine.ledger.mark()
         view = cache.row(b)
+        view.pending = []  # its commit moves, done with every row's at the end of each step
         state = decoder.new_state(engine, req.prompt_ids, req.max_new_tokens, req.eos_ids, sampling, req.generator,
                                   cache=view)
         tokens, finished = truncate_at_stop([state.prefill()], req.max_new_tokens, req.eos_ids)
@@ -217,6 +245,27 @@ def _step(engine: Engine, cache: KVCache, rows: list[_Row]) -> None:
         row.take(step, inputs[i], widths)
         if not row.finished:
             row.state.commit(step)
+    _move(engine, cache, rows)
+    for hook in STEP_HOOKS:
+        hook()
+
+
+def _move(engine: Engine, cache: KVCache, rows: list[_Row]) -> None:
+    """Every row's commit moves of the step (accepted tokens' KV into place) in one copy and two ops: rows
+    without a move, and the tail of shorter ones, copy slot 0 onto itself (no commit writes slot 0)."""
+    moves = [row.cache.pending for row in rows]
+    if not any(moves):
+        return
+    if any(len(m) > 1 for m in moves):
+        raise ValueError("a request moved its KV twice in one step")
+    width = max(len(m[0][0]) for m in moves if m)
+    src, dst = np.zeros((2, len(rows), width), dtype=np.int64)
+    for b, m in enumerate(moves):
+        if m:
+            (s, d), = m
+            src[b, : len(s)], dst[b, : len(d)] = s, d
+            m.clear()
+    cache.rows(len(rows)).move_per_row(*engine.upload(src, dst))
 
 
 def _free(cache: KVCache, rows: list[_Row], retire, admit=None) -> list[_Row]:

@@ -168,6 +168,9 @@ def commit_path(cache, N: int, path: list[int], carry=None, engine: Engine | Non
     moves = bool(path) and path != list(range(1, len(path) + 1))
     if not moves and carry is None:
         return None
+    if cache.pending is not None and carry is None:  # a request's row in a batch: moved with every row's at once
+        cache.pending.append(([N + i for i in path], list(range(N + 1, N + 1 + len(path)))))
+        return None
     values = ([[N + i for i in path], list(range(N + 1, N + 1 + len(path)))] if moves else []) + \
         ([carry] if carry is not None else [])
     out = engine.upload(*values) if engine is not None else upload(values, cache.keys[0].device)

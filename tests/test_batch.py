@@ -19,6 +19,7 @@ from baselines.suffix_index import SuffixIndex
 from baselines.swift import SwiftDecoder
 from baselines.token_recycling import TokenRecyclingDecoder
 from baselines.triforce import TriForceDecoder
+from fafo.engine import attention
 from fafo.batch import BATCHING, Request, check_batch as check_batch_size, decode_batch
 from fafo.engine.attention import AttentionPlan
 from fafo.engine.compiled import CompileOptions, compile_stats
@@ -142,11 +143,13 @@ def test_each_request_equals_its_greedy_decode_alone(name, batching, engine):
         seen |= set(step.requests)
 
 
+@pytest.mark.parametrize(("model", "batching", "batch_size"), [("llama_mha", "static", 3),
+                                                               ("llama_gqa", "continuous", B)])
 @pytest.mark.parametrize("name", sorted(METHODS))
-def test_low_acceptance_mha_llama(name, engine):
-    """Near-zero acceptance (varied text), MHA Llama, a batch of 3 over 7 requests."""
-    eng = engine("llama_mha")
-    check_batch(name, eng, "static", ragged_requests(eng), batch_size=3)
+def test_low_acceptance(name, model, batching, batch_size, engine):
+    """Near-zero acceptance (varied text), MHA and GQA Llama, batches of 3 and 4 over 7 requests."""
+    eng = engine(model)
+    check_batch(name, eng, batching, ragged_requests(eng), batch_size=batch_size)
 
 
 @pytest.mark.parametrize("name", ["vanilla", "token_recycling", "lookahead", "fafo_quest", "fafo_2forward"])
@@ -296,7 +299,8 @@ def _check_compiled(name, eager, compiled, requests):
     graphs = []
     for _ in range(2):
         for batching in BATCHING:
-            assert_as_alone(f"{name} {batching} compiled", eager, requests, run_batch(name, compiled, batching, requests))
+            result = run_batch(name, compiled, batching, requests)
+            assert_as_alone(f"{name} {batching} compiled", eager, requests, result)
         graphs.append(compile_stats()["graphs"])
     assert graphs[0] >= 1 and graphs[1] == graphs[0], f"{name} recompiled in the second round: {graphs}"
     assert not counters["graph_break"], dict(counters["graph_break"])
@@ -318,3 +322,86 @@ def test_compiled_sdpa_batches_are_token_identical_and_compile_once(name, checkp
     compiled = _compiled(checkpoint, "llama_gqa", CompileOptions(backend="inductor", attention="sdpa"))
     eager = engine("llama_gqa")
     _check_compiled(name, eager, compiled, ragged_requests(eager)[:5])
+
+
+# ------------------------------------------------------------------ what a GPU relies on, checked on the CPU
+@pytest.mark.parametrize("name", ["token_recycling", "fafo_quest"])  # one mask per request; one for all + regions
+def test_flex_calls_keep_their_single_request_shapes(name, engine, monkeypatch):
+    """The kernel routing (fafo/engine/flex_routing.py, held for every preset's step shapes by
+    tests/test_kernel_routing.py) depends on a call's query count and heads, not its batch (torch's
+    ``_use_flex_decoding`` asks only that the batch be static): a batched step makes the calls one request makes,
+    with BlockMasks of one head whose batch is 1 (shared) or B (one mask per request)."""
+    eng = engine("qwen2_gqa_rep", "flex")
+    requests = ragged_requests(eng)[:5]
+    calls = {"alone": set(), "batch": set()}
+    mode = ["alone"]
+    real_route, real_call = attention.flex_route, attention.flex_attention_lse
+
+    def route(q_len, hq, hkv, *a, **kw):
+        calls[mode[0]].add((q_len, hq, hkv))
+        return real_route(q_len, hq, hkv, *a, **kw)
+
+    def call(fn, q, k, v, block_mask, *a, **kw):
+        if block_mask is not None:
+            assert block_mask.kv_num_blocks.shape[1] == 1 and block_mask.kv_num_blocks.shape[0] in (1, q.shape[0])
+        return real_call(fn, q, k, v, block_mask, *a, **kw)
+
+    monkeypatch.setattr(attention, "flex_route", route)
+    monkeypatch.setattr(attention, "flex_attention_lse", call)
+    alone(METHODS[name], eng, requests)
+    mode[0] = "batch"
+    run_batch(name, eng, "continuous", requests)
+    assert calls["batch"] and calls["batch"] <= calls["alone"]
+
+
+@pytest.mark.slow
+def test_cuda_graphs_record_batched_steps(checkpoint, engine, fresh_dynamo):
+    """With CUDA graphs every tensor a batched compiled step writes (each row view's keys and values) is a static
+    input, as cudagraph trees require: torch (2.11, 2.13) makes an input static when it carries
+    ``_dynamo_static_input_type`` (``_functorch/_aot_autograd/frontend_utils.py``, static_input_indices) and
+    records no graph that mutates any other input (``_inductor/cudagraph_utils.py: check_for_mutation``). Traced
+    here by a backend that reads the same placeholder metadata inductor does."""
+    import functools
+
+    from fafo.engine.ledger import model_call
+
+    eng = Engine.from_pretrained(str(checkpoint("qwen2_gqa_rep")))
+    eng.enable_compile(CompileOptions(mode="reduce-overhead", attention="flex"))  # caches marked for CUDA graphs
+    written = []
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_method" and node.target.endswith("_") and node.args[0].op == "placeholder":
+                written.append(node.args[0].meta.get("tensor_dict", {}).get("_dynamo_static_input_type"))
+        return gm.forward
+
+    traced = torch.compile(eng.model.forward, backend=backend, dynamic=False, fullgraph=True)
+    eng.compiled.fn = functools.partial(model_call, traced, device=eng.device)
+    requests = ragged_requests(engine("qwen2_gqa_rep"))[:5]
+    for name in ("vanilla", "fafo_stream"):
+        assert_as_alone(name, engine("qwen2_gqa_rep"), requests, run_batch(name, eng, "static", requests))
+    assert written and set(written) == {"unguarded"}, written
+
+
+@pytest.mark.parametrize("name", ["vanilla", "prompt_lookup", "token_recycling", "sam_decoding", "lookahead"])
+def test_host_work_per_step_does_not_grow_with_the_batch(name, engine):
+    """Outside its forwards a batched step launches what one request's step does (fafo/bench/host_work.py's
+    probe): one upload per forward and one for every row's KV moves, one read of every row's argmax (and top-k),
+    two ops for the moves (counted over steps that no request finished before: a finished request adds the copy
+    that moves the last one into its row). FAFO's per-request region swaps are per row: its step grows with B."""
+    from fafo.bench.host_work import HostWork
+
+    eng = engine("qwen2_gqa_rep")
+    texts = ["The quick brown fox", "def fibonacci(n):\n    if n < 2:", "1, 2, 3, 4, 5, 6", "The quick brown fox" * 3]
+    requests = [Request(eng.tokenizer(t).input_ids, 12) for t in texts]
+    work = {}
+    for batch in (1, 4):
+        method = METHODS[name]()
+        method.setup(eng)
+        decode_batch(method, eng, requests[:batch], batch)  # step structures built once per run (Lookahead's)
+        with HostWork([eng]) as probe:
+            steps = decode_batch(method, eng, requests[:batch], batch).steps
+        # the probe counts from the end of one step to the end of the next (the first step is not counted)
+        kept = [w for w, a, b in zip(probe.steps, steps, steps[1:]) if a.requests == b.requests]
+        work[batch] = {k: max(w[k] for w in kept) for k in ("ops", "h2d", "d2h")}
+    assert work[4] == work[1] and work[4]["h2d"] <= 2 and work[4]["d2h"] <= 2, work

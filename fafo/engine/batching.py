@@ -38,6 +38,8 @@ class StepInputs:
         logits: rows whose logits come back: ``"all"``, ``"last"`` or indices.
         pad_to: the most tokens this kind of step has (the static shape under ``engine.static_shapes``).
         kind: what the forward is for (:mod:`fafo.engine.ledger`).
+        host_mask, host_logits: ``plan.step_mask`` and ``logits`` on the host, where the decoder keeps them on the
+            device: a batch stacks them with other requests' that differ (Lookahead's rows in other phases).
     """
 
     tokens: object
@@ -47,6 +49,8 @@ class StepInputs:
     logits: object = "all"
     pad_to: int | None = None
     kind: str = "verify"
+    host_mask: np.ndarray | None = None
+    host_logits: np.ndarray | None = None
 
 
 def forward_one(engine, cache: KVCache, steps: list[StepInputs]) -> StepLogits:
@@ -149,7 +153,7 @@ def forward_rows(engine, cache: KVCache, steps: list[StepInputs]) -> tuple[torch
     plans = [s.plan for s in steps]
     plan = replace(
         first.plan, prefix=max(p.prefix for p in plans), prefix_length=np.array([p.prefix for p in plans]),
-        step_mask=_masks(plans, lens, Q), step_block_mask=None, prefix_block_mask=None, region_block_mask=None,
+        step_mask=_masks(steps, lens, Q), step_block_mask=None, prefix_block_mask=None, region_block_mask=None,
         dense_block_mask=None, step_gather=None, captured={})
     if first.plan.region_from is not None:
         if any(p.region_from != first.plan.region_from or p.region_capacity != first.plan.region_capacity
@@ -157,7 +161,7 @@ def forward_rows(engine, cache: KVCache, steps: list[StepInputs]) -> tuple[torch
             raise ValueError("batched rows must share the region's start and capacity")
         plan = replace(plan, region_len=max(p.region_len for p in plans),
                        region_length=np.array([p.region_len for p in plans]))
-    logits, counts = _logit_rows([s.logits for s in steps], lens, Q)
+    logits, counts = _logit_rows(steps, lens, Q)
     tokens = _stack([s.tokens for s in steps], Q, _repeat_last)
     positions = _stack([s.positions for s in steps], Q, _repeat_last)
     out = engine.forward(view, tokens, positions, _slots([s.slots for s in steps], lens, Q), plan, logits,
@@ -204,14 +208,15 @@ def _slots(values: list, lens: list[int], Q: int):
     return _stack(values, width, _next_slots)
 
 
-def _masks(plans: list[AttentionPlan], lens: list[int], Q: int):
+def _masks(steps: list[StepInputs], lens: list[int], Q: int):
     """The step's mask: one for every row (shared, unpadded) or ``[B, Q, Q]`` with each row's padded: padding
     tokens see themselves only; a causal row (no mask) stays causal, its padding after every real token."""
-    masks = [p.step_mask for p in plans]
+    masks = [s.plan.step_mask for s in steps]
     if all(m is None for m in masks):
         return None
     if all(m is masks[0] for m in masks) and all(n == Q for n in lens):
         return masks[0]
+    masks = [m if s.host_mask is None else s.host_mask for m, s in zip(masks, steps)]
     if any(isinstance(m, torch.Tensor) for m in masks):  # masks kept on the device, of rows in different phases
         device = next(m.device for m in masks if isinstance(m, torch.Tensor))
         out = torch.eye(Q, dtype=torch.bool, device=device).repeat(len(masks), 1, 1)
@@ -230,12 +235,14 @@ def _masks(plans: list[AttentionPlan], lens: list[int], Q: int):
     return out
 
 
-def _logit_rows(specs: list, lens: list[int], Q: int):
+def _logit_rows(steps: list[StepInputs], lens: list[int], Q: int):
     """(the forward's ``logits`` argument, how many rows each request gets back)."""
+    specs = [s.logits for s in steps]
     if all(isinstance(s, str) and s == "all" for s in specs):
         return "all", lens
     if all(s is specs[0] for s in specs) and not isinstance(specs[0], str) and all(n == Q for n in lens):
         return specs[0], [len(specs[0])] * len(specs)
+    specs = [x if s.host_logits is None else s.host_logits for x, s in zip(specs, steps)]
     rows = [([n - 1] if s == "last" else list(range(n))) if isinstance(s, str) else s for s, n in zip(specs, lens)]
     counts = [len(r) for r in rows]
     return _stack(rows, max(counts), _repeat_last), counts

@@ -30,6 +30,7 @@ class KVCache:
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
         self.bind(torch.zeros((2, n_layers, batch, n_kv_heads, max_len, head_dim), dtype=dtype, device=device))
+        self.pending: list | None = None
 
     def bind(self, kv: torch.Tensor) -> None:
         """Make ``kv`` (a buffer, or a view of rows of one) this cache's storage."""
@@ -44,6 +45,7 @@ class KVCache:
         """A cache over ``kv`` (a view of another cache's rows: writes and moves land in that cache)."""
         cache = cls.__new__(cls)
         cache.bind(kv)
+        cache.pending = None  # a request's row in a batch: its commit moves, done with every row's (fafo.batch)
         return cache
 
     @property
@@ -111,6 +113,15 @@ class KVCache:
         shape = (2, L, B, H, n, D)
         src = src[None, :, None, :, :, None].expand(shape)
         dst = dst[None, :, None, :, :, None].expand(shape)
+        self.kv.scatter_(SLOT_DIM, dst, self.kv.gather(SLOT_DIM, src))
+
+    def move_per_row(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Slot copies of each batch row: src, dst ``[B, N]`` long (the same in every layer, head, keys and
+        values); values are gathered before any write. Two ops for every row and layer."""
+        _, L, B, H, _, D = self.kv.shape
+        shape = (2, L, B, H, src.shape[-1], D)
+        src = src[None, None, :, None, :, None].expand(shape)
+        dst = dst[None, None, :, None, :, None].expand(shape)
         self.kv.scatter_(SLOT_DIM, dst, self.kv.gather(SLOT_DIM, src))
 
     def copy_from(self, other: "KVCache", src: torch.Tensor, dst: torch.Tensor) -> None:
