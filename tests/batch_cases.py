@@ -3,16 +3,20 @@ requests whose every answer must equal the request's own greedy decode (tests/te
 
 from __future__ import annotations
 
+from torch._dynamo.utils import counters
+
 from baselines.lookahead import LookaheadDecoder
 from baselines.prompt_lookup import PromptLookupDecoder
 from baselines.sam_decoding import SAMDecoder
 from baselines.suffix_decoding import SuffixDecoder
 from baselines.token_recycling import TokenRecyclingDecoder
 from baselines.vanilla import VanillaDecoder
-from fafo.batch import Request, decode_batch
+from fafo.batch import BATCHING, Request, decode_batch
 from fafo.compress.quest import Quest
 from fafo.compress.snapkv import SnapKV
 from fafo.compress.stream import StreamingLLM
+from fafo.engine.compiled import compile_stats
+from fafo.engine.engine import Engine
 from fafo.fafo import FAFODecoder
 from tests.lossless import PROMPTS, first_diff
 
@@ -83,3 +87,30 @@ def check_batch(name, engine, batching, requests, batch_size=B, make=None):
     result = run_batch(name, engine, batching, requests, batch_size, make)
     assert_as_alone(f"{name} {batching}", engine, requests, result)
     return result
+
+
+def learnt(method) -> object:
+    """What a method learnt across requests: Token Recycling's matrix, the sequences of SuffixDecoding's tree."""
+    if isinstance(method, TokenRecyclingDecoder):
+        return method.adjacency.tobytes()
+    tree = method.global_tree
+    return {seq: tree.tokens[start:end].tolist() for seq, (start, end) in tree.seqs.items()}
+
+
+def compiled_engine(checkpoint, name, options):
+    eng = Engine.from_pretrained(str(checkpoint(name)))
+    eng.enable_compile(options)
+    return eng
+
+
+def check_compiled(name, eager, compiled, requests):
+    """Static then continuous batches, twice: tokens as alone (eager vanilla), graphs compiled in the first round
+    only, and none broken."""
+    graphs = []
+    for _ in range(2):
+        for batching in BATCHING:
+            result = run_batch(name, compiled, batching, requests)
+            assert_as_alone(f"{name} {batching} compiled", eager, requests, result)
+        graphs.append(compile_stats()["graphs"])
+    assert graphs[0] >= 1 and graphs[1] == graphs[0], f"{name} recompiled in the second round: {graphs}"
+    assert not counters["graph_break"], dict(counters["graph_break"])

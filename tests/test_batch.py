@@ -10,7 +10,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 from baselines.longspec import LongSpecDecoder
 from baselines.lossy import LossyDecoder
@@ -19,10 +18,10 @@ from baselines.suffix_index import SuffixIndex
 from baselines.swift import SwiftDecoder
 from baselines.token_recycling import TokenRecyclingDecoder
 from baselines.triforce import TriForceDecoder
-from fafo.engine import attention
 from fafo.batch import BATCHING, Request, check_batch as check_batch_size, decode_batch
+from fafo.engine import attention
 from fafo.engine.attention import AttentionPlan
-from fafo.engine.compiled import CompileOptions, compile_stats
+from fafo.engine.compiled import CompileOptions
 from fafo.engine.engine import Engine
 from fafo.engine.batching import StepInputs, StepLogits, batch_bucket, forward_one, forward_rows
 from fafo.errors import ConfigError
@@ -31,8 +30,8 @@ from fafo.sampling import Sampling
 from fafo.sampling_check import compare, run_many
 from fafo.tree import DraftTree, tree_inputs
 from tests.helpers import compose_with
-from tests.batch_cases import (B, CONFIGS, CROSS_REQUEST, METHODS, alone, assert_as_alone, check_batch, ragged_requests,
-                               run_batch)
+from tests.batch_cases import (B, CONFIGS, CROSS_REQUEST, METHODS, alone, assert_as_alone, check_batch,
+                               check_compiled, compiled_engine, learnt, ragged_requests, run_batch)
 from tests.methods import METHOD_CONF, METHODS as METHOD_CONFIGS, sampling_cases
 from tests.sampling_law import K, SAMPLES, SAMPLING, passes
 
@@ -166,6 +165,24 @@ def test_static_shapes_padding(name, engine, monkeypatch):
     check_batch(name, eng, "static", ragged_requests(eng))
 
 
+@pytest.mark.parametrize("batching", BATCHING)
+def test_result_accounts_for_every_request_and_step(batching, engine):
+    """What a caller reads (fafo/batch.py's docstring): each request's committed tokens per step add up to its
+    answer, its steps are those it was active in, its times are ordered within the run's, and no step has more
+    than B requests."""
+    eng = engine("qwen2_gqa_rep")
+    requests = ragged_requests(eng)
+    result = run_batch("lookahead", eng, batching, requests)
+    for i, (gen, t) in enumerate(zip(result.generations, result.times)):
+        mine = [s.new_tokens[s.requests.index(i)] for s in result.steps if i in s.requests]
+        assert mine == gen.accept_lengths and 1 + sum(mine) == len(gen.tokens)
+        ends = [s.end_s for s in result.steps if i in s.requests]
+        assert result.start_s <= t.admitted_s <= t.first_token_s <= t.finished_s
+        assert all(t.first_token_s < e <= t.finished_s for e in ends)
+    assert all(1 <= len(s.requests) <= B and s.requests == sorted(s.requests) for s in result.steps)
+    assert [s.end_s for s in result.steps] == sorted(s.end_s for s in result.steps)
+
+
 def test_batch_of_one_is_the_single_request_loop(engine):
     """B = 1 runs the requests one after another through the batched path: same tokens, acceptance, forwards and
     run-wide state as :func:`fafo.decoding.decode` (Token Recycling's matrix learnt across requests)."""
@@ -193,16 +210,8 @@ def test_run_wide_state_is_learnt_in_request_order(name, engine):
         method = METHODS[name]()
         method.setup(eng)
         result = decode_batch(method, eng, requests, B, "continuous")
-        runs.append(([g.accept_lengths for g in result.generations], _learnt(method)))
+        runs.append(([g.accept_lengths for g in result.generations], learnt(method)))
     assert runs[0] == runs[1]
-
-
-def _learnt(method) -> object:
-    """What a method learnt across requests: Token Recycling's matrix, the sequences of SuffixDecoding's tree."""
-    if isinstance(method, TokenRecyclingDecoder):
-        return method.adjacency.tobytes()
-    tree = method.global_tree
-    return {seq: tree.tokens[start:end].tolist() for seq, (start, end) in tree.seqs.items()}
 
 
 # ------------------------------------------------------------------ sampling
@@ -287,41 +296,22 @@ def test_an_older_sequence_can_grow_again():
 
 
 # ------------------------------------------------------------------ compiled batches (slow: cold compiles)
-def _compiled(checkpoint, name, options):
-    eng = Engine.from_pretrained(str(checkpoint(name)))
-    eng.enable_compile(options)
-    return eng
-
-
-def _check_compiled(name, eager, compiled, requests):
-    """Static then continuous batches, twice: tokens as alone (eager vanilla), graphs compiled in the first round
-    only, and none broken."""
-    graphs = []
-    for _ in range(2):
-        for batching in BATCHING:
-            result = run_batch(name, compiled, batching, requests)
-            assert_as_alone(f"{name} {batching} compiled", eager, requests, result)
-        graphs.append(compile_stats()["graphs"])
-    assert graphs[0] >= 1 and graphs[1] == graphs[0], f"{name} recompiled in the second round: {graphs}"
-    assert not counters["graph_break"], dict(counters["graph_break"])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_compiled_flex_batches_are_token_identical_and_compile_once(name, checkpoint, engine, fresh_dynamo):
     """aot_eager + FlexAttention (the path CUDA compiles): BlockMasks with a batch dimension, [B] live lengths."""
-    compiled = _compiled(checkpoint, "qwen2_gqa_rep", CompileOptions(backend="aot_eager", attention="flex"))
+    compiled = compiled_engine(checkpoint, "qwen2_gqa_rep", CompileOptions(backend="aot_eager", attention="flex"))
     eager = engine("qwen2_gqa_rep")
-    _check_compiled(name, eager, compiled, ragged_requests(eager))
+    check_compiled(name, eager, compiled, ragged_requests(eager))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["vanilla", "fafo_stream"])
 def test_compiled_sdpa_batches_are_token_identical_and_compile_once(name, checkpoint, engine, fresh_dynamo):
     """inductor + SDPA (CPU's compiled path): live prefixes as dynamic sizes, [B] lengths masking each row."""
-    compiled = _compiled(checkpoint, "llama_gqa", CompileOptions(backend="inductor", attention="sdpa"))
+    compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="inductor", attention="sdpa"))
     eager = engine("llama_gqa")
-    _check_compiled(name, eager, compiled, ragged_requests(eager)[:5])
+    check_compiled(name, eager, compiled, ragged_requests(eager)[:5])
 
 
 # ------------------------------------------------------------------ what a GPU relies on, checked on the CPU
