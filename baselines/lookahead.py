@@ -189,7 +189,8 @@ class LookaheadState(StepState):
             rel = np.concatenate([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
             w = levels * columns
             rows = np.concatenate([[0], np.arange(w - columns, w + n_guesses * k)])
-            shapes[key] = _Shape(mask.to(dev), rel, torch.from_numpy(rows).to(dev), w, (mask.numpy(), rows))
+            host = (mask.numpy(), rows)  # read before the upload: on the CPU `.to(device)` returns `mask` itself
+            shapes[key] = _Shape(mask.to(dev), rel, torch.from_numpy(rows).to(dev), w, host)
         return shapes[key]
 
     def extras(self) -> dict:
