@@ -178,6 +178,9 @@ class FAFOState(StepState):
         self.rel = {"fused": np.concatenate([[0], cand_rel, stream_rel]), "fumble": np.concatenate([[0], stream_rel]),
                     "verify": np.concatenate([[0], cand_rel])}
         self.v_len = 1 + m * k  # current token + candidates
+        # [m, k]: the verification row predicting each candidate token (the current token's, then its own earlier)
+        cand_rows = 1 + np.arange(m * k).reshape(m, k)
+        self.before_rows = np.concatenate([np.zeros((m, 1), dtype=np.int64), cand_rows[:, :-1]], axis=1)
         self.scratch_slots = torch.arange(self.scratch, self.scratch + self.v_len, device=dev)
         self.verify_rows = torch.arange(self.v_len, device=dev)
         self.captured: dict = {}
@@ -268,8 +271,7 @@ class FAFOState(StepState):
         v, new_stream = preds[: self.v_len], preds[self.v_len :] if fumble is None else fumble.argmax()
         best_len, best = 0, 0
         if n_real:
-            before = np.concatenate([np.repeat(v[:1], n_real)[:, None], v[1:].reshape(self.m, self.k)[:n_real, :-1]],
-                                    axis=1)
+            before = v[self.before_rows[:n_real]]  # [n_real, k]: the prediction for each candidate token
             lengths = np.cumprod(cands[:n_real] == before, axis=1).sum(axis=1)
             best = int(lengths.argmax())  # the first of the longest, as torch.argmax
             best_len = int(lengths[best])
