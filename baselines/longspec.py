@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -42,6 +43,7 @@ class LongSpecDecoder(Decoder):
         window: the draft's self-attention window (official 512): a query at p sees its keys at p-window..p.
     """
 
+    batch_refusal: ClassVar[str] = "its draft layer, its cache and its beam tree are one request's (not batched)"
     draft: dict = field(default_factory=lambda: {"path": "sail/longspec-vicuna-7b-v1.5-16k", "revision": None,
                                                  "random_seed": None})
     mode: str = one_of(("tree", "chain"), "tree", why="tree = the beam tree of tree_shape, chain = gamma draft tokens")

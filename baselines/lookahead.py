@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+import numpy as np
 import torch
 
 from fafo.bounds import at_least, check_bounds
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan, tree_mask
+from fafo.engine.batching import RowLogits, StepInputs
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
@@ -93,6 +96,7 @@ class LookaheadDecoder(Decoder):
     bonus_token: bool = False
     pool_from_prompt: bool = False
     seed: int = 0
+    batch_refusal: ClassVar[str] = ""
     # step structures by (columns, levels, guesses, device): built once per run, not per generation
     _shapes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -115,9 +119,12 @@ class LookaheadDecoder(Decoder):
         # the guesses are padded to G (engine.static_shapes)
         return self.step_tokens()
 
+    def new_state(self, engine, prompt_ids, max_new_tokens, eos_ids=(), sampling=None, generator=None, cache=None):
+        return LookaheadState(self, engine, prompt_ids, max_new_tokens, sampling, generator, cache)
+
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        state = LookaheadState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
+        state = self.new_state(engine, prompt_ids, max_new_tokens, eos_ids, sampling, generator)
         return decode(engine, state, max_new_tokens, eos_ids, clock)
 
 
@@ -126,22 +133,24 @@ class _Shape:
     """What one step shape (window columns x levels, number of guesses) needs, built once per generation."""
 
     mask: torch.Tensor  # [Q, Q] bool, on device
-    rel: torch.Tensor  # [Q] positions relative to the current token
+    rel: np.ndarray  # [Q] positions relative to the current token (host: uploaded with the step's tokens)
     rows: torch.Tensor  # logits rows: current token, top window level, every guess token
     guess_base: int  # row of the first guess token
+    host: tuple[np.ndarray, np.ndarray]  # mask and rows on the host (a batch stacks requests in other phases)
 
 
 class LookaheadState(StepState):
     """One generation: the window levels, the pool, the current token and its position."""
 
     def __init__(self, cfg: LookaheadDecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
-                 sampling: Sampling | None = None, generator: torch.Generator | None = None):
+                 sampling: Sampling | None = None, generator: torch.Generator | None = None, cache=None):
         self.cfg, self.engine, self.n = cfg, engine, cfg.level
         self.sampling = sampling if sampling is not None and not sampling.greedy else None  # None: greedy
         self.generator = generator
         self.prompt = list(prompt_ids)
         self.history = list(prompt_ids)
-        self.cache = engine.cache(len(self.prompt) + max_new_tokens + cfg.extra_slots(max_new_tokens))
+        need = len(self.prompt) + max_new_tokens + cfg.extra_slots(max_new_tokens)
+        self.cache = cache if cache is not None else engine.cache(need)
         g = torch.Generator().manual_seed(cfg.seed)
         init = torch.randint(len(self.prompt), (cfg.window + self.n - 3,), generator=g).tolist()
         # levels[0]: level 0 minus the current token; levels 1.. appear during warm-up (official past_tokens)
@@ -174,36 +183,43 @@ class LookaheadState(StepState):
         shapes = self.cfg._shapes
         if key not in shapes:
             dev, k = self.engine.device, self.n - 1
-            mask = lookahead_step_mask(columns, levels, n_guesses, k).to(dev)
-            col = torch.arange(columns)
-            guess_rel = [torch.arange(1, k + 1)] * n_guesses  # every guess at P+1..P+N-1
-            rel = torch.cat([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
+            mask = lookahead_step_mask(columns, levels, n_guesses, k)
+            col = np.arange(columns)
+            guess_rel = [np.arange(1, k + 1)] * n_guesses  # every guess at P+1..P+N-1
+            rel = np.concatenate([col] + [lv + col for lv in range(1, levels)] + guess_rel)  # (l, i) at P+l+i
             w = levels * columns
-            rows = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(w - columns, w + n_guesses * k)])
-            shapes[key] = _Shape(mask, rel.to(dev), rows.to(dev), w)
+            rows = np.concatenate([[0], np.arange(w - columns, w + n_guesses * k)])
+            host = (mask.numpy(), rows)  # read before the upload: on the CPU `.to(device)` returns `mask` itself
+            shapes[key] = _Shape(mask.to(dev), rel, torch.from_numpy(rows).to(dev), w, host)
         return shapes[key]
 
     def extras(self) -> dict:
         # the step's scratch slots are inside the cache: no buffer beyond it
         return {"pool_entries": len(self.pool), "guesses_verified": self.guesses_verified, "buffer_bytes": 0}
 
-    def step(self, remaining: int) -> Step:
-        """One forward; the step's ``rows`` are the rows (relative to P) of the accepted guess tokens, whose KV is
-        kept after the current token's. Under ``engine.static_shapes`` the guesses are padded to G after the
-        warm-up (the current token repeated, isolated by the mask and never accepted)."""
+    def inputs(self, remaining: int) -> list[StepInputs]:
+        """One forward over ``[current | window levels | guesses]``. Under ``engine.static_shapes`` the guesses
+        are padded to G after the warm-up (the current token repeated, isolated by the mask and never accepted)."""
         levels, k = self.levels, self.n - 1
         warm = len(levels) < k  # official: past_tokens[LEVEL - 2] is None
-        guesses = [] if warm or self.cfg.guess_set == 0 else self.pool.get(self.cur)
+        self.guesses = [] if warm or self.cfg.guess_set == 0 else self.pool.get(self.cur)
         # guesses in the forward's verification branch; columns is W and levels N-1 after the warm-up
-        n_branch = self.cfg.guess_set if self.engine.static_shapes and not warm else len(guesses)
-        columns = len(levels[0]) + 1
-        s = self._shape(columns, len(levels), n_branch)
-        padding = [self.cur] * ((n_branch - len(guesses)) * k)  # KV to scratch slots past the real guesses
-        tokens = [self.cur] + [t for lv in levels for t in lv] + [t for g in guesses for t in g] + padding
+        n_branch = self.cfg.guess_set if self.engine.static_shapes and not warm else len(self.guesses)
+        s = self.shape = self._shape(len(levels[0]) + 1, len(levels), n_branch)
+        padding = [self.cur] * ((n_branch - len(self.guesses)) * k)  # KV to scratch slots past the real guesses
+        tokens = [self.cur] + [t for lv in levels for t in lv] + [t for g in self.guesses for t in g] + padding
         plan = AttentionPlan(prefix=self.P, step_mask=s.mask)
-        slots = torch.arange(self.P, self.P + len(tokens), device=self.engine.device)  # KV to slots P .. P+Q-1
-        out = self.engine.forward(self.cache, tokens, s.rel + self.P, slots, plan, logits=s.rows)[0]
-        preds = out.argmax(-1).tolist()  # the step's one host sync
+        slots = range(self.P, self.P + len(tokens))  # KV to slots P .. P+Q-1
+        return [StepInputs(tokens, s.rel + self.P, slots, plan, logits=s.rows, host_mask=s.host[0],
+                           host_logits=s.host[1])]
+
+    def outputs(self, remaining: int, logits: list[RowLogits]) -> Step:
+        """The committed tokens; the step's ``rows`` are the rows (relative to P) of the accepted guess tokens, whose
+        KV is kept after the current token's."""
+        levels, k, s, guesses = self.levels, self.n - 1, self.shape, self.guesses
+        warm, columns = len(levels) < k, len(levels[0]) + 1
+        preds = logits[0].argmax().tolist()  # the step's one host sync
+        out = logits[0].tensor
         first, top, checked = preds[0], preds[1 : 1 + columns], preds[1 + columns :]
         if warm:  # every level drops column 0; the top level's predictions, minus column 0, are the new level
             self.levels = [lv[1:] for lv in levels] + [top[1:]]
@@ -235,6 +251,9 @@ class LookaheadState(StepState):
         commit_path(self.cache, self.P, step.rows)
         self.P += len(step.tokens)
         self._extend(step.tokens)
+
+    def live_slots(self) -> int:
+        return self.P
 
     def _extend(self, new: list[int]) -> None:
         for t in new:

@@ -6,6 +6,7 @@ output diverges from vanilla where FAFO, with the same function, stays identical
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -22,6 +23,7 @@ from fafo.sampling import GREEDY, Sampling
 class LossyDecoder(Decoder):
     """Autoregressive decoding over the compressed cache C(kv) (plus the token itself)."""
 
+    batch_refusal: ClassVar[str] = "lossy decoding illustrates a compression function one request at a time"
     compress: Compression = field(default_factory=StreamingLLM)
 
     def __post_init__(self):

@@ -45,6 +45,7 @@ class QuantSpecDecoder(Decoder):
     """
 
     eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
+    batch_refusal: ClassVar[str] = "its INT8/INT4 caches and self-drafts are one request's (not batched)"
     gamma: int = at_least(1, 6)  # 0 only inside Int8KVReference (autoregressive on the INT8 cache)
     target: str = one_of(("int8kv", "fp16"), "int8kv", why="int8kv = the paper's INT8 verifier, fp16 = a "
                          "full-precision verifier, lossless against vanilla")
@@ -206,6 +207,7 @@ class Int8KVReference(Decoder):
     """
 
     eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
+    batch_refusal: ClassVar[str] = "its INT8/INT4 caches and self-drafts are one request's (not batched)"
     kv: str = one_of(("int8", "fp"), "int8", why="int8 = INT8-KV autoregressive, fp = vanilla")
     group_size: int = at_least(4, 128, why="the method's G, even and above its gamma + 1 >= 2")
     chunk_size: int = at_least(1, 1024)

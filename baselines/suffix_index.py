@@ -2,8 +2,9 @@
 in one int32 array, sequences separated by -1, and a sorted index of (token, previous two tokens) -> end position
 (int64 key + int32 position; the newest :data:`RECENT` tokens are scanned until merged in), about 16-20 bytes per
 token. A node of the official tree is the set of end positions of its string; :meth:`SuffixIndex._matches` finds
-them for every match length. Only the newest sequence grows; a removed one is overwritten with -1 (compacted once
-half the array is dead). Sizes and speed: docs/methods/suffix_decoding.md, "Storage and speed".
+them for every match length. Only the newest sequence grows in place: an older one that grows again (requests
+decoded side by side, fafo/batch.py) is moved to the end first; a removed (or moved) one is overwritten with -1
+(compacted once half the array is dead). Sizes and speed: docs/methods/suffix_decoding.md, "Storage and speed".
 """
 
 from __future__ import annotations
@@ -45,11 +46,16 @@ class SuffixIndex:
 
     # ---------------------------------------------------------------- updates
     def extend(self, seq_id, tokens) -> None:
-        """Append ``tokens`` to sequence ``seq_id``: the newest one, or a new one (``SuffixTree::extend``)."""
+        """Append ``tokens`` to sequence ``seq_id`` (``SuffixTree::extend``): the newest one grows in place; an
+        older one is moved to the end (its tokens become the newest occurrences); a new one starts there."""
         tokens = np.asarray(tokens, dtype=np.int64).ravel()
         if seq_id != self._last:
             if seq_id in self.seqs:
-                raise ValueError(f"sequence {seq_id!r} is not the newest: only the newest sequence can grow")
+                if len(tokens) == 0:
+                    return
+                start, end = self.seqs[seq_id]
+                tokens = np.concatenate([self.tokens[start:end].astype(np.int64), tokens])
+                self.remove(seq_id)
             self.n += 1 if self.tokens[self.n - 1] >= 0 else 0  # a -1 gap after the previous sequence
             self.seqs[seq_id], self._last, self._bounds = [self.n, self.n], seq_id, None
         if len(tokens) == 0:

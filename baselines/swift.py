@@ -115,6 +115,7 @@ class SwiftDecoder(Decoder):
     seed: int = 2024
     cross_request_state: ClassVar[tuple[str, ...]] = ("optimizer",)  # official: the search goes on across requests
     eager_forwards: ClassVar[str] = "layer-skipped drafts whose layer set changes while decoding (a graph each)"
+    batch_refusal: ClassVar[str] = "its layer-set search and layer-skipped drafts are one request's (not batched)"
 
     def __post_init__(self):
         check_bounds(self, "method")

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from baselines.tree_drafting import DraftState, TreeDrafter
 from fafo.bounds import at_least, check_bounds, one_of
@@ -76,8 +75,8 @@ class _TRState(DraftState):
     def draft(self, context: list[int], max_depth: int) -> DraftTree:
         return template_tree(self.template, context[-1], self.cfg.adjacency, max_depth)
 
-    def observe(self, tree: DraftTree, logits: torch.Tensor, new: list[int]) -> None:
-        top = logits.topk(self.cfg.topk, dim=-1).indices.cpu().numpy()  # [len(tree), topk]
+    def observe(self, tree: DraftTree, logits, new: list[int]) -> None:
+        top = logits.topk(self.cfg.topk)  # [len(tree), topk] on the host
         last = {t: i for i, t in enumerate(tree.tokens)}  # a token at several nodes: the last row wins
         self.cfg.adjacency[list(last)] = top[list(last.values())]
 

@@ -1,7 +1,7 @@
 """The decode loop shared by the draftless tree drafters (Prompt Lookup, Token Recycling, SuffixDecoding,
 SAM-Decoding): each step a drafter proposes a :class:`fafo.tree.DraftTree` rooted at the current token (a chain is
 a one-path tree, the root alone one vanilla step), the target verifies it in ONE forward
-(:func:`fafo.tree.verify_tree`), the accepted path plus the bonus token is committed (greedy: token-identical to
+(:func:`fafo.tree.tree_inputs`), the accepted path plus the bonus token is committed (greedy: token-identical to
 vanilla; sampled: Lookahead's exact rule for deterministic guesses) and the drafter is told what happened. Trees are
 never deeper than the tokens left to generate minus one, and are padded to :meth:`TreeDrafter.max_tree` nodes under
 ``engine.static_shapes``. The whole picture: docs/methods/README.md, "The draftless baselines' shared loop".
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
-import torch
 
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
+from fafo.engine.batching import RowLogits, StepInputs
 from fafo.engine.engine import Engine
 from fafo.sampling import GREEDY, Sampling
-from fafo.tree import DraftTree, commit_path, verify_tree
+from fafo.tree import DraftTree, commit_path, tree_inputs
 
 
 class DraftState:
@@ -27,9 +28,10 @@ class DraftState:
         """A tree rooted at ``context[-1]`` (the current token) with depth <= ``max_depth``."""
         raise NotImplementedError
 
-    def observe(self, tree: DraftTree, logits: torch.Tensor, new: list[int]) -> None:
-        """After a verification: ``logits`` ``[len(tree), V]`` (the target's rows for the real nodes) and the
-        committed tokens ``new`` (accepted path + bonus, before any EOS / max_new_tokens cut)."""
+    def observe(self, tree: DraftTree, logits: RowLogits, new: list[int]) -> None:
+        """After a verification: ``logits`` (the target's rows for the real nodes: ``.tensor`` ``[len(tree), V]``,
+        ``.topk(k)`` on the host) and the committed tokens ``new`` (accepted path + bonus, before any EOS /
+        max_new_tokens cut)."""
 
 
 def chain(root: int, tokens, max_depth: int) -> DraftTree:
@@ -50,7 +52,13 @@ def cut_tree(root: int, tokens, parents, max_depth: int) -> DraftTree:
 
 @dataclass
 class TreeDrafter(Decoder):
-    """Base class: subclasses define :meth:`start` (a :class:`DraftState` per generation) and :meth:`max_tree`."""
+    """Base class: subclasses define :meth:`start` (a :class:`DraftState` per generation) and :meth:`max_tree`.
+
+    At batch B each request has its own :class:`DraftState`; run-wide state (Token Recycling's matrix,
+    SuffixDecoding's global tree) is shared and updated request by request in request order
+    (:func:`fafo.batch.decode_batch`)."""
+
+    batch_refusal: ClassVar[str] = ""
 
     @abstractmethod
     def start(self, engine: Engine, prompt_ids: list[int], eos_ids) -> DraftState:
@@ -67,9 +75,12 @@ class TreeDrafter(Decoder):
     def finish(self, state: DraftState, prompt_ids: list[int], tokens: list[int]) -> None:
         """Called after each generation with its committed tokens (e.g. to cache the output)."""
 
+    def new_state(self, engine, prompt_ids, max_new_tokens, eos_ids=(), sampling=None, generator=None, cache=None):
+        return _TreeState(self, engine, prompt_ids, max_new_tokens, sampling or GREEDY, generator, eos_ids, cache)
+
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        state = _TreeState(self, engine, prompt_ids, max_new_tokens, sampling or GREEDY, generator, eos_ids)
+        state = self.new_state(engine, prompt_ids, max_new_tokens, eos_ids, sampling, generator)
         return decode(engine, state, max_new_tokens, eos_ids, clock)
 
     def buffer_bytes(self) -> int:
@@ -81,11 +92,12 @@ class _TreeState(StepState):
     """One generation of a tree drafter: draft, verify in one forward, commit the accepted path and the bonus."""
 
     def __init__(self, cfg: TreeDrafter, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
-                 sampling: Sampling, generator, eos_ids):
+                 sampling: Sampling, generator, eos_ids, cache=None):
         self.cfg, self.engine, self.sampling, self.generator, self.eos_ids = cfg, engine, sampling, generator, eos_ids
         self.context = list(prompt_ids)  # prompt + committed tokens; context[-1] is the current token
         self.n_prompt = len(self.context)
-        self.cache = engine.cache(self.n_prompt + max_new_tokens + cfg.extra_slots(max_new_tokens))
+        need = self.n_prompt + max_new_tokens + cfg.extra_slots(max_new_tokens)
+        self.cache = cache if cache is not None else engine.cache(need)
 
     def prefill(self) -> int:
         logits = self.engine.prefill(self.cache, self.context)
@@ -95,20 +107,26 @@ class _TreeState(StepState):
         self.context = self.context + [first]
         return first
 
-    def step(self, remaining: int) -> Step:
-        tree = self.drafter.draft(self.context, remaining - 1)
+    def inputs(self, remaining: int) -> list[StepInputs]:
+        self.tree = self.drafter.draft(self.context, remaining - 1)
+        return [tree_inputs(self.tree, len(self.context) - 1, self.cfg.max_tree())]
+
+    def outputs(self, remaining: int, logits: list[RowLogits]) -> Step:
+        tree, out = self.tree, logits[0]
         N = len(self.context) - 1  # committed KV entries = the current token's position and slot
-        out = verify_tree(self.engine, self.cache, tree, N, self.cfg.max_tree())
         if self.sampling.greedy:
-            preds = out.argmax(-1).tolist()  # the step's one host sync
+            preds = out.argmax().tolist()  # the step's one host sync
             path = tree.accept_greedy(preds)
             new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
         else:
-            path, new = tree.accept_sampled(out, self.sampling, self.generator, self.context)
+            path, new = tree.accept_sampled(out.tensor, self.sampling, self.generator, self.context)
         commit_path(self.cache, N, path)
         self.drafter.observe(tree, out, new)
         self.context += new
         return Step(new, len(tree) - 1)
+
+    def live_slots(self) -> int:
+        return len(self.context) - 1
 
     def finish(self, tokens: list[int]) -> None:
         self.cfg.finish(self.drafter, self.context[: self.n_prompt], tokens)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -46,6 +47,9 @@ class TriForceDecoder(Decoder):
             given; 256 = the official code's generation length; None: never, as the official loop).
         gqa_reduce: how a KV head combines its query heads' chunk scores: mean (their sum) or max.
     """
+
+    batch_refusal: ClassVar[str] = ("its retrieval cache, draft model and draft cache are one request's (the "
+                                    "hierarchy is not batched)")
 
     gamma1: int = at_least(1, 2)
     gamma2: int = at_least(1, 6)

@@ -7,7 +7,10 @@ themselves: ``clock.mark("prefill")`` is called when the prompt is processed and
 
 Step-based methods (all of them) implement a :class:`StepState` and share :func:`decode`, the one loop that cuts
 at EOS / max_new_tokens and counts: the target's forwards come from its engine's ledger
-(:mod:`fafo.engine.ledger`), so tau means the same for every method.
+(:mod:`fafo.engine.ledger`), so tau means the same for every method. A method whose steps are split into the
+forwards' inputs (:meth:`StepState.inputs`) and what is read from their logits (:meth:`StepState.outputs`) can also
+decode many requests at once, one forward for the batch (:mod:`fafo.batch`); the others say why not in
+:attr:`Decoder.batch_refusal`.
 
 Cross-request state (what a method learns from earlier requests: SuffixDecoding's global tree, Token Recycling's
 matrix, SWIFT's layer-set search) is named in :attr:`Decoder.cross_request_state`; the runner snapshots it so
@@ -25,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from fafo.engine.batching import RowLogits, StepInputs, forward_one
+from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from fafo.engine.ledger import MODEL_TIME, ForwardCounts
 from fafo.engine.model import ModelArgs
@@ -126,15 +131,36 @@ class StepState(ABC):
 
     :func:`decode` drives it and owns everything the methods share: the EOS / max_new_tokens cut, accept
     lengths, drafted / accepted counts and the forward ledger.
+
+    A step is either :meth:`step` itself, or its two halves: :meth:`inputs` (the step's forwards, built on the
+    host) and :meth:`outputs` (the step read from their logits), which :func:`fafo.batch.decode_batch` runs for
+    every request of a batch around one forward per kind. A state of the latter kind reads and writes the cache
+    only through ``self.cache`` (its own request's row) and knows where its committed KV ends
+    (:meth:`live_slots`).
     """
+
+    engine: Engine
+    cache: KVCache
 
     @abstractmethod
     def prefill(self) -> int:
         """Process the prompt; return the first new token."""
 
-    @abstractmethod
     def step(self, remaining: int) -> Step:
         """One decoding step; ``remaining`` tokens may still be committed (the step's own token included)."""
+        return self.outputs(remaining, forward_one(self.engine, self.cache, self.inputs(remaining)).row(0))
+
+    def inputs(self, remaining: int) -> list[StepInputs]:
+        """The step's forwards, in order (one; or a draft, then a verification)."""
+        raise NotImplementedError(f"{type(self).__name__} implements step() whole")
+
+    def outputs(self, remaining: int, logits: list[RowLogits]) -> Step:
+        """The step, from its forwards' logits (``logits[i]``: the rows :meth:`inputs`'s i-th forward asked for)."""
+        raise NotImplementedError(f"{type(self).__name__} implements step() whole")
+
+    def live_slots(self) -> int:
+        """Cache slots ``[0, n)`` holding KV this generation reads again (what moves with it to another row)."""
+        return self.cache.max_len
 
     def commit(self, step: Step) -> None:
         """Keep ``step``'s committed tokens (only called when the generation goes on after it)."""
@@ -207,6 +233,9 @@ class Decoder(ABC):
     #: why some of the method's forwards cannot run as compiled steps ("" when all can); with ``bench.compile``
     #: the runner then times the method and its vanilla reference both eagerly, and the summary says why
     eager_forwards: ClassVar[str] = ""
+    #: why the method cannot decode several requests at once ("" when it can: it implements :meth:`new_state`
+    #: with a :class:`StepState` split into inputs and outputs); checked before a model loads (fafo.batch)
+    batch_refusal: ClassVar[str] = "its steps are not split into a batched forward's inputs and outputs"
 
     def snapshot(self) -> dict:
         """A copy of the cross-request state (cheap when the method has none)."""
@@ -251,6 +280,11 @@ class Decoder(ABC):
         ``slots`` slots, at ``nbytes`` per value (``compiled``: steps compiled, the shared cache allocated up
         front); what ``bench.plan`` adds up before any weight loads. None beyond the shared cache by default."""
         return Buffers()
+
+    def new_state(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = (),
+                  sampling: Sampling | None = None, generator=None, cache: KVCache | None = None) -> StepState:
+        """One generation's state, on ``cache`` (a batch row: :meth:`KVCache.row`) or the engine's shared cache."""
+        raise NotImplementedError(f"{type(self).__name__}: {self.batch_refusal}")
 
     @abstractmethod
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = (),

@@ -36,6 +36,7 @@ Choices the paper leaves open (documented here, each a config knob):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ from fafo.compress.base import Compression, FixedRegion
 from fafo.compress.stream import StreamingLLM
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
+from fafo.engine.batching import RowLogits, StepInputs, forward_one
 from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
@@ -100,6 +102,8 @@ class FAFODecoder(Decoder):
     pool_from_prompt: bool = False
     fused: bool = True
     seed: int = 0
+    batch_refusal: ClassVar[str] = ""
+    _masks: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         check_bounds(self, "method")
@@ -118,17 +122,35 @@ class FAFODecoder(Decoder):
         verify, fumble = 1 + self.n_candidates * self.k, self.n * self.k
         return (verify + fumble,) if self.fused else (1 + fumble, verify)
 
+    def new_state(self, engine, prompt_ids, max_new_tokens, eos_ids=(), sampling=None, generator=None, cache=None):
+        return FAFOState(self, engine, prompt_ids, max_new_tokens, sampling, generator, cache)
+
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
-        state = FAFOState(self, engine, prompt_ids, max_new_tokens, sampling, generator)
+        state = self.new_state(engine, prompt_ids, max_new_tokens, eos_ids, sampling, generator)
         return decode(engine, state, max_new_tokens, eos_ids, clock)
+
+    def step_masks(self, device) -> list[torch.Tensor]:
+        """The step's masks on ``device`` (the fused one, or the fumble and verification ones), built once per
+        run: every generation, and every request of a batch, shares them."""
+        key = str(device)
+        if key not in self._masks:
+            m, k, n = self.n_candidates, self.k, self.n
+            full = fafo_step_mask(m, k, n, self.see_current)
+            if self.fused:
+                self._masks[key] = [full.to(device)]
+            else:
+                v_len = 1 + m * k
+                keep_f = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(v_len, v_len + n * k)])
+                self._masks[key] = [full[keep_f][:, keep_f].to(device), full[:v_len, :v_len].to(device)]
+        return self._masks[key]
 
 
 class FAFOState(StepState):
     """Everything one FAFO generation owns: the fixed-region layout, streams, discard buffers, pool, static masks."""
 
     def __init__(self, cfg: FAFODecoder, engine: Engine, prompt_ids: list[int], max_new_tokens: int,
-                 sampling: Sampling | None = None, generator: torch.Generator | None = None):
+                 sampling: Sampling | None = None, generator: torch.Generator | None = None, cache=None):
         self.cfg, self.engine = cfg, engine
         self.sampling = sampling if sampling is not None and not sampling.greedy else None  # None: greedy
         self.generator = generator
@@ -136,7 +158,8 @@ class FAFOState(StepState):
         self.prompt = list(prompt_ids)
         self.history = list(prompt_ids)
         self.scratch = len(prompt_ids) + max_new_tokens  # committed entries never reach this slot
-        self.cache = engine.cache(self.scratch + cfg.extra_slots(max_new_tokens))
+        need = self.scratch + cfg.extra_slots(max_new_tokens)
+        self.cache = cache if cache is not None else engine.cache(need)
         self.layout = FixedRegion(self.cache, cfg.compress, capacity=self.scratch)
         self.pool = CandidatePool(self.k, cfg.pool_cap or self.n)
         if cfg.pool_from_prompt:
@@ -156,20 +179,18 @@ class FAFOState(StepState):
         self.rel = {"fused": np.concatenate([[0], cand_rel, stream_rel]), "fumble": np.concatenate([[0], stream_rel]),
                     "verify": np.concatenate([[0], cand_rel])}
         self.v_len = 1 + m * k  # current token + candidates
+        # [m, k]: the verification row predicting each candidate token (the current token's, then its own earlier)
+        cand_rows = 1 + np.arange(m * k).reshape(m, k)
+        self.before_rows = np.concatenate([np.zeros((m, 1), dtype=np.int64), cand_rows[:, :-1]], axis=1)
         self.scratch_slots = torch.arange(self.scratch, self.scratch + self.v_len, device=dev)
         self.verify_rows = torch.arange(self.v_len, device=dev)
         stream_last = torch.arange((k - 1) * n, k * n)  # row k-1 of the stream block: each stream's newest token
         self.region_capacity = min(self.cfg.compress.budget, self.cache.max_len)  # static across samples
+        self.masks = self.cfg.step_masks(dev)  # [fused] or [fumble, verify]
         if self.cfg.fused:
-            mask = fafo_step_mask(m, k, n, self.cfg.see_current).to(dev)
             self.rows = torch.cat([torch.arange(self.v_len), self.v_len + stream_last]).to(dev)
-            self.masks = [mask]
         else:
-            full = fafo_step_mask(m, k, n, self.cfg.see_current)
-            keep_f = torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(self.v_len, self.v_len + n * k)])
-            verify, fumble = full[: self.v_len, : self.v_len].to(dev), full[keep_f][:, keep_f].to(dev)
             self.rows = (1 + stream_last).to(dev)
-            self.masks = [fumble, verify]
 
     def extras(self) -> dict:
         # buffer_bytes: extra device memory beyond the cache (the step's scratch slots are inside the cache)
@@ -205,46 +226,51 @@ class FAFOState(StepState):
                              dense_layers=self.cfg.compress.dense(),
                              capture_rows=rows)
 
-    def forward_logits(self, cands: np.ndarray) -> tuple[torch.Tensor, dict]:
-        """The step's logits rows: [1 + m*k verification rows, then each stream's newest-token row], and the
-        verification rows' queries (query-aware compressions)."""
+    def inputs(self, remaining: int) -> list[StepInputs]:
+        """The step's forwards: ``[current | m x k candidates | n x k streams]`` (fused), or the fumble forward
+        ``[current | streams]`` then the verification ``[current | candidates]`` (FAFO-2forward). Each asks for
+        the verification rows, then each stream's newest-token row."""
+        return self._inputs(*self.candidates())
+
+    def _inputs(self, cands: np.ndarray, n_real: int) -> list[StepInputs]:
+        self.cands, self.n_real = cands, n_real
         P = self.layout.n  # the current token's position = number of cached entries
         cur = np.array([self.cur])
         streams = self.streams.T.ravel()  # column-wise
         if self.cfg.fused:
-            tokens = np.concatenate([cur, cands.ravel(), streams])
-            plan = self.plan(self.masks[0], self.v_len, capture=True)
-            out, queries = self.engine.forward(self.cache, tokens, P + self.rel["fused"], self.scratch_slots, plan,
-                                               logits=self.rows, queries=True)
-            return out[0], queries
+            verify_plan = self.plan(self.masks[0], self.v_len, capture=True)
+            return [StepInputs(np.concatenate([cur, self.cands.ravel(), streams]), P + self.rel["fused"],
+                               self.scratch_slots, verify_plan, logits=self.rows)]
         f_mask, v_mask = self.masks
-        tokens_f, pos_f, tokens_v, pos_v = self.engine.upload(  # both forwards' inputs in one copy
-            np.concatenate([cur, streams]), P + self.rel["fumble"], np.concatenate([cur, cands.ravel()]),
-            P + self.rel["verify"])
-        fumble = self.engine.forward(self.cache, tokens_f, pos_f, None, self.plan(f_mask, 1), logits=self.rows,
-                                     kind="draft")
-        plan = self.plan(v_mask, None, capture=True)
-        verify, queries = self.engine.forward(self.cache, tokens_v, pos_v, self.scratch_slots, plan, queries=True)
-        return torch.cat([verify[0], fumble[0]]), queries
+        verify_plan = self.plan(v_mask, None, capture=True)
+        return [StepInputs(np.concatenate([cur, streams]), P + self.rel["fumble"], None, self.plan(f_mask, 1),
+                           logits=self.rows, kind="draft"),
+                StepInputs(np.concatenate([cur, self.cands.ravel()]), P + self.rel["verify"], self.scratch_slots,
+                           verify_plan)]
 
-    def step(self, remaining: int) -> Step:
+    def forward_logits(self, cands: np.ndarray) -> torch.Tensor:
+        """The step's logits rows for candidates ``cands``: [1 + m*k verification rows, then each stream's
+        newest-token row] (the step's forwards alone, for benchmarks and tests)."""
+        out = forward_one(self.engine, self.cache, self._inputs(cands, len(cands))).row(0)
+        return out[0].tensor if self.cfg.fused else torch.cat([out[1].tensor, out[0].tensor])
+
+    def outputs(self, remaining: int, logits: list[RowLogits]) -> Step:
         """One FAFO step: the committed tokens (accepted + bonus), the candidate tokens verified, and the scratch
         rows holding the committed tokens' KV (the current token's and the accepted candidate tokens')."""
-        cands, n_real = self.candidates()
-        logits, queries = self.forward_logits(cands)
+        verify, fumble = (logits[0], None) if self.cfg.fused else (logits[1], logits[0])
         if self.sampling is not None:
-            new, kv_rows = self._sampled_step(logits, cands, n_real)
+            new, kv_rows = self._sampled_step(verify, fumble)
         else:
-            new, kv_rows = self._greedy_step(logits, cands, n_real)
-        return Step(new, n_real * self.k, rows=kv_rows, queries=queries or None)
+            new, kv_rows = self._greedy_step(verify, fumble)
+        return Step(new, self.n_real * self.k, rows=kv_rows, queries=verify.queries)
 
-    def _greedy_step(self, logits: torch.Tensor, cands: np.ndarray, n_real: int) -> tuple[list[int], np.ndarray]:
-        preds = logits.argmax(-1).cpu().numpy()  # the one host sync of the step
-        v, new_stream = preds[: self.v_len], preds[self.v_len :]
+    def _greedy_step(self, verify: RowLogits, fumble: RowLogits | None) -> tuple[list[int], np.ndarray]:
+        preds = verify.argmax()  # the one host sync of the step (with the fumble rows, FAFO-2forward)
+        cands, n_real = self.cands, self.n_real
+        v, new_stream = preds[: self.v_len], preds[self.v_len :] if fumble is None else fumble.argmax()
         best_len, best = 0, 0
         if n_real:
-            before = np.concatenate([np.repeat(v[:1], n_real)[:, None], v[1:].reshape(self.m, self.k)[:n_real, :-1]],
-                                    axis=1)
+            before = v[self.before_rows[:n_real]]  # [n_real, k]: the prediction for each candidate token
             lengths = np.cumprod(cands[:n_real] == before, axis=1).sum(axis=1)
             best = int(lengths.argmax())  # the first of the longest, as torch.argmax
             best_len = int(lengths[best])
@@ -254,20 +280,20 @@ class FAFOState(StepState):
         self._advance_streams(new_stream)
         return new, kv_rows
 
-    def _sampled_step(self, logits: torch.Tensor, cands: np.ndarray, n_real: int) -> tuple[list[int], np.ndarray]:
+    def _sampled_step(self, verify: RowLogits, fumble: RowLogits | None) -> tuple[list[int], np.ndarray]:
         """Sampling (temperature > 0): the streams stay greedy (argmax over C(kv): they are only guesses); the
         candidates are verified with the deterministic-guess rule (``Sampling.verify_guesses``, Lookahead's
         sampling verification): exact in distribution because the candidates are fixed before the step's
         random draws (the argument is in ``fafo/sampling.py``). KV kept: the current token's and the accepted
         candidate tokens' (every emitted token but the last)."""
-        self._advance_streams(logits[self.v_len :].argmax(-1).cpu().numpy())
-        v, k = logits[: self.v_len], self.k
+        self._advance_streams(verify.argmax()[self.v_len :] if fumble is None else fumble.argmax())
+        v, k = verify.tensor[: self.v_len], self.k
 
         def logits_at(g, d):
             return v[0] if d == 0 else v[1 + g * k + d - 1]
 
-        new, best = self.sampling.verify_guesses(cands[:n_real].tolist(), logits_at, k + 1, self.generator,
-                                                 self.history)
+        new, best = self.sampling.verify_guesses(self.cands[: self.n_real].tolist(), logits_at, k + 1,
+                                                 self.generator, self.history)
         kv_rows = np.concatenate([[0], 1 + best * k + np.arange(len(new) - 1)])
         return new, kv_rows
 
@@ -288,3 +314,6 @@ class FAFOState(StepState):
         self.layout.commit((self.scratch + kv_rows).tolist(), query)
         self.history.extend(new)
         self.cur = new[-1]
+
+    def live_slots(self) -> int:
+        return self.layout.n

@@ -68,11 +68,19 @@ def chi_square(counts: Counter, probs: dict, min_expected: float = 5.0) -> tuple
 
 
 def run_many(decoder, engine: Engine, prompt_ids: list[int], sampling: Sampling, k: int, samples: int,
-             eos_ids=()) -> tuple[list[tuple], float]:
-    """The first k tokens of ``samples`` generations seeded 0..samples-1, and the step-weighted tau."""
+             eos_ids=(), batch_size: int = 1) -> tuple[list[tuple], float]:
+    """The first k tokens of ``samples`` generations seeded 0..samples-1, and the step-weighted tau;
+    ``batch_size`` > 1: decoded that many at a time (:func:`fafo.batch.decode_batch`, continuous batching)."""
+    if batch_size > 1:
+        from fafo.batch import Request, decode_batch
+
+        requests = [Request(list(prompt_ids), k, tuple(eos_ids), sampling.generator(i)) for i in range(samples)]
+        gens = decode_batch(decoder, engine, requests, batch_size, "continuous", sampling).generations
+    else:
+        gens = (decoder.generate(engine, prompt_ids, k, eos_ids, sampling, sampling.generator(i))
+                for i in range(samples))
     seqs, new, forwards = [], 0, 0
-    for i in range(samples):
-        g = decoder.generate(engine, prompt_ids, k, eos_ids, sampling, sampling.generator(i))
+    for g in gens:
         seqs.append(tuple(g.tokens[:k]))
         new += len(g.tokens)
         forwards += g.n_forwards + 1

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fafo.engine.attention import AttentionPlan
+from fafo.engine.batching import StepInputs
 from fafo.engine.engine import Engine, upload
 from fafo.sampling import Sampling
 
@@ -144,15 +145,19 @@ class DraftTree:
         return path, out
 
 
-def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None) -> torch.Tensor:
-    """One target forward over the tree (root at position/slot ``N``); returns ``[len(tree), V]`` logits.
-
-    Node i's KV is written to slot ``N + i``. ``size``: the largest tree the method drafts; under static shapes
-    the engine pads the step to it (the caller's cache must have ``N + size`` slots)."""
+def tree_inputs(tree: DraftTree, N: int, size: int | None = None) -> StepInputs:
+    """The target's forward over the tree (root at position/slot ``N``), as host values: node i's KV is written to
+    slot ``N + i``. ``size``: the largest tree the method drafts; under static shapes the engine pads the step to
+    it (the caller's cache must have ``N + size`` slots)."""
     tokens, positions, mask = tree.inputs(N)  # host values: the engine uploads them in one copy
-    slots = list(range(N, N + len(tree)))
     plan = AttentionPlan(prefix=N, step_mask=mask.numpy())  # a host array: gathered on the host (Engine.forward)
-    return engine.forward(cache, tokens, positions, slots, plan, logits="all", pad_to=size)[0]
+    return StepInputs(tokens, positions, list(range(N, N + len(tree))), plan, "all", size)
+
+
+def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None) -> torch.Tensor:
+    """One target forward over the tree (:func:`tree_inputs`); returns ``[len(tree), V]`` logits."""
+    step = tree_inputs(tree, N, size)
+    return engine.forward(cache, step.tokens, step.positions, step.slots, step.plan, logits="all", pad_to=size)[0]
 
 
 def commit_path(cache, N: int, path: list[int], carry=None, engine: Engine | None = None):
@@ -162,6 +167,9 @@ def commit_path(cache, N: int, path: list[int], carry=None, engine: Engine | Non
     (counted in ``engine``'s ledger when given); None when there are none."""
     moves = bool(path) and path != list(range(1, len(path) + 1))
     if not moves and carry is None:
+        return None
+    if cache.pending is not None and carry is None:  # a request's row in a batch: moved with every row's at once
+        cache.pending.append(([N + i for i in path], list(range(N + 1, N + 1 + len(path)))))
         return None
     values = ([[N + i for i in path], list(range(N + 1, N + 1 + len(path)))] if moves else []) + \
         ([carry] if carry is not None else [])

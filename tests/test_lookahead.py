@@ -211,7 +211,7 @@ class PositionModel:
     def cache(self, min_len):
         return KVCache(1, 1, 1, min_len, 1, torch.float32, "cpu")
 
-    def forward(self, cache, tokens, positions, slots, plan, logits="all", kind="verify"):
+    def forward(self, cache, tokens, positions, slots, plan, logits="all", kind="verify", pad_to=None):
         pos = torch.as_tensor(positions)[torch.as_tensor(logits)]
         self.calls.append((list(tokens), torch.as_tensor(positions).tolist()))
         return torch.nn.functional.one_hot(100 + pos + 1, 200).float()[None]

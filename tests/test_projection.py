@@ -62,8 +62,8 @@ def simulated_device(monkeypatch):
     now = [0.0]
     record = ForwardLedger.record
 
-    def charged(self, kind, n_tokens, prefix=0, region_rows=0, region_len=0, share=1.0):
-        record(self, kind, n_tokens, prefix, region_rows, region_len, share)
+    def charged(self, kind, n_tokens, prefix=0, region_rows=0, region_len=0, share=1.0, batch=1):
+        record(self, kind, n_tokens, prefix, region_rows, region_len, share, batch)
         now[0] += device_ms(ForwardRecord(kind, n_tokens, prefix, region_rows, region_len, share)) / 1e3
 
     monkeypatch.setattr(ForwardLedger, "record", charged)

@@ -111,7 +111,9 @@ class FixedRegion:
     slot ``n`` sits at position ``n`` until a swap moves it, so appending writes nothing.
 
     Every step's bookkeeping is a fixed handful of ops over all layers and heads at once (the selection, the swap
-    lists, one gather and one scatter of the cache: :meth:`KVCache.move_rows`), whatever the depth.
+    lists, one gather and one scatter of the cache: :meth:`KVCache.move_rows`), whatever the depth. While every
+    selection is one list for all layers and heads (StreamingLLM's), the layout is too: the bookkeeping runs on
+    one row and the swaps move the same slots everywhere (:meth:`KVCache.move`, a 1-d index).
 
     Args:
         cache: the static cache whose slots are moved (batch 1).
@@ -128,8 +130,11 @@ class FixedRegion:
         L, H = len(cache.keys), cache.keys[0].shape[1]
         self._arange = torch.arange(capacity + 1, device=self.device)  # slices of it are every step's ranges
         self._junk = self._arange[capacity]  # padded swaps pair this unused slot with itself
-        self.pos = self._arange.expand(L, H, -1).clone()  # [L, H, capacity + 1]; slot `capacity`: the junk slot
-        self.slot_of = self.pos.clone()
+        # [L, H, capacity + 1] (slot `capacity`: the junk slot); while every selection has been the same for all
+        # layers and heads, one row stands for all of them (expanded views of ``_line``)
+        self._line = (self._arange.clone(), self._arange.clone())
+        self.pos, self.slot_of = (line.expand(L, H, -1) for line in self._line)
+        self.uniform = True
         self.n = 0
         self.region_len = 0
         self.state: dict = {}  # the compression function's per-generation state (Quest metadata, SnapKV picks)
@@ -166,22 +171,31 @@ class FixedRegion:
         """Swap C's current selection into slots ``[0, K)``; ``max_swaps`` bounds the evictions of any row."""
         L, H, _ = self.pos.shape
         sel = self.compression.select(self).to(self.device)
-        sel = sel.expand(L, H, -1) if sel.dim() == 1 else sel  # [L, H, K]
+        if sel.dim() == 3 and self.uniform:  # the first per-(layer, head) selection: every row its own from now
+            self.pos, self.slot_of, self.uniform = self.pos.clone(), self.slot_of.clone(), False
+        if self.uniform:  # [K]: one row's bookkeeping, its swaps the same slots of every layer and head
+            pos, slot_of = self._line
+        else:  # [L, H, K]
+            pos, slot_of = self.pos, self.slot_of
+            sel = sel.expand(L, H, -1) if sel.dim() == 1 else sel
         K = sel.shape[-1]
         width = min(max_swaps, K)  # Python ints: no row evicts (nor admits: as many) more than this
         if width:
-            want = torch.zeros(L, H, self.n, dtype=torch.bool, device=self.device)
-            want.scatter_(2, sel, True)
-            evict = ~want.gather(2, self.pos[:, :, :K])  # [L, H, K]: region slots holding unselected entries
-            admit_slots = self.slot_of.gather(2, sel)  # [L, H, K]: where the selected entries are now
+            want = torch.zeros(*sel.shape[:-1], self.n, dtype=torch.bool, device=self.device)
+            want.scatter_(-1, sel, True)
+            evict = ~want.gather(-1, pos[..., :K])  # [..., K]: region slots holding unselected entries
+            admit_slots = slot_of.gather(-1, sel)  # [..., K]: where the selected entries are now
             src_out = _first_true(None, evict, width, self._junk)
             src_in = _first_true(admit_slots, admit_slots >= K, width, self._junk)
             pairs = torch.cat([src_out, src_in, src_in, src_out], -1)  # swap pairs: src then dst
             src, dst = pairs[..., : 2 * width], pairs[..., 2 * width :]
-            self.cache.move_rows(src, dst)
-            moved = self.pos.gather(2, src)
-            self.pos.scatter_(2, dst, moved)
-            self.slot_of.scatter_(2, moved, dst)
+            if self.uniform:
+                self.cache.move(src, dst)
+            else:
+                self.cache.move_rows(src, dst)
+            moved = pos.gather(-1, src)
+            pos.scatter_(-1, dst, moved)
+            slot_of.scatter_(-1, moved, dst)
         self.region_len = K
 
 

@@ -44,7 +44,7 @@ class AttentionPlan:
         prefix_lens: optional ``[Q]`` long tensor, query ``q`` sees only slots ``[0, prefix_lens[q])``
             (each <= ``prefix``); ``None`` means every query sees the whole prefix.
         step_mask: optional ``[Q, Q]`` bool tensor, ``True`` where a query may attend a step token; ``None`` is
-            causal. Every query must see itself.
+            causal. Every query must see itself. A batched step may give one per row, ``[B, Q, Q]``.
         region_from: optional query index: queries ``[region_from, Q)`` see only the cache's fixed head region,
             slots ``[0, region_len)`` (FAFO's fumble streams over C(kv)); earlier queries see the whole prefix.
         region_len: valid slots of the fixed region (<= ``prefix``).
@@ -58,7 +58,9 @@ class AttentionPlan:
             and put the live length in this mask (:mod:`fafo.engine.compiled`).
         dense_block_mask: flex only: the same for every query of the step, used in ``dense_layers``.
         prefix_length, region_length: ``[1]`` long tensors set by compiled steps: the live lengths of the prefix
-            and of the region, when ``prefix`` and ``region_len`` are their static capacities.
+            and of the region, when ``prefix`` and ``region_len`` are their static capacities. In a batched step
+            (:mod:`fafo.engine.batching`) ``[B]``: each row's own lengths among the ``prefix`` (``region_len``)
+            slots read, the token's own slot counted in both when ``step_in_cache``.
         dense_layers: layers in which the region queries see the whole prefix after all (Quest's dense layers).
         capture_rows: rows whose post-RoPE queries the forward returns beside its logits ({layer: [B, H_q, R, D]};
             :meth:`fafo.engine.engine.Engine.forward` ``queries=True``), for query-aware compression (Quest,
@@ -138,11 +140,18 @@ def dense_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sc
     Hkv = k_step.shape[1]
     if plan.prefix == 0:
         return prefill_attention(q, k_step, v_step, plan, scale)
+    qg = q.view(B, Hkv, Hq // Hkv, Q, D)
+    if plan.step_in_cache and Q == 1 and plan.region_from is None and plan.prefix_length is not None:
+        # a token whose KV is in the cache, counted by the live lengths: the cache alone holds every key it sees
+        mask = torch.arange(plan.prefix, device=q.device) < plan.prefix_length[:, None, None, None, None]
+        out = reference_attention_lse(qg, k_cache[:, :, :plan.prefix], v_cache[:, :, :plan.prefix], mask, scale)[0]
+        return out.view(B, Hq, Q, D).to(q.dtype)
     step_mask = plan.step_mask
     if step_mask is None:
         step_mask = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
+    elif step_mask.dim() == 3:  # one per batch row: [B, 1, 1, Q, Q] against the scores [B, Hkv, G, Q, K]
+        step_mask = step_mask[:, None, None]
     prefix_mask = _prefix_mask(plan, q.device)
-    qg = q.view(B, Hkv, Hq // Hkv, Q, D)
     split = Q if plan.region_from is None else plan.region_from
     outs = []
     for s in range(0, Q, query_chunk):  # bounds the [chunk, prefix] score tensor for long chunked prefills
@@ -152,12 +161,12 @@ def dense_attention(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, sc
                                      (max(s, split), e, plan.region_len, plan.region_length)):
             if lo < hi:  # queries before the split read the whole prefix, the rest only the fixed region
                 mask = None if prefix_mask is None else prefix_mask[lo:hi, :n_kv]
-                if length is not None:  # a static capacity of which the first `length` slots are live
-                    mask = torch.arange(n_kv, device=q.device)[None, :] < length  # [1, K]
+                if length is not None:  # of the n_kv slots read, the first `length` of each row are live
+                    mask = torch.arange(n_kv, device=q.device) < length[:, None, None, None, None]  # [1|B,1,1,1,K]
                 parts.append(reference_attention_lse(qg[..., lo:hi, :], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv],
                                                    mask, scale))
         o1, l1 = torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
-        o2, l2 = reference_attention_lse(qg[..., s:e, :], k_step, v_step, step_mask[s:e], scale)
+        o2, l2 = reference_attention_lse(qg[..., s:e, :], k_step, v_step, step_mask[..., s:e, :], scale)
         outs.append(merge(o1, l1, o2, l2))
     return torch.cat(outs, dim=-2).view(B, Hq, Q, D).to(q.dtype)
 

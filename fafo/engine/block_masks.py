@@ -9,6 +9,9 @@ on every torch: every block whose mask_mod decides something is *partial* (the m
 only where the mod is a constant True (below a causal diagonal), and no value is read back to the host.
 
 Blocks are ``BLOCK`` x ``BLOCK`` (torch's default): the kernel routing (:mod:`fafo.engine.flex_routing`) assumes it.
+
+A batched step (several requests, :mod:`fafo.engine.batching`) has a mask per row: lengths ``[B]`` and step masks
+``[B, Q, Q]`` give BlockMasks with a batch dimension of B (still one head, as the routing requires).
 """
 
 from __future__ import annotations
@@ -25,29 +28,39 @@ def n_blocks(n: int) -> int:
 
 
 def _partial(active: torch.Tensor, mask_mod, q_len: int, kv_len: int) -> BlockMask:
-    """A BlockMask whose active blocks (``active``: [q blocks, kv blocks] bool) are all partial."""
-    counts = active.sum(-1).to(**_I32)  # [QB]
+    """A BlockMask whose active blocks (``active``: [q blocks, kv blocks] bool, or [B, ...] one per batch row)
+    are all partial."""
+    active = active if active.dim() == 3 else active[None]
+    counts = active.sum(-1).to(**_I32)  # [B, QB]
     order = torch.argsort(active.to(**_I32), dim=-1, descending=True, stable=True).to(**_I32)  # active first
-    return BlockMask.from_kv_blocks(counts[None, None], order[None, None], BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
+    return BlockMask.from_kv_blocks(counts[:, None], order[:, None], BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
                                     seq_lengths=(q_len, kv_len))
 
 
 def _below_length(length: torch.Tensor):
     def below_length(b, h, q_idx, kv_idx):
-        return kv_idx < length[0]
+        return kv_idx < length[b]
 
     return below_length
 
 
 def length_block_mask(length: torch.Tensor, n_queries: int, capacity: int) -> BlockMask:
-    """``n_queries`` queries over the first ``length[0]`` of ``capacity`` keys (``length``: a [1] long tensor read
-    by the mask_mod at every call). Every block is partial and active; the caller keeps ``kv_num_blocks`` at the
-    live block count (:class:`fafo.engine.flex_masks.LiveLength`), so the kernel skips the dead tail."""
-    active = torch.ones(n_blocks(n_queries), n_blocks(capacity), dtype=torch.bool, device=length.device)
+    """``n_queries`` queries over the first ``length[b]`` of ``capacity`` keys in batch row b (``length``: a [1]
+    or [B] long tensor read by the mask_mod at every call). Every block is partial and active; the caller keeps
+    ``kv_num_blocks`` at the live block count (:class:`fafo.engine.flex_masks.LiveLength`), so the kernel skips
+    the dead tail."""
+    active = torch.ones(length.shape[0], n_blocks(n_queries), n_blocks(capacity), dtype=torch.bool,
+                        device=length.device)
     return _partial(active, _below_length(length), n_queries, capacity)
 
 
 def _step(step_mask: torch.Tensor):
+    if step_mask.dim() == 3:  # one per batch row
+        def step_rows(b, h, q_idx, kv_idx):
+            return step_mask[b, q_idx, kv_idx]
+
+        return step_rows
+
     def step(b, h, q_idx, kv_idx):
         return step_mask[q_idx, kv_idx]
 
@@ -55,19 +68,21 @@ def _step(step_mask: torch.Tensor):
 
 
 def step_block_mask(step_mask: torch.Tensor) -> BlockMask:
-    """The ``[Q, Q]`` bool ``step_mask`` (fixed once built): blocks holding a True are active, all partial."""
-    Q, nb = step_mask.shape[0], n_blocks(step_mask.shape[0])
-    padded = step_mask.new_zeros(nb * BLOCK, nb * BLOCK)
-    padded[:Q, :Q] = step_mask
-    active = padded.view(nb, BLOCK, nb, BLOCK).any(3).any(1)  # [QB, KB]
+    """The ``[Q, Q]`` (or ``[B, Q, Q]``) bool ``step_mask``, fixed once built: blocks holding a True are active,
+    all partial."""
+    Q, nb = step_mask.shape[-1], n_blocks(step_mask.shape[-1])
+    padded = step_mask.new_zeros(*step_mask.shape[:-2], nb * BLOCK, nb * BLOCK)
+    padded[..., :Q, :Q] = step_mask
+    active = padded.view(*step_mask.shape[:-2], nb, BLOCK, nb, BLOCK).any(-1).any(-2)  # [(B,) QB, KB]
     return _partial(active, _step(step_mask), Q, Q)
 
 
 def buffer_block_mask(buffer: torch.Tensor) -> BlockMask:
-    """A ``[Q, Q]`` bool ``buffer`` rewritten in place before each call (a compiled step's tree mask): every block
-    is active and partial, so any content is read correctly."""
-    nb = n_blocks(buffer.shape[0])
-    return _partial(torch.ones(nb, nb, dtype=torch.bool, device=buffer.device), _step(buffer), *buffer.shape)
+    """A ``[Q, Q]`` (or ``[B, Q, Q]``) bool ``buffer`` rewritten in place before each call (a compiled step's tree
+    mask): every block is active and partial, so any content is read correctly."""
+    nb = n_blocks(buffer.shape[-1])
+    active = torch.ones(*buffer.shape[:-2], nb, nb, dtype=torch.bool, device=buffer.device)
+    return _partial(active, _step(buffer), *buffer.shape[-2:])
 
 
 def _below_prefix_lens(prefix_lens: torch.Tensor):

@@ -42,7 +42,7 @@ class KVCache(Cache):
 
     Args:
         n_layers: number of transformer layers.
-        batch: batch size (1 for every speculative method).
+        batch: rows (requests decoded together; 1 for one request at a time).
         n_kv_heads: KV heads per layer (GQA: fewer than query heads).
         max_len: physical slots per layer.
         head_dim: per-head dimension.
@@ -50,10 +50,44 @@ class KVCache(Cache):
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
-        self.kv = torch.zeros((2, n_layers, batch, n_kv_heads, max_len, head_dim), dtype=dtype, device=device)
-        self.keys = list(self.kv[0].unbind(0))  # per layer [B, Hkv, S, D], views of kv
-        self.values = list(self.kv[1].unbind(0))
-        self.max_len = max_len
+        self.bind(torch.zeros((2, n_layers, batch, n_kv_heads, max_len, head_dim), dtype=dtype, device=device))
+        self.pending: list | None = None
+
+    def bind(self, kv: torch.Tensor) -> None:
+        """Make ``kv`` (a buffer, or a view of rows of one) this cache's storage."""
+        self.kv = kv
+        self.keys = list(kv[0].unbind(0))  # per layer [B, Hkv, S, D], views of kv
+        self.values = list(kv[1].unbind(0))
+        self.max_len = kv.shape[SLOT_DIM]
+        self._first_rows: dict[int, KVCache] = {}
+
+    @classmethod
+    def view(cls, kv: torch.Tensor) -> "KVCache":
+        """A cache over ``kv`` (a view of another cache's rows: writes and moves land in that cache)."""
+        cache = cls.__new__(cls)
+        cache.bind(kv)
+        cache.pending = None  # a request's row in a batch: its commit moves, done with every row's (fafo.batch)
+        return cache
+
+    @property
+    def batch(self) -> int:
+        return self.kv.shape[2]
+
+    def row(self, b: int) -> "KVCache":
+        """Row ``b`` as a batch-1 cache of its own (a view; :meth:`bind` it to another row when the request moves)."""
+        return KVCache.view(self.kv[:, :, b : b + 1])
+
+    def rows(self, n: int) -> "KVCache":
+        """The first ``n`` rows (a view, the same object at every call): a batched step over the requests there."""
+        if n == self.batch:
+            return self
+        if n not in self._first_rows:
+            self._first_rows[n] = KVCache.view(self.kv[:, :, :n])
+        return self._first_rows[n]
+
+    def copy_row(self, src: int, dst: int, n_slots: int) -> None:
+        """Copy the first ``n_slots`` slots of row ``src`` to row ``dst`` in every layer (one op)."""
+        self.kv[:, :, dst, :, :n_slots].copy_(self.kv[:, :, src, :, :n_slots])
 
     def tensors(self) -> list[torch.Tensor]:
         """The buffer and its per-layer views (what CUDA graphs must keep at static addresses)."""
@@ -65,14 +99,19 @@ class KVCache(Cache):
 
     def attend(self, layer, q, k, v, slots, plan, scale, backend):
         if slots is not None:  # the first len(slots) tokens of the step are kept; the rest stay scratch
-            n = slots.shape[0]
+            n = slots.shape[-1]
             self.write(layer, slots, k[:, :, :n], v[:, :, :n])
         return attend(backend, q, self.keys[layer], self.values[layer], k, v, plan, scale)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """slots: [Q] long; k, v: [B, Hkv, Q, D]."""
-        self.keys[layer].index_copy_(2, slots, k)
-        self.values[layer].index_copy_(2, slots, v)
+        """slots: [Q] long (the same slots in every row) or [B, Q] (each row's own); k, v: [B, Hkv, Q, D]."""
+        if slots.dim() == 1:
+            self.keys[layer].index_copy_(2, slots, k)
+            self.values[layer].index_copy_(2, slots, v)
+            return
+        index = slots[:, None, :, None].expand(k.shape)
+        self.keys[layer].scatter_(2, index, k)
+        self.values[layer].scatter_(2, index, v)
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy the entries of slots ``src`` to slots ``dst`` in every layer and head (src, dst: [N] long).
@@ -101,6 +140,15 @@ class KVCache(Cache):
         shape = (2, L, B, H, n, D)
         src = src[None, :, None, :, :, None].expand(shape)
         dst = dst[None, :, None, :, :, None].expand(shape)
+        self.kv.scatter_(SLOT_DIM, dst, self.kv.gather(SLOT_DIM, src))
+
+    def move_per_row(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Slot copies of each batch row: src, dst ``[B, N]`` long (the same in every layer, head, keys and
+        values); values are gathered before any write. Two ops for every row and layer."""
+        _, L, B, H, _, D = self.kv.shape
+        shape = (2, L, B, H, src.shape[-1], D)
+        src = src[None, None, :, None, :, None].expand(shape)
+        dst = dst[None, None, :, None, :, None].expand(shape)
         self.kv.scatter_(SLOT_DIM, dst, self.kv.gather(SLOT_DIM, src))
 
     def copy_from(self, other: "KVCache", src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -13,6 +13,9 @@ on (the gpt-fast recipe, adapted to block-sparse attention):
   for its shape (:mod:`fafo.engine.flex_routing`);
 * step masks come prebuilt from the decoder (FAFO, Lookahead), or are built here once per step length (causal) or
   over a persistent ``[Q, Q]`` buffer the step's mask is copied into (SWIFT's and the tree methods' trees);
+* a batched step (several requests, :mod:`fafo.engine.batching`) is the same with a length per row: ``[B]``
+  live lengths (copied into the persistent length tensors; their BlockMasks have a batch dimension), ``[B, Q, Q]``
+  mask buffers; graphs are specialised per (rows, step shape), the rows padded to a bucket by the batching layer;
 * every decode forward has a shape that depends only on the method's hyperparameters (:attr:`Engine.static_shapes`:
   the engine pads a step to the size the decoder names, :mod:`fafo.engine.static_shapes`), so one generation
   compiles a fixed set of graphs and every later sample, of any length, reuses them as long as the cache is not
@@ -110,13 +113,17 @@ class CompiledStep:
         if self.live_lengths and 2 <= plan.prefix <= capacity - 2 and region_ok:
             return self._live_plan(cache, plan)
         split = n_queries if plan.region_from is None else plan.region_from
-        # a step whose one token's KV is already in the cache reads it there: the live length counts it
-        prefix = self._length("prefix", capacity, dev).set(plan.prefix + int(plan.step_in_cache))
+        rows = 1 if plan.prefix_length is None else len(plan.prefix_length)  # a batched step: [B] lengths given
+        # a step whose one token's KV is already in the cache reads it there: the live length counts it (a batched
+        # step's lengths count it already)
+        prefix = self._length("prefix", capacity, dev, rows).set(
+            plan.prefix + int(plan.step_in_cache) if plan.prefix_length is None else plan.prefix_length)
         changes = dict(prefix=capacity, prefix_length=prefix.length)
         if plan.region_from is not None:
             if not plan.region_capacity:
                 raise ValueError("a region plan needs region_capacity (a static bound) when steps are compiled")
-            region = self._length("region", plan.region_capacity, dev).set(plan.region_len)
+            region = self._length("region", plan.region_capacity, dev, rows).set(
+                plan.region_len if plan.region_length is None else plan.region_length)
             changes.update(region_len=plan.region_capacity, region_length=region.length)
         if self.attention == "flex":
             changes.update(prefix_block_mask=prefix.block_mask(split) if split else None,
@@ -129,7 +136,8 @@ class CompiledStep:
         return replace(plan, **changes)
 
     def _live_plan(self, cache: KVCache, plan: AttentionPlan) -> AttentionPlan:
-        """sdpa: static capacities in the ints, live lengths in the sizes of dynamic tensors."""
+        """sdpa: static capacities in the ints, live lengths in the sizes of dynamic tensors (a batched step: the
+        longest row's; each row's own stay in ``prefix_length`` / ``region_length``)."""
         capacity = cache.max_len
         changes = dict(prefix=capacity, prefix_live=self._live_tensor("prefix", plan.prefix, capacity, cache))
         if plan.region_from is not None:
@@ -150,22 +158,22 @@ class CompiledStep:
         torch._dynamo.mark_dynamic(view, 0, min=2, max=capacity - 2)  # + 1 (the token itself) < capacity
         return view
 
-    def _length(self, kind: str, capacity: int, dev) -> LiveLength:
-        key = (kind, capacity, str(dev))
+    def _length(self, kind: str, capacity: int, dev, rows: int = 1) -> LiveLength:
+        key = (kind, capacity, rows, str(dev))
         if key not in self._lengths:
-            self._lengths[key] = LiveLength(capacity, dev)
+            self._lengths[key] = LiveLength(capacity, dev, rows)
         return self._lengths[key]
 
     def _step_block_mask(self, plan: AttentionPlan, Q: int, dev):
         if plan.step_block_mask is not None:
             return plan.step_block_mask
-        key = (Q, str(dev))
         if plan.step_mask is None:
-            if key not in self._causal:
-                self._causal[key] = causal_block_mask(Q, dev)
-            return self._causal[key]
+            if (Q, str(dev)) not in self._causal:
+                self._causal[Q, str(dev)] = causal_block_mask(Q, dev)
+            return self._causal[Q, str(dev)]
+        key = (tuple(plan.step_mask.shape), str(dev))  # [Q, Q], or [B, Q, Q]: a mask per batch row
         if key not in self._step_buffers:  # every block active and partial: any tree fits the same mask
-            buf = torch.ones(Q, Q, dtype=torch.bool, device=dev)
+            buf = torch.ones(key[0], dtype=torch.bool, device=dev)
             self._step_buffers[key] = (buf, buffer_block_mask(buf))
         buf, bm = self._step_buffers[key]
         buf.copy_(plan.step_mask)

@@ -148,22 +148,27 @@ class Engine:
         finally:
             self.compiled, self.static_shapes, self._cache = compiled, static, cache
 
-    def new_cache(self, max_len: int) -> KVCache:
+    def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
         """A cache of its own for a decoder (e.g. a retrieval cache); CUDA graphs may keep its address."""
-        cache = self.model.new_cache(max_len)
+        cache = self.model.new_cache(max_len, batch)
+        self.keep_address(cache)
+        return cache
+
+    def keep_address(self, cache: KVCache) -> None:
+        """Mark a cache (or a view of some of its rows) static for CUDA graphs, which then read it in place."""
         if self.compiled is not None and self.compiled.options.cudagraphs:
             for t in cache.tensors():
                 torch._dynamo.mark_static_address(t)
-        return cache
 
-    def cache(self, min_len: int) -> KVCache:
-        """The shared static cache, (re)allocated only when a sample needs more slots than it has.
+    def cache(self, min_len: int, batch: int = 1) -> KVCache:
+        """The shared static cache of ``batch`` rows, (re)allocated only when a sample needs more slots than it
+        has (or another number of rows).
 
         Compiled steps are specialised to its size: the runner requests the largest size of a run before warm-up.
         """
-        if self._cache is None or self._cache.max_len < min_len:
+        if self._cache is None or self._cache.max_len < min_len or self._cache.batch != batch:
             self._cache = None  # free the old one first
-            self._cache = self.new_cache(cache_slots(min_len))
+            self._cache = self.new_cache(cache_slots(min_len), batch)
         return self._cache
 
     def tensor(self, values, dtype=torch.long) -> torch.Tensor:
@@ -197,34 +202,47 @@ class Engine:
         Decode steps (``plan.prefix > 0``) without layer skipping run compiled when :meth:`enable_compile` was
         called; prefill, layer-skipping forwards and ``eager=True`` ones (e.g. a chunked prefill, whose lengths
         vary) run eagerly.
+
+        A batched step (several requests, one per cache row: :func:`fafo.engine.batching.forward_rows` builds it)
+        passes ``[B, Q]`` host tokens, positions and slots, and each row's prefix (and region) length as host
+        arrays in ``plan.prefix_length`` (``plan.region_length``), ``plan.prefix`` (``region_len``) their largest.
         """
         n_real = None
         if pad_to is not None and self.static_shapes:
             tokens, positions, slots, plan, n_real = pad_step(tokens, positions, slots, plan, pad_to)
             if isinstance(logits, str) and logits == "last":
                 logits = [n_real - 1]  # the last real row, uploaded with the step's inputs
-        if appends_one_token_host(tokens, slots, plan):  # decided on host values: no device read
+        prefix = plan.prefix  # committed slots read (what the ledger records)
+        lengths = [v if isinstance(v, np.ndarray) else None for v in (plan.prefix_length, plan.region_length)]
+        if lengths[0] is not None:  # a batched step; each row's own vanilla step reads its token from the cache
+            if appends_one_token_rows(tokens, slots, plan):
+                lengths[0] = lengths[0] + 1  # the token's own slot counted, as compiled steps count it
+                plan = replace(plan, prefix=plan.prefix + 1, step_in_cache=True)
+        elif appends_one_token_host(tokens, slots, plan):  # decided on host values: no device read
             plan = replace(plan, step_in_cache=True)
         mask, index, valid = plan.step_mask, None, None
         if isinstance(mask, np.ndarray):
             index, valid = host_gathered(mask)
         elif mask is not None and mask.device == self.device:
             mask = None  # already there
-        rows = logits if isinstance(logits, list) else None
-        tokens, positions, slots, mask, rows, index, valid = self.upload(tokens, positions, slots, mask, rows,
-                                                                         index, valid)
+        rows = logits if isinstance(logits, (list, np.ndarray)) else None
+        tokens, positions, slots, mask, rows, index, valid, *lengths = self.upload(
+            tokens, positions, slots, mask, rows, index, valid, *lengths)
         if mask is not None:  # a tree's mask built on the host travels in the same copy
             gathered = None
             if index is not None:
                 gathered = GatheredMask.__new__(GatheredMask)
-                gathered.index, gathered.valid, gathered.width = index, valid, index.shape[1]
+                gathered.index, gathered.valid, gathered.width = index, valid, index.shape[-1]
             plan = replace(plan, step_mask=mask, step_gather=gathered)
+        if lengths[0] is not None:
+            plan = replace(plan, prefix_length=lengths[0],
+                           region_length=lengths[1] if lengths[1] is not None else plan.region_length)
         logits = logits if rows is None else rows
         if tokens.dim() == 1:
             tokens = tokens[None]
         region_rows = tokens.shape[-1] - plan.region_from if plan.region_from is not None else 0
         share = 1 - (len(skip[0]) + len(skip[1])) / (2 * self.model.args.n_layers) if skip is not None else 1.0
-        self.ledger.record(kind, tokens.shape[-1], plan.prefix, region_rows, plan.region_len, share)
+        self.ledger.record(kind, tokens.shape[-1], prefix, region_rows, plan.region_len, share, tokens.shape[0])
         if self.compiled is not None and plan.prefix > 0 and skip is None and not eager:
             out = self.compiled(tokens, positions, cache, slots, plan, logits)  # times its graph (enable_compile)
         else:
@@ -270,15 +288,15 @@ def upload(values, device: torch.device, dtype=torch.long):
 
 
 def host_gathered(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A host ``[Q, Q]`` step mask as per-query key lists ``(index, valid)``, both ``[Q, L]``: exactly
-    :class:`~fafo.engine.kernels.GatheredMask`'s (L = the most keys a query sees, rounded up to a power of two;
-    visible keys first in key order, padding entries point at key 0), computed by numpy."""
-    counts = mask.sum(axis=1)
-    Q = mask.shape[0]
+    """A host ``[Q, Q]`` (or ``[B, Q, Q]``) step mask as per-query key lists ``(index, valid)``, both ``[Q, L]``
+    (``[B, Q, L]``): exactly :class:`~fafo.engine.kernels.GatheredMask`'s (L = the most keys a query sees, rounded
+    up to a power of two; visible keys first in key order, padding entries point at key 0), computed by numpy."""
+    counts = mask.sum(axis=-1)
+    Q = mask.shape[-1]
     width = max(1, int(counts.max()))
     width = min(Q, 1 << (width - 1).bit_length())
-    order = np.argsort(~mask, axis=1, kind="stable")[:, :width]
-    valid = np.arange(width)[None] < counts[:, None]
+    order = np.argsort(~mask, axis=-1, kind="stable")[..., :width]
+    valid = np.arange(width) < counts[..., None]
     return np.where(valid, order, 0), valid
 
 
@@ -312,6 +330,16 @@ def appends_one_token_host(tokens, slots, plan: AttentionPlan) -> bool:
         n = 1 if isinstance(tokens, int) else len(tokens[0]) if tokens and isinstance(tokens[0], (list, tuple)) \
             else len(tokens)
     return (n == 1 and len(slots) == 1 and int(slots[0]) == plan.prefix and plan_is_plain_causal(plan))
+
+
+def appends_one_token_rows(tokens: np.ndarray, slots, plan: AttentionPlan) -> bool:
+    """:func:`appends_one_token_host` for a batched step: every row's one token goes to the slot right after its
+    own prefix (``plan.prefix_length``, host values) in a plan that is causal otherwise."""
+    if slots is None or isinstance(slots, torch.Tensor) or isinstance(tokens, torch.Tensor) or \
+            np.shape(tokens)[-1] != 1 or np.shape(slots)[-1] != 1:
+        return False
+    return (plan.step_mask is None and plan.prefix_lens is None and plan.region_from is None
+            and bool((np.asarray(slots)[:, 0] == plan.prefix_length).all()))
 
 
 def eos_token_ids(ckpt, config, tokenizer) -> tuple[int, ...]:

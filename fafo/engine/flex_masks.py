@@ -32,12 +32,21 @@ class FlexMasks:
         self._regions: dict[int, object] = {}
 
     def fill(self, plan: AttentionPlan, n_queries: int) -> AttentionPlan:
-        """``plan`` with its missing step and region block masks (unchanged when it needs none)."""
+        """``plan`` with its missing step and region block masks (unchanged when it needs none). A batched step
+        (``prefix_length`` given: each row's own) also gets length masks over the prefix it reads."""
         changes = {}
         if plan.step_mask is not None and plan.step_block_mask is None:
             changes["step_block_mask"] = self.step(plan.step_mask)
+        split = n_queries if plan.region_from is None else plan.region_from
+        if plan.prefix_length is not None and plan.prefix_block_mask is None and split:
+            changes["prefix_block_mask"] = length_block_mask(plan.prefix_length, split, plan.prefix)
+            if plan.region_from is not None and plan.dense_layers:
+                changes["dense_block_mask"] = length_block_mask(plan.prefix_length, n_queries, plan.prefix)
         if plan.region_from is not None and plan.region_block_mask is None and plan.region_capacity:
-            region = self.region(plan.region_capacity).set(plan.region_len)
+            if plan.region_length is not None:
+                region = self.region(plan.region_capacity, len(plan.region_length)).set(plan.region_length)
+            else:
+                region = self.region(plan.region_capacity).set(plan.region_len)
             changes["region_block_mask"] = region.block_mask(n_queries - plan.region_from)
         return replace(plan, **changes) if changes else plan
 
@@ -51,35 +60,49 @@ class FlexMasks:
                 self._step.popitem(last=False)
         return hit[1]
 
-    def region(self, capacity: int):
-        """The live region length below ``capacity`` and its block masks (one per query count)."""
-        if capacity not in self._regions:
-            self._regions[capacity] = LiveLength(capacity, self.device)
-        return self._regions[capacity]
+    def region(self, capacity: int, batch: int = 1):
+        """The live region length(s) below ``capacity`` and its block masks (one per query count)."""
+        if (capacity, batch) not in self._regions:
+            self._regions[capacity, batch] = LiveLength(capacity, self.device, batch)
+        return self._regions[capacity, batch]
 
 
 class LiveLength:
-    """A live length below a static capacity: a ``[1]`` tensor plus BlockMasks over the capacity that read it.
+    """A live length below a static capacity: a ``[1]`` tensor (``[B]``: one per batch row) plus BlockMasks over
+    the capacity that read it.
 
     The masks' active KV block counts are written in place with the length, so one BlockMask per query count
     serves every step of every generation (:func:`fafo.engine.block_masks.length_block_mask`: all blocks partial,
     the mask_mod trims the last live block).
     """
 
-    def __init__(self, capacity: int, device):
+    def __init__(self, capacity: int, device, batch: int = 1):
         self.capacity, self.value = capacity, 0
-        self.length = torch.zeros(1, dtype=torch.long, device=device)
+        self.length = torch.zeros(batch, dtype=torch.long, device=device)
         self._masks: dict[int, object] = {}
 
-    def set(self, length: int) -> "LiveLength":
-        self.value = length
-        self.length.fill_(length)
+    def set(self, length: int | torch.Tensor) -> "LiveLength":
+        """The live length: an int (every row) or a ``[B]`` tensor on the device (each row's; copied in)."""
+        if isinstance(length, torch.Tensor):
+            self.length.copy_(length)
+            self.value = None
+        else:
+            self.value = length
+            self.length.fill_(length)
         for bm in self._masks.values():
-            bm.kv_num_blocks.fill_(-(-length // bm.BLOCK_SIZE[1]))
+            self._count(bm)
         return self
+
+    def _count(self, bm) -> None:
+        """``kv_num_blocks`` [B, 1, QB] = the live key blocks of each row."""
+        size = bm.BLOCK_SIZE[1]
+        if self.value is not None:
+            bm.kv_num_blocks.fill_(-(-self.value // size))
+        else:
+            bm.kv_num_blocks.copy_(((self.length + size - 1) // size)[:, None, None].expand_as(bm.kv_num_blocks))
 
     def block_mask(self, n_queries: int):
         if n_queries not in self._masks:
             bm = self._masks[n_queries] = length_block_mask(self.length, n_queries, self.capacity)
-            bm.kv_num_blocks.fill_(-(-self.value // bm.BLOCK_SIZE[1]))
+            self._count(bm)
         return self._masks[n_queries]

@@ -17,6 +17,9 @@ A step mask that is mostly empty (FAFO's candidate chains and fumble streams: ea
 k + 1 = 7 step keys) is computed by *gathering*: each query's visible keys are listed once per mask
 (:class:`GatheredMask`, ``[Q, L]`` indices, ``L`` = the most keys any query sees), and the attention runs over
 ``[Q, L]`` instead of ``[Q, Q]`` — the per-branch computation, for any mask (chains, trees, Jacobi windows).
+
+At batch B (requests decoded together) a length is one per row (``[B]``) and a step mask may be one per row
+(``[B, Q, Q]``): each row is a request with its own prefix and its own tree.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ GATHER_MAX_DENSITY = 0.25  # gather when the busiest query sees at most this fra
 def reference_attention_lse(q, k, v, mask, scale):
     """Exact attention returning (out, lse): the dense reference.
 
-    q: [B, Hkv, G, Q, D]; k, v: [B, Hkv, K, D]; mask: broadcastable to [Q, K] bool or None.
+    q: [B, Hkv, G, Q, D]; k, v: [B, Hkv, K, D]; mask: bool broadcastable to [B, Hkv, G, Q, K] (e.g. [Q, K]) or None.
     out: [B, Hkv, G, Q, D] float32; lse: [B, Hkv, G, Q] float32 (-inf for a query that sees nothing).
     """
     scores = torch.matmul(q, k[:, :, None].transpose(-1, -2)).float() * scale  # [B, Hkv, G, Q, K]
@@ -73,9 +76,10 @@ def _fused(q, k, v, scale, mask=None, causal=False):
 def attention_lse(q, k, v, scale, length: torch.Tensor | None = None, causal: bool = False):
     """Unmasked attention of every query over all of ``k`` (or its first ``length[0]`` keys), with the lse.
 
-    q: [B, Hq, Q, D]; k, v: [B, Hkv, K, D]; length: optional [1] long tensor (compiled steps: the live part of a
-    static capacity); causal: query i sees keys ``<= i`` (then K == Q). Returns out [B, Hq, Q, D] float32 and
-    lse [B, Hq, Q] float32 (-inf for a query that sees no key).
+    q: [B, Hq, Q, D]; k, v: [B, Hkv, K, D]; length: optional [1] or [B] long tensor, the live keys of every row or
+    of each row (compiled steps: the live part of a static capacity; batched steps: each request's prefix);
+    causal: query i sees keys ``<= i`` (then K == Q). Returns out [B, Hq, Q, D] float32 and lse [B, Hq, Q] float32
+    (-inf for a query that sees no key).
     """
     B, Hq, Q, D = q.shape
     Hkv, K = k.shape[1], k.shape[2]
@@ -83,9 +87,9 @@ def attention_lse(q, k, v, scale, length: torch.Tensor | None = None, causal: bo
     if K == 0:
         return q.new_zeros(B, Hq, Q, D, dtype=torch.float32), q.new_full((B, Hq, Q), NEG_INF, dtype=torch.float32)
     mask = None
-    if length is not None:  # [1, K] additive: the kernel broadcasts it over the query rows
-        mask = torch.zeros(1, K, dtype=q.dtype, device=q.device).masked_fill(
-            torch.arange(K, device=q.device)[None] >= length, NEG_INF)
+    if length is not None:  # [1 or B, 1, 1, K] additive: the kernel broadcasts it over heads and query rows
+        mask = torch.zeros(length.shape[0], 1, 1, K, dtype=q.dtype, device=q.device).masked_fill(
+            torch.arange(K, device=q.device) >= length[:, None, None, None], NEG_INF)
     if causal:  # rows differ: keep the heads apart (the CPU kernel reads GQA heads itself)
         res = _fused(q, k, v, scale, causal=True) if q.device.type == "cpu" or G == 1 else None
         grouped = False
@@ -97,38 +101,39 @@ def attention_lse(q, k, v, scale, length: torch.Tensor | None = None, causal: bo
         if causal:
             cmask = torch.ones(Q, K, dtype=torch.bool, device=q.device).tril()
         elif length is not None:
-            cmask = torch.arange(K, device=q.device)[None] < length
+            cmask = torch.arange(K, device=q.device) < length[:, None, None, None, None]  # [1 or B, 1, 1, 1, K]
         out, lse = reference_attention_lse(q.reshape(B, Hkv, G, Q, D), k, v, cmask, scale)
         return out.view(B, Hq, Q, D), lse.view(B, Hq, Q)
     out, lse = res
     if grouped:
         out, lse = out.reshape(B, Hq, Q, D), lse.reshape(B, Hq, Q)
     if length is not None:  # the kernels report lse 0 for a fully masked row; it must be -inf to merge
-        lse = lse.masked_fill(length == 0, NEG_INF)
+        lse = lse.masked_fill((length == 0)[:, None, None], NEG_INF)
     return out.float(), lse.float()
 
 
 class GatheredMask:
-    """A ``[Q, Q]`` step mask as per-query key lists: ``index`` [Q, L] long, ``valid`` [Q, L] bool.
+    """A ``[Q, Q]`` step mask as per-query key lists: ``index`` [Q, L] long, ``valid`` [Q, L] bool (a ``[B, Q, Q]``
+    mask, one per batch row: ``[B, Q, L]`` each).
 
     ``L`` is the most keys any query sees, rounded up to a power of two (so trees of varying depth under
     ``torch.compile`` produce few distinct shapes); padding entries point at key 0 and are invalid.
     """
 
     def __init__(self, mask: torch.Tensor):
-        counts = mask.sum(dim=1)
-        Q = mask.shape[0]
+        counts = mask.sum(dim=-1)
+        Q = mask.shape[-1]
         width = max(1, int(counts.max()))
         width = min(Q, 1 << (width - 1).bit_length())
-        order = torch.sort(mask.to(torch.uint8), dim=1, descending=True, stable=True).indices[:, :width]
-        self.valid = torch.arange(width, device=mask.device)[None] < counts[:, None]  # [Q, L]
-        self.index = torch.where(self.valid, order, torch.zeros_like(order))  # [Q, L], visible keys first
+        order = torch.sort(mask.to(torch.uint8), dim=-1, descending=True, stable=True).indices[..., :width]
+        self.valid = torch.arange(width, device=mask.device) < counts[..., None]  # [(B,) Q, L]
+        self.index = torch.where(self.valid, order, torch.zeros_like(order))  # [(B,) Q, L], visible keys first
         self.width = width
 
     @property
     def sparse(self) -> bool:
         """Whether gathering beats the dense kernel: the busiest query sees a small part of the step."""
-        return self.width <= GATHER_MAX_DENSITY * self.index.shape[0]
+        return self.width <= GATHER_MAX_DENSITY * self.index.shape[-2]
 
 
 _gathered: dict[int, tuple] = {}
@@ -163,9 +168,16 @@ def gathered_attention_lse(q, k, v, gm: GatheredMask, scale):
     Hkv = k.shape[1]
     G = Hq // Hkv
     qg = q.reshape(B, Hkv, G, Q, D).permute(0, 1, 3, 2, 4)  # [B, Hkv, Q, G, D]
-    kg, vg = k[:, :, gm.index], v[:, :, gm.index]  # [B, Hkv, Q, L, D]
+    if gm.index.dim() == 2:  # one mask for every row
+        kg, vg = k[:, :, gm.index], v[:, :, gm.index]  # [B, Hkv, Q, L, D]
+        valid = gm.valid[:, None, :]  # [Q, 1, L]
+    else:  # each row its own: [B, Q, L] key lists gathered per row
+        L = gm.width
+        index = gm.index.reshape(B, 1, Q * L, 1).expand(B, Hkv, Q * L, D)
+        kg, vg = (t.gather(2, index).view(B, Hkv, Q, L, D) for t in (k, v))
+        valid = gm.valid[:, None, :, None, :]  # [B, 1, Q, 1, L]
     scores = torch.matmul(qg, kg.transpose(-1, -2)).float() * scale  # [B, Hkv, Q, G, L]
-    scores = scores.masked_fill(~gm.valid[:, None, :], NEG_INF)
+    scores = scores.masked_fill(~valid, NEG_INF)
     lse = torch.logsumexp(scores, dim=-1)  # [B, Hkv, Q, G]; every query sees itself, so finite
     probs = torch.exp(scores - lse[..., None])
     out = torch.matmul(probs.to(vg.dtype), vg).float()  # [B, Hkv, Q, G, D]
@@ -173,16 +185,19 @@ def gathered_attention_lse(q, k, v, gm: GatheredMask, scale):
 
 
 def step_attention_lse(q, k, v, step_mask: torch.Tensor | None, scale, gathered: GatheredMask | None = None):
-    """The step part: causal (``step_mask`` None), gathered (a sparse mask) or the fused kernel with the mask."""
+    """The step part: causal (``step_mask`` None), gathered (a sparse mask) or the fused kernel with the mask.
+    ``step_mask``: [Q, Q] (every row) or [B, Q, Q] (one per batch row)."""
     if step_mask is None:
         return attention_lse(q, k, v, scale, causal=True)
     gm = gathered if gathered is not None else gathered_mask(step_mask)
     if gm.sparse:
         return gathered_attention_lse(q, k, v, gm, scale)
     B, Hq, Q, D = q.shape
-    additive = torch.zeros(Q, Q, dtype=q.dtype, device=q.device).masked_fill(~step_mask, NEG_INF)
+    rows = step_mask if step_mask.dim() == 2 else step_mask[:, None]  # [Q, Q] or [B, 1, Q, Q]
+    additive = torch.zeros(rows.shape, dtype=q.dtype, device=q.device).masked_fill(~rows, NEG_INF)
     res = _fused(q, k, v, scale, additive) if q.device.type == "cpu" or Hq == k.shape[1] else None
     if res is None:
-        out, lse = reference_attention_lse(q.reshape(B, k.shape[1], -1, Q, D), k, v, step_mask, scale)
+        mask = step_mask if step_mask.dim() == 2 else step_mask[:, None, None]  # [B, 1, 1, Q, Q]
+        out, lse = reference_attention_lse(q.reshape(B, k.shape[1], -1, Q, D), k, v, mask, scale)
         return out.view(B, Hq, Q, D), lse.view(B, Hq, Q)
     return res[0].float(), res[1].float()

@@ -59,6 +59,7 @@ class ForwardRecord:
     region_rows: int = 0
     region_len: int = 0
     share: float = 1.0
+    batch: int = 1
 
 
 @dataclass
@@ -71,16 +72,17 @@ class ForwardLedger:
     log: list | None = None  # when a list: one ForwardRecord per forward (the runner's projection reads it)
 
     def record(self, kind: str, n_tokens: int, prefix: int = 0, region_rows: int = 0, region_len: int = 0,
-               share: float = 1.0) -> None:
+               share: float = 1.0, batch: int = 1) -> None:
         """One forward of ``n_tokens`` tokens (padding included) attending ``prefix`` cached slots, of which the
         last ``region_rows`` rows attend only the first ``region_len`` (FAFO's fumble streams over C(kv)); ``share``:
-        the fraction of the model's sub-layers it ran (SWIFT's layer-skipped drafts run fewer)."""
+        the fraction of the model's sub-layers it ran (SWIFT's layer-skipped drafts run fewer); ``batch``: rows
+        (requests) it carried, each ``n_tokens`` long, ``prefix`` and ``region_len`` their largest."""
         if kind not in self.counts:
             raise ValueError(f"unknown forward kind {kind!r}; one of {KINDS}")
         self.counts[kind] += 1
-        self.tokens += n_tokens
+        self.tokens += n_tokens * batch
         if self.log is not None:
-            self.log.append(ForwardRecord(kind, n_tokens, prefix, region_rows, region_len, share))
+            self.log.append(ForwardRecord(kind, n_tokens, prefix, region_rows, region_len, share, batch))
 
     def mark(self) -> ForwardCounts:
         return ForwardCounts(**self.counts, tokens=self.tokens)

@@ -193,10 +193,12 @@ class Transformer(nn.Module):
             positions: [B, Q] or [Q] logical positions (RoPE).
             cache: the static cache; ``slots`` of it are written, ``plan.prefix`` slots of it are read.
             slots: [Q'] long physical slots for the KV of the step's first Q' tokens (Q' <= Q; the others are
-                attended within the step only), or ``None`` to write nothing.
+                attended within the step only), [B, Q'] when each batch row has its own, or ``None`` to write
+                nothing.
             plan: visibility of cached and step keys per query.
             backend: ``sdpa`` or ``flex``.
-            logits: ``"all"``, ``"last"``, ``"none"`` (hidden states) or a [K] index tensor of rows to project.
+            logits: ``"all"``, ``"last"``, ``"none"`` (hidden states), a [K] index tensor of rows to project, or
+                [B, K]: each batch row's own.
             skip: optional (attention layers, MLP layers) to skip (self-speculative drafting); a skipped
                 attention layer writes no KV.
 
@@ -212,10 +214,13 @@ class Transformer(nn.Module):
         queries = {} if plan.capture_rows is not None else None
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, cache, slots, plan, backend, i in skip_attn, i in skip_mlp, queries)
-        if not isinstance(logits, str):
+        if isinstance(logits, str):
+            if logits == "last":
+                x = x[:, -1:]
+        elif logits.dim() == 1:
             x = x[:, logits]
-        elif logits == "last":
-            x = x[:, -1:]
+        else:  # [B, R]: each row's own logits rows
+            x = x.gather(1, logits[..., None].expand(-1, -1, x.shape[-1]))
         out = self.model.norm(x) if isinstance(logits, str) and logits == "none" else self.lm_head(self.model.norm(x))
         return out if queries is None else (out, queries)
 
