@@ -104,12 +104,12 @@ def test_fumble_reads_only_the_fixed_region(backend, engine):
     state = _state(eng, see_current=False)
     cands, _ = state.candidates()
     cands[0] = torch.tensor([5, 6])
-    before = state.forward_logits(cands)[0].clone()
+    before = state.forward_logits(cands).clone()
     budget, n = state.layout.region_len, state.layout.n
     assert n > budget
     for values in state.cache.values:  # poison R(kv): everything outside the fixed region
         values[:, :, budget:n] += 50.0
-    after = state.forward_logits(cands)[0]
+    after = state.forward_logits(cands)
     v = state.v_len
     torch.testing.assert_close(after[v:], before[v:], atol=0, rtol=0)  # fumble rows: bit-identical
     assert not torch.allclose(after[:v], before[:v])  # verification rows read the full cache

@@ -60,9 +60,14 @@ def forward_one(engine, cache: KVCache, steps: list[StepInputs]) -> StepLogits:
         flat = engine.upload(*[v for s in steps for v in (s.tokens, s.positions, s.slots)])
         steps = [replace(s, tokens=flat[3 * i], positions=flat[3 * i + 1], slots=flat[3 * i + 2])
                  for i, s in enumerate(steps)]
-    outs = [engine.forward(cache, s.tokens, s.positions, s.slots, s.plan, s.logits, kind=s.kind, pad_to=s.pad_to,
-                           queries=True) for s in steps]
-    return StepLogits([o for o, _ in outs], queries=[q or None for _, q in outs])
+    outs, queries = [], []
+    for s in steps:
+        capture = s.plan.capture_rows is not None
+        out = engine.forward(cache, s.tokens, s.positions, s.slots, s.plan, s.logits, kind=s.kind, pad_to=s.pad_to,
+                             **({"queries": True} if capture else {}))
+        outs.append(out[0] if capture else out)
+        queries.append((out[1] or None) if capture else None)
+    return StepLogits(outs, queries=queries)
 
 
 def batch_bucket(n: int, capacity: int) -> int:
@@ -121,7 +126,7 @@ def host_logits(outs: list[torch.Tensor]) -> bool:
     On the CPU the logits already are host memory, and torch's CPU ``argmax`` is not vectorised: over FAFO's
     281 rows of a 1024-token vocabulary it takes about 8x numpy's time (the same rule: the first index of the
     largest value, NaN counting as the largest). Under a torch mode (a probe counting what a device launches and
-    reads, :mod:`fafo.bench.host_work`) the device path runs, as it does on a GPU."""
+    reads, :mod:`fafo.bench.tools.host_work`) the device path runs, as it does on a GPU."""
     return (all(o.device.type == "cpu" and o.dtype in (torch.float32, torch.float64) for o in outs)
             and not _modes_active())
 
@@ -195,9 +200,11 @@ def forward_rows(engine, cache: KVCache, steps: list[StepInputs]) -> tuple[torch
     logits, counts = _logit_rows(steps, lens, Q)
     tokens = _stack([s.tokens for s in steps], Q, _repeat_last)
     positions = _stack([s.positions for s in steps], Q, _repeat_last)
-    out, queries = engine.forward(view, tokens, positions, _slots([s.slots for s in steps], lens, Q), plan, logits,
-                                  kind=first.kind, queries=True)
-    return out, queries or None, counts[:n], Q
+    capture = plan.capture_rows is not None
+    out = engine.forward(view, tokens, positions, _slots([s.slots for s in steps], lens, Q), plan, logits,
+                         kind=first.kind, **({"queries": True} if capture else {}))
+    logits, queries = (out[0], out[1] or None) if capture else (out, None)
+    return logits, queries, counts[:n], Q
 
 
 def _stack(values: list, width: int, fill) -> np.ndarray | torch.Tensor:
