@@ -22,8 +22,21 @@ from omegaconf import DictConfig
 from fafo.errors import ConfigError
 
 
+def main() -> None:
+    """``python -m fafo.bench`` / ``fafo-bench``: the command line checked for misspelt group options and settings
+    (one ``error:`` line, exit status 2, before Hydra or a model), then the Hydra app."""
+    from fafo.bench.cli_check import check_command_line
+
+    try:
+        check_command_line(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    app()
+
+
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
-def main(cfg: DictConfig) -> dict | None:
+def app(cfg: DictConfig) -> dict | None:
     """One run. In a sweep a failed job returns ``{"error": line}`` (and leaves ``error.txt``) instead of stopping
     the sweep; :class:`fafo.bench.sweep.SweepReport` lists the failures and exits non-zero at the end."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
