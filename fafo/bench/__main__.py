@@ -35,7 +35,12 @@ def main() -> None:
     app()
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
+# an absolute path: Hydra reads a relative one against the calling module, which the ``fafo-bench`` console script
+# names as a package (``fafo.bench``), where no ``conf`` package is
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+@hydra.main(version_base="1.3", config_path=CONF, config_name="config")
 def app(cfg: DictConfig) -> dict | None:
     """One run. In a sweep a failed job returns ``{"error": line}`` (and leaves ``error.txt``) instead of stopping
     the sweep; :class:`fafo.bench.sweep.SweepReport` lists the failures and exits non-zero at the end."""
