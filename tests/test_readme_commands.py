@@ -94,3 +94,20 @@ def test_a_readme_block_runs_as_typed(body, tmp_path):
                           text=True, timeout=600, check=False)
     assert proc.returncode == 0, f"{script.read_text()}\n--- stderr:\n{proc.stderr[-4000:]}"
     assert not [line for line in proc.stderr.splitlines() if line.startswith("error:")], proc.stderr[-4000:]
+
+
+def test_reproduce_sh_finds_the_project_environment(tmp_path):
+    """``scripts/reproduce.sh`` run from a shell where nothing is activated uses ``.venv/bin/python``."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "reproduce.sh").write_bytes((REPO / "scripts" / "reproduce.sh").read_bytes())
+    (tmp_path / "scripts" / "reproduce.sh").chmod(0o755)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text('#!/bin/sh\necho "venv python $*" >> "$LOG"\n')
+    (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "LOG": str(tmp_path / "log")}
+    proc = subprocess.run([str(tmp_path / "scripts" / "reproduce.sh"), "table2"], cwd="/", env=env,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "log").read_text().splitlines() == [
+        "venv python -m fafo.bench -m experiment=table2",
+        "venv python scripts/make_tables.py results/runs/table2 --table table2"]
