@@ -60,16 +60,21 @@ def app(cfg: DictConfig) -> dict | None:
         if not sweep and failed:
             sys.exit(1)
         return {"plan": "\n".join(p.line() for p in plans), "error": failed[0].problems[0] if failed else None}
+    from fafo.bench.resume import resume_note
+
     try:
         if compare:
             from fafo.bench.compare import run_compare
 
+            say(resume_note(run_dir))
             summary = run_compare(cfg, run_dir, list(HydraConfig.get().overrides.task))
         else:
             from fafo.bench.runner import Runner
             from fafo.bench.spec import resolve
 
-            summary = Runner().run(resolve(cfg, run_dir))
+            spec = resolve(cfg, run_dir)
+            say(resume_note(run_dir, sum(len(s.turns) for s in spec.samples) * spec.bench.repeats))
+            summary = Runner().run(spec)
     except ConfigError as exc:
         line = f"error: {exc}"
         print(line, file=sys.stderr)
@@ -86,6 +91,11 @@ def app(cfg: DictConfig) -> dict | None:
     run_dir.mkdir(parents=True, exist_ok=True)  # the failure stays on disk beside the run
     (run_dir / "error.txt").write_text(line + "\n")
     return {"error": line}
+
+
+def say(line: str | None) -> None:
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 def plan_job(cfg: DictConfig, run_dir: Path, most: int = 20):

@@ -44,10 +44,55 @@ def _check_output_dir(config: DictConfig) -> None:
         sys.exit(2)
 
 
-def job_line(outcome: dict) -> str:
-    """One line for a finished job: what ran and what it measured (or its error)."""
+def override_key(override: str) -> str:
+    return override.lstrip("+~").partition("=")[0]
+
+
+def sweep_shape(config: DictConfig) -> tuple[int, list[str]]:
+    """(number of jobs, swept keys) of the sweep Hydra's basic sweeper runs: ``hydra.sweeper.params`` (a preset's
+    own) then the command line's overrides, a later one of a key replacing an earlier one, as the sweeper does."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = config.hydra.sweeper.get("params") or {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    sizes = {}
+    for o in OverridesParser.create().parse_overrides(args):
+        sizes[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_discrete_sweep() else 1
+    n = 1
+    for size in sizes.values():
+        n *= size
+    return n, [k for k, size in sizes.items() if size > 1]
+
+
+def swept_values(outcome: dict, swept) -> str:
+    """The job's values of the swept keys (``method=vanilla bench.max_new_tokens=4``); all its overrides (noise
+    left out) when nothing is known to be swept."""
     shown = [o for o in outcome.get("overrides") or [] if not o.lstrip("+~").startswith(NOISE)]
-    overrides = " ".join(shown) or "(no overrides)"
+    if swept:
+        shown = [o for o in shown if override_key(o) in swept] or shown
+    return " ".join(shown) or "(no overrides)"
+
+
+def differing(outcomes: list[dict]) -> set[str]:
+    """The override keys whose values differ between the jobs (or that only some jobs set)."""
+    values: dict[str, set] = {}
+    for o in outcomes:
+        for item in o.get("overrides") or []:
+            values.setdefault(override_key(item), set()).add(item)
+    return {k for k, v in values.items()
+            if len(v) > 1 or sum(any(override_key(i) == k for i in o.get("overrides") or []) for o in outcomes)
+            < len(outcomes)}
+
+
+def clock(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+def job_line(outcome: dict, swept=()) -> str:
+    """One line for a finished job: its swept values (every override when ``swept`` is empty), then what it
+    measured (or its error)."""
+    overrides = swept_values(outcome, swept)
     if outcome.get("plan"):
         return f"{outcome['plan']}  [{overrides}]"
     if outcome.get("error"):
@@ -55,6 +100,8 @@ def job_line(outcome: dict) -> str:
     try:
         s = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())
     except (OSError, ValueError):
+        if (Path(outcome["run_dir"]) / "compare.csv").exists():  # a comparison: its table is in compare.md
+            return f"ok      {overrides}  comparison: {Path(outcome['run_dir']) / 'compare.md'}"
         return f"FAILED  {overrides}  no summary.json in {outcome['run_dir']}"
     model = s.get("model", "?") + (f" ({s['checkpoint']})" if s.get("checkpoint") else "")
     params = f"{s['n_params'] / 1e6:.1f}M params" if isinstance(s.get("n_params"), (int, float)) else ""
@@ -64,7 +111,7 @@ def job_line(outcome: dict) -> str:
 
     ci = s.get("speedup_ci95")
     ci = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, list) and len(ci) == 2 else ""
-    parts = [model, params, s.get("dtype", "?"), s.get("method", "?"), s.get("task", "?"),
+    parts = [f"[{overrides}]", model, params, s.get("dtype", "?"), s.get("method", "?"), s.get("task", "?"),
              f"tau {num('tau')}", f"speedup {num('speedup')}{ci}"]
     if s.get("n_failed"):
         parts.append(f"{s['n_failed']} failed rows")
@@ -85,7 +132,11 @@ def record_outcome(jobs: Path, outcome: dict) -> None:
 
 
 class SweepReport(Callback):
-    """Checks bench.output_dir early, records each sweep job's outcome and reports the sweep at its end."""
+    """Checks bench.output_dir early, records each sweep job's outcome, prints one progress line per finished job
+    (in the process that runs the jobs) and reports the sweep at its end."""
+
+    def __init__(self) -> None:
+        self.n_jobs, self.swept, self.started, self.done, self.resumed = None, [], time.time(), 0, 0
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_output_dir(config)
@@ -93,6 +144,21 @@ class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_output_dir(config)
         os.environ[SWEEP_ENV] = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.started = time.time()
+        try:
+            self.n_jobs, self.swept = sweep_shape(config)
+        except Exception:  # noqa: BLE001 - a sweep the basic sweeper does not describe: no counter
+            self.n_jobs, self.swept = None, []
+        print(f"== fafo-bench sweep: {self.n_jobs or '?'} jobs"
+              + (f" over {', '.join(self.swept)}" if self.swept else "") + f" into {config.hydra.sweep.dir} ==",
+              file=sys.stderr, flush=True)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode.name != "MULTIRUN" or config.bench.get("plan"):
+            return
+        from fafo.bench.resume import recorded
+
+        self.resumed += bool(recorded(config.hydra.runtime.output_dir))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         jobs = jobs_dir(config.hydra.sweep.dir)
@@ -104,9 +170,16 @@ class SweepReport(Callback):
             error = value.get("error") if isinstance(value, dict) else None
         except Exception as exc:  # noqa: BLE001 - the job's own failure, reported with the sweep
             value, error = None, f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        record_outcome(jobs, {"num": int(config.hydra.job.num), "run_dir": str(config.hydra.runtime.output_dir),
-                              "overrides": list(job_return.overrides or []), "error": error,
-                              "plan": value.get("plan") if isinstance(value, dict) else None})
+        outcome = {"num": int(config.hydra.job.num), "run_dir": str(config.hydra.runtime.output_dir),
+                   "overrides": list(job_return.overrides or []), "error": error,
+                   "plan": value.get("plan") if isinstance(value, dict) else None}
+        record_outcome(jobs, outcome)
+        if self.n_jobs and not outcome["plan"]:  # the jobs run in this process (not SLURM's)
+            self.done += 1
+            elapsed = time.time() - self.started
+            left = elapsed / self.done * (self.n_jobs - self.done)
+            print(f"[job {self.done} of {self.n_jobs}, {clock(elapsed)} elapsed, about {clock(left)} left] "
+                  f"{job_line(outcome, self.swept)}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         jobs = jobs_dir(config.hydra.sweep.dir)
@@ -123,15 +196,18 @@ class SweepReport(Callback):
         failed = [o for o in outcomes if o.get("error")]
         if any(o.get("plan") for o in outcomes):  # bench.plan=true: one plan line per job, in job order
             print("\n".join([f"== fafo-bench plan: {len(outcomes)} jobs, {len(failed)} would fail =="]
-                             + [job_line(o) for o in outcomes]), flush=True)
+                             + [job_line(o, set(self.swept) | differing(outcomes)) for o in outcomes]), flush=True)
             if failed:
                 print(f"error: {len(failed)} of {len(outcomes)} jobs would fail (problems above and in each job's "
                       "plan.json); fix them before submitting the sweep", file=sys.stderr, flush=True)
                 sys.exit(1)
             return
-        lines = [f"== fafo-bench sweep: {len(outcomes)} jobs, {len(failed)} failed =="]
-        lines += [job_line(o) for o in outcomes if not o.get("error")]
-        lines += [job_line(o) for o in failed]
+        swept = set(self.swept) | differing(outcomes)
+        resumed = f" ({self.resumed} resumed from their records)" if self.resumed else ""
+        lines = [f"== fafo-bench sweep: {len(outcomes)} jobs{resumed}, {len(failed)} failed, "
+                 f"{clock(time.time() - self.started)} =="]
+        lines += [job_line(o, swept) for o in outcomes if not o.get("error")]
+        lines += [job_line(o, swept) for o in failed]
         print("\n".join(lines), flush=True)
         if failed:
             print(f"error: {len(failed)} of {len(outcomes)} sweep jobs failed (listed above); fix them and re-run "
