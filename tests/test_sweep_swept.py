@@ -41,7 +41,7 @@ def test_a_2x2_sweep_shows_what_it_swept(tmp_path):
     resumed = [line for line in again.stderr.splitlines() if line.startswith("resuming ")]
     assert len(resumed) == 4 and all("1 (sample, turn, repeat)s on record (1 ok, 0 failed, not retried) are "
                                      "skipped; nothing left to run" in line for line in resumed), resumed
-    assert "== fafo-bench sweep: 4 jobs (4 resumed from their records), 0 failed" in again.stdout
+    assert "== fafo-bench sweep: 4 jobs, 0 failed == (4 resumed from their records, " in again.stdout
 
     table = script("make_tables.py", str(out), cwd=tmp_path)
     assert table.returncode == 0, table.stderr

@@ -203,9 +203,9 @@ class SweepReport(Callback):
                 sys.exit(1)
             return
         swept = set(self.swept) | differing(outcomes)
-        resumed = f" ({self.resumed} resumed from their records)" if self.resumed else ""
-        lines = [f"== fafo-bench sweep: {len(outcomes)} jobs{resumed}, {len(failed)} failed, "
-                 f"{clock(time.time() - self.started)} =="]
+        resumed = f"{self.resumed} resumed from their records, " if self.resumed else ""
+        lines = [f"== fafo-bench sweep: {len(outcomes)} jobs, {len(failed)} failed == ({resumed}"
+                 f"{clock(time.time() - self.started)} in all)"]
         lines += [job_line(o, swept) for o in outcomes if not o.get("error")]
         lines += [job_line(o, swept) for o in failed]
         print("\n".join(lines), flush=True)
