@@ -65,9 +65,13 @@ def app(cfg: DictConfig) -> dict | None:
     try:
         if compare:
             from fafo.bench.compare import run_compare
+            from fafo.bench.wandb_log import check_wandb, shared_run
 
             say(resume_note(run_dir))
-            summary = run_compare(cfg, run_dir, list(HydraConfig.get().overrides.task))
+            check_wandb(cfg)  # before the comparison's W&B run starts
+            with shared_run(cfg, run_dir, wandb_name(cfg, run_dir)) as wandb_run:  # one W&B run for all methods
+                summary = run_compare(cfg, run_dir, list(HydraConfig.get().overrides.task))
+                wandb_run.log_comparison(run_dir)
         else:
             from fafo.bench.runner import Runner
             from fafo.bench.spec import resolve
@@ -91,6 +95,14 @@ def app(cfg: DictConfig) -> dict | None:
     run_dir.mkdir(parents=True, exist_ok=True)  # the failure stays on disk beside the run
     (run_dir / "error.txt").write_text(line + "\n")
     return {"error": line}
+
+
+def wandb_name(cfg: DictConfig, run_dir: Path) -> str:
+    """A comparison's W&B run name: its directory under bench.output_dir."""
+    try:
+        return Path(run_dir).resolve().relative_to(Path(str(cfg.bench.output_dir)).resolve()).as_posix()
+    except ValueError:
+        return Path(run_dir).name
 
 
 def say(line: str | None) -> None:
