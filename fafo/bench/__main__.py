@@ -19,6 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from fafo.bench.naming import CONF
 from fafo.errors import ConfigError
 
 
@@ -37,10 +38,7 @@ def main() -> None:
 
 # an absolute path: Hydra reads a relative one against the calling module, which the ``fafo-bench`` console script
 # names as a package (``fafo.bench``), where no ``conf`` package is
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
-
-
-@hydra.main(version_base="1.3", config_path=CONF, config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def app(cfg: DictConfig) -> dict | None:
     """One run. In a sweep a failed job returns ``{"error": line}`` (and leaves ``error.txt``) instead of stopping
     the sweep; :class:`fafo.bench.sweep.SweepReport` lists the failures and exits non-zero at the end."""
