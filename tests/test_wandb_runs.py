@@ -68,3 +68,18 @@ def test_the_mode_is_the_typed_one_else_the_environment_else_offline(monkeypatch
     with pytest.raises(ConfigError, match="WANDB_MODE environment variable"):
         check_wandb(compose_with())
     assert os.environ["WANDB_MODE"] == "sometimes"
+
+
+@pytest.mark.slow
+def test_a_sweep_logs_its_table_of_jobs_beside_its_jobs_runs(tmp_path):
+    out = tmp_path / "runs"
+    proc = run_cli("-m", "bench.max_new_tokens=3,4", "bench.max_samples=1", "bench.warmup=0", "bench.progress=false",
+                   f"bench.output_dir={out}", cwd=tmp_path, env={"WANDB_MODE": "offline"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_id = json.loads((out / "wandb-run.json").read_text())["id"]
+    (sweep_run,) = [r for r in offline_runs(out) if (r / f"run-{sweep_id}.wandb").exists()]
+    table = json.loads(next((sweep_run / "files" / "media").glob("table/jobs_*.table.json")).read_text())
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert sorted(r["bench.max_new_tokens"] for r in rows) == ["3", "4"] and {r["status"] for r in rows} == {"ok"}
+    assert len(offline_runs(out)) == 3  # each job's own run, in the sweep's group, and the sweep's
+    assert json.loads((sweep_run / "files" / "wandb-summary.json").read_text())["n_jobs"] == 2

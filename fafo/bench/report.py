@@ -224,9 +224,9 @@ def reference_note(summaries) -> list[str]:
         lo, hi = aa_band(summaries)
         lines.append(f"! references disagree: vanilla ran at {min(refs):.1f}-{max(refs):.1f} tokens/s across the "
                      f"methods, and for {', '.join(str(s.get('method')) for s in off)} its speed differs from the "
-                     f"median by more than the A/A band {{{lo:.2f}–{hi:.2f}}}: the machine's speed changed during the "
-                     "job, so compare those rows' speedups with care (each is still against its own vanilla); rerun "
-                     "on an idle machine")
+                     f"median by more than the A/A band ({lo:.2f}x-{hi:.2f}x): the machine's speed changed during "
+                     "the job, so compare those rows' speedups with care (each is still against its own vanilla); "
+                     "rerun on an idle machine")
     return lines
 
 

@@ -118,6 +118,19 @@ def job_line(outcome: dict, swept=()) -> str:
     return "ok      " + "  ".join(p for p in parts if p)
 
 
+def job_record(outcome: dict, swept) -> dict:
+    """One job of a sweep as a table row: its swept values, status, tau, speedup and run directory."""
+    try:
+        s = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())
+    except (OSError, ValueError):
+        s = {}
+    values = {override_key(o): o.partition("=")[2] for o in outcome.get("overrides") or []
+              if override_key(o) in swept}
+    return {**values, "status": "FAILED" if outcome.get("error") else "ok", "error": outcome.get("error") or "",
+            "tau": s.get("tau"), "speedup": s.get("speedup"), "speedup_kind": s.get("speedup_kind"),
+            "run_dir": outcome["run_dir"]}
+
+
 def jobs_dir(sweep_dir) -> Path | None:
     """Where this sweep's job outcomes go (None outside a sweep started by :class:`SweepReport`)."""
     sweep_id = os.environ.get(SWEEP_ENV)
@@ -152,6 +165,18 @@ class SweepReport(Callback):
         print(f"== fafo-bench sweep: {self.n_jobs or '?'} jobs"
               + (f" over {', '.join(self.swept)}" if self.swept else "") + f" into {config.hydra.sweep.dir} ==",
               file=sys.stderr, flush=True)
+
+    @staticmethod
+    def log_wandb(config: DictConfig, outcomes: list[dict], swept) -> None:
+        """The sweep's table of jobs as its own W&B run (fafo.bench.wandb_log.log_sweep); a W&B problem is one
+        note, never the sweep's failure."""
+        from fafo.bench.wandb_log import log_sweep
+
+        try:
+            log_sweep(config, Path(str(config.hydra.sweep.dir)), [job_record(o, swept) for o in outcomes])
+        except Exception as exc:  # noqa: BLE001 - the jobs ran; W&B is a copy of what they wrote
+            print(f"note: the sweep's W&B run was not written: {type(exc).__name__}: {exc}", file=sys.stderr,
+                  flush=True)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode.name != "MULTIRUN" or config.bench.get("plan"):
@@ -209,6 +234,7 @@ class SweepReport(Callback):
         lines += [job_line(o, swept) for o in outcomes if not o.get("error")]
         lines += [job_line(o, swept) for o in failed]
         print("\n".join(lines), flush=True)
+        self.log_wandb(config, outcomes, swept)
         if failed:
             print(f"error: {len(failed)} of {len(outcomes)} sweep jobs failed (listed above); fix them and re-run "
                   "the sweep (finished jobs are resumed, not redone)", file=sys.stderr, flush=True)

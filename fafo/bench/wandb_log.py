@@ -5,7 +5,8 @@ is ``wandb.mode`` on the command line, else the ``WANDB_MODE`` environment varia
 ``online`` is refused before a model loads.
 
 One W&B run per run directory: a comparison's methods log into the comparison's run (:func:`shared_run`; keys
-prefixed ``<method>/``), with its table and plot; a sweep's jobs are runs of one W&B group (the sweep directory). A
+prefixed ``<method>/``), with its table and plot; a sweep's jobs are runs of one W&B group (the sweep directory),
+beside the sweep's own run holding the table of its jobs (:func:`log_sweep`). A
 run's W&B id is kept in ``<run dir>/wandb-run.json``, so a resumed run continues the same W&B run (``resume="allow"``;
 offline, ``wandb sync`` merges its attempts). Each attempt also writes its summary as JSON beside its offline log,
 ``<run dir>/wandb/<offline-run-...>/files/wandb-summary.json``, readable without syncing.
@@ -82,8 +83,10 @@ def sweep_group() -> str | None:
     return str(hydra.sweep.dir) if hydra.mode.name == "MULTIRUN" else None
 
 
-def start(cfg: DictConfig, run_dir: Path, name: str, job_type: str):
-    """A W&B run for ``run_dir`` (None when logging is off): its id kept beside it, resumed when it exists."""
+def start(cfg: DictConfig, run_dir: Path, name: str, job_type: str, config: dict | None = None,
+          group: str | None = None):
+    """A W&B run for ``run_dir`` (None when logging is off): its id kept beside it, resumed when it exists;
+    ``config``: what its config holds (default: ``cfg`` itself)."""
     mode = wandb_mode(cfg)
     if mode == "disabled":
         return None
@@ -92,12 +95,28 @@ def start(cfg: DictConfig, run_dir: Path, name: str, job_type: str):
     if os.environ.get("WANDB_MODE") == "":  # wandb refuses an empty WANDB_MODE; the mode is passed here
         os.environ.pop("WANDB_MODE")
     return wandb.init(
-        project=cfg.wandb.project, entity=cfg.wandb.get("entity"), group=cfg.wandb.get("group") or sweep_group(),
-        name=name, mode=mode, dir=str(run_dir), id=run_id(run_dir), resume="allow", job_type=job_type,
-        reinit="finish_previous", config=OmegaConf.to_container(cfg, resolve=True),
+        project=cfg.wandb.project, entity=cfg.wandb.get("entity"),
+        group=cfg.wandb.get("group") or group or sweep_group(), name=name, mode=mode, dir=str(run_dir),
+        id=run_id(run_dir), resume="allow", job_type=job_type, reinit="finish_previous",
+        config=OmegaConf.to_container(cfg, resolve=True) if config is None else config,
         tags=list(cfg.wandb.get("tags") or []),
         settings=wandb.Settings(silent=mode == "offline"),  # offline: no console chatter (the run dir says where)
     )
+
+
+def log_sweep(cfg: DictConfig, sweep_dir: Path, jobs: list[dict]) -> Path | None:
+    """The sweep's own W&B run in its group (``<sweep dir>/wandb-run.json`` keeps its id, so a rerun of the sweep
+    continues it): one table row per job (its swept values, status, tau, speedup, run directory); returns its
+    summary file (None when logging is off)."""
+    run = start(cfg, Path(sweep_dir), "sweep", "sweep", config={"sweep_dir": str(sweep_dir), "jobs": len(jobs)},
+                group=str(sweep_dir))
+    if run is None:
+        return None
+    import wandb
+
+    columns = list(dict.fromkeys(k for job in jobs for k in job))
+    run.log({"jobs": wandb.Table(columns=columns, data=[[job.get(c) for c in columns] for job in jobs])})
+    return finish(run, {"n_jobs": len(jobs), "n_failed": sum(job.get("status") != "ok" for job in jobs)})
 
 
 def finish(run, summary: dict) -> Path | None:
