@@ -58,7 +58,7 @@ def app(cfg: DictConfig) -> dict | None:
         if not sweep and failed:
             sys.exit(1)
         return {"plan": "\n".join(p.line() for p in plans), "error": failed[0].problems[0] if failed else None}
-    from fafo.bench.resume import resume_note
+    from fafo.bench.sweep import resume_note
 
     try:
         if compare:

@@ -1,5 +1,7 @@
-"""The Hydra callback of ``python -m fafo.bench`` (``conf/config.yaml`` ``hydra.callbacks``): ``bench.output_dir``
-checked before Hydra creates any directory (one ``error:`` line, exit status 2); each sweep job's outcome written
+"""The Hydra callback of ``python -m fafo.bench`` (``conf/config.yaml`` ``hydra.callbacks``) and what a rerun says
+it resumes (:func:`resume_note`: a run whose directory holds rows already says so before it runs).
+
+``bench.output_dir`` checked before Hydra creates any directory (one ``error:`` line, exit status 2); each sweep job's outcome written
 to ``<sweep dir>/.sweeps/<sweep id>/<job>.json`` (jobs that run elsewhere, SLURM, report back too); at the end one
 line per job (its plan with ``bench.plan=true``, else what ran and measured, then the failures), exit status 1 when
 any job failed or would fail.
@@ -20,6 +22,7 @@ from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from fafo.bench.records import read_rows
 from fafo.errors import ConfigError
 
 SWEEP_ENV = "FAFO_SWEEP_ID"
@@ -87,6 +90,35 @@ def differing(outcomes: list[dict]) -> set[str]:
 def clock(seconds: float) -> str:
     m, s = divmod(int(round(seconds)), 60)
     return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+# ------------------------------------------------------------------ what a rerun resumes
+def recorded(run_dir: str | Path) -> dict[str, list[dict]]:
+    """{run: its rows on record} of a run directory and of the runs below it (a comparison's methods)."""
+    root = Path(run_dir)
+    out = {}
+    for path in sorted(root.rglob("samples.csv")) if root.is_dir() else []:
+        if "_reference" not in path.relative_to(root).parts and (rows := read_rows(path)):
+            out[path.parent.relative_to(root).as_posix()] = rows
+    return out
+
+
+def resume_note(run_dir: str | Path, expected: int | None = None) -> str | None:
+    """``resuming DIR: ...``: how many rows are on record (ok, failed), skipped, and what is left to run; None for
+    a fresh run. ``expected``: the (sample, turn, repeat)s the run has in all (one run, not a comparison)."""
+    runs = recorded(run_dir)
+    if not runs:
+        return None
+    rows = [r for rs in runs.values() for r in rs]
+    failed = sum(r.get("status") != "ok" for r in rows)
+    kept = f"{len(rows)} (sample, turn, repeat)s on record ({len(rows) - failed} ok, {failed} failed, not retried)"
+    if len(runs) > 1 or "." not in runs:
+        kept += " in " + ", ".join(f"{name} {len(rs)}" for name, rs in runs.items())
+    left = ""
+    if expected is not None:
+        left = "; nothing left to run, the summary is recomputed" if len(rows) >= expected else \
+            f"; {expected - len(rows)} of {expected} left to run"
+    return f"resuming {run_dir}: {kept} are skipped{left}"
 
 
 def job_line(outcome: dict, swept=()) -> str:
@@ -181,8 +213,6 @@ class SweepReport(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode.name != "MULTIRUN" or config.bench.get("plan"):
             return
-        from fafo.bench.resume import recorded
-
         self.resumed += bool(recorded(config.hydra.runtime.output_dir))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
