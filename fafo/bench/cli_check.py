@@ -80,9 +80,11 @@ def check_command_line(argv: list[str], conf: Path = CONF) -> None:
                 and o.key_or_group not in groups and "@" not in o.key_or_group]
     if not settings:
         return
-    configs = compositions(chosen, conf)
+    configs = compositions(chosen, conf, every_job=False)
     if not configs:
         return
+    if not all(any(has_key(c, o.key_or_group) for c in configs) for o in settings):
+        configs = compositions(chosen, conf)  # a setting only some jobs of the sweep have
     for o in settings:
         key = o.key_or_group
         if any(has_key(c, key) for c in configs):
@@ -100,21 +102,22 @@ def check_command_line(argv: list[str], conf: Path = CONF) -> None:
                           "no config has is added with +key=value)")
 
 
-def compositions(chosen: dict[str, list[str]], conf: Path) -> list:
-    """The config composed with the command line's group options: the first of each, then each other option of
-    a swept group in turn (a setting is known when any job of the sweep has it); [] if it does not compose."""
+def compositions(chosen: dict[str, list[str]], conf: Path, every_job: bool = True) -> list:
+    """The config composed with the command line's group options: the first of each, then (``every_job``) each
+    other option of a swept group in turn and each of a preset's own sweep (a setting is known when any job of the
+    sweep has it); [] if it does not compose."""
     from hydra import compose, initialize_config_dir
 
     first = [f"{g}={v[0]}" for g, v in chosen.items() if v]
     variants = [first] + [[o for o in first if not o.startswith(f"{g}=")] + [f"{g}={v}"]
-                          for g, values in chosen.items() for v in values[1:]]
+                          for g, values in chosen.items() for v in values[1:]] * every_job
     out = []
     try:
         with initialize_config_dir(str(conf), version_base="1.3"):
             for overrides in variants:
                 cfg = compose("config", overrides=overrides, return_hydra_config=True)
                 out.append(cfg)
-                params = cfg.hydra.sweeper.get("params") or {}  # a preset's own sweep (experiment=table2)
+                params = (cfg.hydra.sweeper.get("params") or {}) if every_job else {}  # a preset's (table2)
                 for group, values in params.items():
                     for value in str(values).split(","):
                         out.append(compose("config", overrides=[o for o in overrides if not o.startswith(f"{group}=")]
