@@ -78,9 +78,9 @@ def sweep_group() -> str | None:
         from hydra.core.hydra_config import HydraConfig
 
         hydra = HydraConfig.get()
-    except (ImportError, ValueError):
+    except (ImportError, ValueError):  # not a Hydra app (a run built in Python)
         return None
-    return str(hydra.sweep.dir) if hydra.mode.name == "MULTIRUN" else None
+    return str(hydra.sweep.dir) if getattr(hydra.mode, "name", None) == "MULTIRUN" else None
 
 
 def start(cfg: DictConfig, run_dir: Path, name: str, job_type: str, config: dict | None = None,
