@@ -39,7 +39,9 @@ TAIL = ["n (failed)", "Exact", "Peak MB", "Vanilla MB", "Overhead MB", "tok/s", 
 
 def run_value(run: Run, key: str):
     """A dotted config key's value in a run's config.yaml, else the summary's (``dtype``, ``device_name``...);
-    ``None`` where the run has neither."""
+    ``None`` where the run has neither. Keys joined by commas: ``k1=v1, k2=v2``."""
+    if "," in key:
+        return ", ".join(f"{k}={tables.norm_value(run_value(run, k)) or rf.DASH}" for k in key.split(","))
     value = report.dotted(run.config, key)
     return run.summary.get(key) if value is None or isinstance(value, (dict, list)) else value
 
@@ -118,7 +120,7 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
     cells, notes = align_cells(runs.drop_duplicates(group).sort_values(["model", "method"]), by)
     dup = runs[runs.duplicated(group, keep=False)]
     if not dup.empty:
-        keys = differing_keys(dup["config"])
+        keys = sorted(set().union(*(differing_keys(g["config"]) for _, g in dup.groupby(group))))
         hint = f"; they differ in {', '.join(keys[:6])} (separate them with --by KEY)" if keys else ""
         notes.append(f"{len(dup) - dup.groupby(group).ngroups} cell(s) had more than one run; the most complete one "
                      f"is shown{hint}.")
@@ -126,7 +128,8 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
                          for (model, method), g in cells.groupby(["model", "method"], sort=True)])
     cols = sorted({(t, v) for t, v in zip(cells["task"], cells["value"])}, key=lambda c: _col_key(*c))
     several_tasks = len({t for t, _ in cols}) > 1
-    col_names = {(t, v): (f"{t} {by}={v}" if several_tasks else f"{by}={v}") if by else t for t, v in cols}
+    label = {(t, v): v if by and "," in by else f"{by}={v}" for t, v in cols}  # k1=v1, k2=v2 names itself
+    col_names = {c: (f"{c[0]} {label[c]}" if several_tasks else label[c]) if by else c[0] for c in cols}
     partial = sorted(cells.loc[~cells["complete"], "run_dir"])
     if partial:
         notes.append("* partial run (no summary.json yet; summarised from samples.csv): " + ", ".join(partial))

@@ -5,6 +5,7 @@
     python scripts/make_tables.py results/runs/table1 results/runs/table2 --table table1 --out tables/
     python scripts/make_tables.py results/runs/my_sweep                    # any runs: rows (model, method) x tasks
     python scripts/make_tables.py results/runs/my_sweep --by method.compress.local   # columns: that key's values
+    python scripts/make_tables.py results/runs/my_sweep --by method.k,method.n       # columns: pairs of values
 
 Reads every run under the given roots (:func:`fafo.bench.report.collect`: a run killed or still running is
 summarised from its ``samples.csv`` rows and marked partial ``*``) and the published numbers in
@@ -26,7 +27,9 @@ runs that match, the most complete is shown (finished, most (sample, turn)s), an
 A run whose own axis value is not the paper's key (QuantSpec's 32k cell runs 32000 prompt tokens) records the
 paper's key as ``paper.cell`` ({axis: value}) and is shown there, its own value in the CSV's ``run_value``.
 
-Runs from no paper preset (or ``--by KEY``) get the generic table of ``scripts/generic_table.py``. Writes
+Runs from no paper preset (or ``--by KEY``) get the generic table of ``scripts/generic_table.py``; when runs of one
+(model, method, task) differ in config keys (a sweep over them) and no ``--by`` is given, those keys are the
+columns (a note on stderr says which), so no cell silently shows one of several settings. Writes
 ``<table>.csv`` (one line per cell, every number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default
 ``<first root>/tables``) and prints the Markdown.
 """
@@ -416,6 +419,18 @@ def make_table(roots, table: str | None = None, paper_dir=PAPER_DIR, only_paper_
     return build_table(table, collected, paper, only_paper_rows)
 
 
+def swept_by(collected: Collected) -> str | None:
+    """The columns of a generic table whose runs of one (model, method, task) differ in some config keys (a sweep
+    over them): those keys (several joined by commas), said on stderr, so that no cell silently keeps one of them."""
+    keys = tables.swept_keys(collected.runs)
+    if keys:
+        by = ",".join(keys)
+        print(f"note: runs of one (model, method, task) differ in {', '.join(keys)}; its values are the columns "
+              f"(as --by {by})", file=sys.stderr)
+        return by
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -432,7 +447,9 @@ def main(argv=None) -> int:
     if args.by or (not args.table and not paper_runs(collect(args.roots).runs)):
         import generic_table as writer  # runs from no paper preset (or --by): one row per (model, method)
 
-        table = writer.build(collect(args.roots), args.by, args.name)
+        collected = collect(args.roots)
+        by = args.by or swept_by(collected)
+        table = writer.build(collected, by, args.name)
     else:
         writer, table = sys.modules[__name__], make_table(args.roots, args.table, args.paper, args.only_paper_rows)
     paths = writer.write_outputs(table, args.out or Path(args.roots[0]) / "tables")

@@ -147,7 +147,7 @@ def sweep_series(roots, key: str) -> list[dict]:
     runs = runs[runs["value"] != rf.DASH]
     if runs.empty:
         raise SystemExit(f"error: no run under {', '.join(map(str, roots))} has the config key {key}; "
-                         "pass --x with a key the runs were swept over (e.g. method.compress.local)")
+                         f"pass --x with a key the runs were swept over ({swept_hint(roots)})")
     runs = runs.sort_values(["complete", "weight", "run_dir"], ascending=False)
     runs, notes = generic_table.align_cells(runs.drop_duplicates(["model", "method", "task", "value"]), key)
     numeric = all(rf.num(v) is not None for v in runs["value"])
@@ -168,6 +168,12 @@ def sweep_series(roots, key: str) -> list[dict]:
             entry[f"{metric}_points"] = [_point(r.summary, metric, x) for x, r in zip(pts["x"], pts["run"])]
         out.append(entry)
     return out
+
+
+def swept_hint(roots) -> str:
+    """The keys the runs under ``roots`` were swept over, as a hint for ``--x``."""
+    keys = tables.swept_keys(tables.collect(roots).runs)
+    return f"they differ in {', '.join(keys)}: e.g. --x {keys[0]}" if keys else "e.g. --x method.compress.local"
 
 
 def plot_sweep(roots, key: str, logx: bool = False):
@@ -226,6 +232,11 @@ def main(argv=None) -> int:
         (fig, data), name, axis = plot_sweep(args.roots, args.x, args.logx), f"runs_by_{args.x}", args.x
         print(sweep_table(data, args.x))
     else:
+        if not args.table and not mt.paper_runs(tables.collect(args.roots).runs):
+            print(f"error: the runs under {', '.join(args.roots)} come from no paper preset, so there is no table "
+                  f"axis to plot; plot them against a config key with --x KEY ({swept_hint(args.roots)})",
+                  file=sys.stderr)
+            return 2
         table = mt.make_table(args.roots, args.table, args.paper)
         name, axis = table.name, args.axis or (table.axes[0] if table.axes else None)
         fig, data = plot_table(table, axis, args.logx)

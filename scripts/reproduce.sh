@@ -1,6 +1,6 @@
 #!/bin/sh
 # Reproduce one FAFO paper table or figure: run its sweep (resumable), then its table and, for the ablations, its
-# plot. Extra arguments go to the sweep, e.g.
+# plot, with the project's environment (.venv) whether or not it is activated. Extra arguments go to the sweep, e.g.
 #   scripts/reproduce.sh table2
 #   scripts/reproduce.sh table11 hydra/launcher=slurm hydra.launcher.partition=gpu
 set -e
@@ -14,10 +14,12 @@ case $item in
   *) echo "error: unknown table '$item'; $usage" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
-python -m fafo.bench -m experiment="$item" "$@"
+# $PYTHON if set, else the project's environment (make creates .venv), else the python on PATH
+if [ -n "$PYTHON" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python; fi
+"$py" -m fafo.bench -m experiment="$item" "$@"
 for step in $steps; do
   case $step in
-    table) python scripts/make_tables.py "results/runs/$item" --table "$item" ;;
-    plot) python scripts/plot.py "results/runs/$item" --table "$item" ;;
+    table) "$py" scripts/make_tables.py "results/runs/$item" --table "$item" ;;
+    plot) "$py" scripts/plot.py "results/runs/$item" --table "$item" ;;
   esac
 done

@@ -146,7 +146,7 @@ def test_reproduce_script_runs_each_preset_then_its_table_and_plot(tmp_path):
     assert os.access(script, os.X_OK)
     (tmp_path / "python").write_text('#!/bin/sh\necho "python $*" >> "$LOG"\n')
     (tmp_path / "python").chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LOG": str(tmp_path / "log")}
+    env = {**os.environ, "PYTHON": str(tmp_path / "python"), "LOG": str(tmp_path / "log")}
     for item in PAPER_ITEMS:
         (tmp_path / "log").write_text("")
         proc = subprocess.run([str(script), item, "hydra/launcher=slurm"], env=env, capture_output=True, text=True)

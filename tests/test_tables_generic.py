@@ -57,9 +57,10 @@ def test_by_on_a_two_value_sweep_gives_two_columns_and_a_plot(tmp_path):
     assert head[2:4] == ["bench.max_new_tokens=3", "bench.max_new_tokens=5"]
     assert len(head) == 4 + len(generic_table.TAIL)
     assert len(rows) == 1 and rows[0][:2] == ["tiny-llama", "vanilla"]
-    # without --by the two runs share one cell: the note names the key that separates them
+    # without --by the two runs never share one cell: the key they differ in is the columns, and stderr says so
     proc = run(str(REPO / "scripts" / "make_tables.py"), str(tmp_path), cwd=tmp_path)
-    assert "differ in bench.max_new_tokens" in proc.stdout
+    assert "differ in bench.max_new_tokens; its values are the columns" in proc.stderr
+    assert md_table(proc.stdout)[0][2:4] == ["bench.max_new_tokens=3", "bench.max_new_tokens=5"]
     run(str(REPO / "scripts" / "plot.py"), str(tmp_path), "--x", "bench.max_new_tokens", "--wandb-mode", "disabled",
         cwd=tmp_path)
     assert (tmp_path / "plots" / "runs_by_bench.max_new_tokens.png").stat().st_size > 0

@@ -19,11 +19,27 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from fafo.bench.naming import CONF
 from fafo.errors import ConfigError
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
-def main(cfg: DictConfig) -> dict | None:
+def main() -> None:
+    """``python -m fafo.bench`` / ``fafo-bench``: the command line checked for misspelt group options and settings
+    (one ``error:`` line, exit status 2, before Hydra or a model), then the Hydra app."""
+    from fafo.bench.cli_check import check_command_line
+
+    try:
+        check_command_line(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    app()
+
+
+# an absolute path: Hydra reads a relative one against the calling module, which the ``fafo-bench`` console script
+# names as a package (``fafo.bench``), where no ``conf`` package is
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
+def app(cfg: DictConfig) -> dict | None:
     """One run. In a sweep a failed job returns ``{"error": line}`` (and leaves ``error.txt``) instead of stopping
     the sweep; :class:`fafo.bench.sweep.SweepReport` lists the failures and exits non-zero at the end."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -42,16 +58,25 @@ def main(cfg: DictConfig) -> dict | None:
         if not sweep and failed:
             sys.exit(1)
         return {"plan": "\n".join(p.line() for p in plans), "error": failed[0].problems[0] if failed else None}
+    from fafo.bench.sweep import resume_note
+
     try:
         if compare:
             from fafo.bench.compare import run_compare
+            from fafo.bench.wandb_log import check_wandb, shared_run
 
-            summary = run_compare(cfg, run_dir, list(HydraConfig.get().overrides.task))
+            say(resume_note(run_dir))
+            check_wandb(cfg)  # before the comparison's W&B run starts
+            with shared_run(cfg, run_dir, wandb_name(cfg, run_dir)) as wandb_run:  # one W&B run for all methods
+                summary = run_compare(cfg, run_dir, list(HydraConfig.get().overrides.task))
+                wandb_run.log_comparison(run_dir)
         else:
             from fafo.bench.runner import Runner
             from fafo.bench.spec import resolve
 
-            summary = Runner().run(resolve(cfg, run_dir))
+            spec = resolve(cfg, run_dir)
+            say(resume_note(run_dir, sum(len(s.turns) for s in spec.samples) * spec.bench.repeats))
+            summary = Runner().run(spec)
     except ConfigError as exc:
         line = f"error: {exc}"
         print(line, file=sys.stderr)
@@ -68,6 +93,19 @@ def main(cfg: DictConfig) -> dict | None:
     run_dir.mkdir(parents=True, exist_ok=True)  # the failure stays on disk beside the run
     (run_dir / "error.txt").write_text(line + "\n")
     return {"error": line}
+
+
+def wandb_name(cfg: DictConfig, run_dir: Path) -> str:
+    """A comparison's W&B run name: its directory under bench.output_dir."""
+    try:
+        return Path(run_dir).resolve().relative_to(Path(str(cfg.bench.output_dir)).resolve()).as_posix()
+    except ValueError:
+        return Path(run_dir).name
+
+
+def say(line: str | None) -> None:
+    if line:
+        print(line, file=sys.stderr, flush=True)
 
 
 def plan_job(cfg: DictConfig, run_dir: Path, most: int = 20):

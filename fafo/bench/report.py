@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import median
 
 from fafo.bench.metrics import histogram, summarize
 from fafo.bench.records import read_outputs, read_rows, turn_key
@@ -154,6 +155,79 @@ def align(runs: list[Run], label=lambda run: run.rel) -> tuple[list[Run], str | 
         summary = resummarize(runs[i], common) if keys != common else runs[i].summary
         out[i] = replace(runs[i], summary=summary, coverage=Coverage(common, len(keys), note))
     return out, note
+
+
+# ------------------------------------------------------------------ each method's own vanilla
+def reference_throughput(run: Run) -> float | None:
+    """The run's own vanilla reference throughput in tokens/s: vanilla's new tokens over its total time (the
+    median of a (sample, turn)'s repeats), over the run's timed (sample, turn)s (its common ones when aligned)."""
+    from fafo.bench.report_format import num
+
+    allowed = run.coverage.common if run.coverage is not None else None
+    per: dict[tuple, tuple[float, list[float]]] = {}
+    for r in run.sample_rows() or []:
+        tokens, seconds = num(r.get("ref_new_tokens")), num(r.get("ref_total_s"))
+        if r.get("status") != "ok" or tokens is None or not seconds or (allowed is not None and
+                                                                          turn_key(r) not in allowed):
+            continue
+        per.setdefault(turn_key(r), (tokens, []))[1].append(seconds)
+    if not per:
+        return None
+    return sum(tokens for tokens, _ in per.values()) / sum(median(ts) for _, ts in per.values())
+
+
+def aa_band(summaries) -> tuple[float, float] | None:
+    """How far apart two timings of the same vanilla land in this job (the A/A band, as a ratio): the vanilla
+    row's A/A interval (vanilla against its own interleaved run), else the widest of the methods' own A/A
+    intervals (``aa_speedup``: vanilla again right after each method); widened to hold 1. None without either."""
+    summaries = list(summaries)
+    lows, highs = [], []
+    for s in summaries:
+        own = s.get("method") == "vanilla" or s.get("role") == "A/A noise floor"
+        for key in ("speedup", "aa_speedup") if own else ("aa_speedup",):
+            iv = next((v for v in (s.get(f"{key}_ci95"), s.get(f"{key}_range"))
+                       if isinstance(v, (list, tuple)) and len(v) == 2 and None not in v), None)
+            if iv is not None:
+                lows.append(float(iv[0]))
+                highs.append(float(iv[1]))
+    return (min(min(lows), 1.0), max(max(highs), 1.0)) if lows else None
+
+
+def reference_check(summaries: dict[str, dict]) -> dict[str, dict]:
+    """Each method's own vanilla throughput (``ref_tokens_per_s``, from :func:`reference_throughput` put in the
+    summaries beforehand) against the median over the methods: ``ref_vs_median`` (the ratio) and
+    ``ref_outside_aa`` (True where the ratio falls outside the :func:`aa_band`: the machine ran the same vanilla at
+    another speed while that method ran, by more than the A/A noise of this job)."""
+    refs = sorted(v for s in summaries.values() if (v := s.get("ref_tokens_per_s")))
+    band = aa_band(summaries.values())
+    if not refs:
+        return summaries
+    mid = median(refs)
+    out = {}
+    for name, s in summaries.items():
+        ratio = s["ref_tokens_per_s"] / mid if s.get("ref_tokens_per_s") else None
+        outside = None if ratio is None or band is None else not band[0] <= ratio <= band[1]
+        out[name] = {**s, "ref_vs_median": ratio, "ref_outside_aa": outside}
+    return out
+
+
+def reference_note(summaries) -> list[str]:
+    """Caption lines: what the vanilla tok/s column is and, when references disagree beyond the A/A band, which."""
+    summaries = list(summaries)
+    refs = [s["ref_tokens_per_s"] for s in summaries if s.get("ref_tokens_per_s")]
+    if not refs:
+        return []
+    lines = ["vanilla tok/s = each method's own vanilla reference (vanilla's new tokens / total time, timed beside "
+             "that method on the same samples): every speedup is against it"]
+    off = [s for s in summaries if s.get("ref_outside_aa")]
+    if off:
+        lo, hi = aa_band(summaries)
+        lines.append(f"! references disagree: vanilla ran at {min(refs):.1f}-{max(refs):.1f} tokens/s across the "
+                     f"methods, and for {', '.join(str(s.get('method')) for s in off)} its speed differs from the "
+                     f"median by more than the A/A band ({lo:.2f}x-{hi:.2f}x): the machine's speed changed during "
+                     "the job, so compare those rows' speedups with care (each is still against its own vanilla); "
+                     "rerun on an idle machine")
+    return lines
 
 
 # ------------------------------------------------------------------ per category

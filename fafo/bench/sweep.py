@@ -1,5 +1,7 @@
-"""The Hydra callback of ``python -m fafo.bench`` (``conf/config.yaml`` ``hydra.callbacks``): ``bench.output_dir``
-checked before Hydra creates any directory (one ``error:`` line, exit status 2); each sweep job's outcome written
+"""The Hydra callback of ``python -m fafo.bench`` (``conf/config.yaml`` ``hydra.callbacks``) and what a rerun says
+it resumes (:func:`resume_note`: a run whose directory holds rows already says so before it runs).
+
+``bench.output_dir`` checked before Hydra creates any directory (one ``error:`` line, exit status 2); each sweep job's outcome written
 to ``<sweep dir>/.sweeps/<sweep id>/<job>.json`` (jobs that run elsewhere, SLURM, report back too); at the end one
 line per job (its plan with ``bench.plan=true``, else what ran and measured, then the failures), exit status 1 when
 any job failed or would fail.
@@ -20,6 +22,7 @@ from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from fafo.bench.records import read_rows
 from fafo.errors import ConfigError
 
 SWEEP_ENV = "FAFO_SWEEP_ID"
@@ -44,10 +47,84 @@ def _check_output_dir(config: DictConfig) -> None:
         sys.exit(2)
 
 
-def job_line(outcome: dict) -> str:
-    """One line for a finished job: what ran and what it measured (or its error)."""
+def override_key(override: str) -> str:
+    return override.lstrip("+~").partition("=")[0]
+
+
+def sweep_shape(config: DictConfig) -> tuple[int, list[str]]:
+    """(number of jobs, swept keys) of the sweep Hydra's basic sweeper runs: ``hydra.sweeper.params`` (a preset's
+    own) then the command line's overrides, a later one of a key replacing an earlier one, as the sweeper does."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = config.hydra.sweeper.get("params") or {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    sizes = {}
+    for o in OverridesParser.create().parse_overrides(args):
+        sizes[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_discrete_sweep() else 1
+    n = 1
+    for size in sizes.values():
+        n *= size
+    return n, [k for k, size in sizes.items() if size > 1]
+
+
+def swept_values(outcome: dict, swept) -> str:
+    """The job's values of the swept keys (``method=vanilla bench.max_new_tokens=4``); all its overrides (noise
+    left out) when nothing is known to be swept."""
     shown = [o for o in outcome.get("overrides") or [] if not o.lstrip("+~").startswith(NOISE)]
-    overrides = " ".join(shown) or "(no overrides)"
+    if swept:
+        shown = [o for o in shown if override_key(o) in swept] or shown
+    return " ".join(shown) or "(no overrides)"
+
+
+def differing(outcomes: list[dict]) -> set[str]:
+    """The override keys whose values differ between the jobs (or that only some jobs set)."""
+    values: dict[str, set] = {}
+    for o in outcomes:
+        for item in o.get("overrides") or []:
+            values.setdefault(override_key(item), set()).add(item)
+    return {k for k, v in values.items()
+            if len(v) > 1 or sum(any(override_key(i) == k for i in o.get("overrides") or []) for o in outcomes)
+            < len(outcomes)}
+
+
+def clock(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+# ------------------------------------------------------------------ what a rerun resumes
+def recorded(run_dir: str | Path) -> dict[str, list[dict]]:
+    """{run: its rows on record} of a run directory and of the runs below it (a comparison's methods)."""
+    root = Path(run_dir)
+    out = {}
+    for path in sorted(root.rglob("samples.csv")) if root.is_dir() else []:
+        if "_reference" not in path.relative_to(root).parts and (rows := read_rows(path)):
+            out[path.parent.relative_to(root).as_posix()] = rows
+    return out
+
+
+def resume_note(run_dir: str | Path, expected: int | None = None) -> str | None:
+    """``resuming DIR: ...``: how many rows are on record (ok, failed), skipped, and what is left to run; None for
+    a fresh run. ``expected``: the (sample, turn, repeat)s the run has in all (one run, not a comparison)."""
+    runs = recorded(run_dir)
+    if not runs:
+        return None
+    rows = [r for rs in runs.values() for r in rs]
+    failed = sum(r.get("status") != "ok" for r in rows)
+    kept = f"{len(rows)} (sample, turn, repeat)s on record ({len(rows) - failed} ok, {failed} failed, not retried)"
+    if len(runs) > 1 or "." not in runs:
+        kept += " in " + ", ".join(f"{name} {len(rs)}" for name, rs in runs.items())
+    left = ""
+    if expected is not None:
+        left = "; nothing left to run, the summary is recomputed" if len(rows) >= expected else \
+            f"; {expected - len(rows)} of {expected} left to run"
+    return f"resuming {run_dir}: {kept} are skipped{left}"
+
+
+def job_line(outcome: dict, swept=()) -> str:
+    """One line for a finished job: its swept values (every override when ``swept`` is empty), then what it
+    measured (or its error)."""
+    overrides = swept_values(outcome, swept)
     if outcome.get("plan"):
         return f"{outcome['plan']}  [{overrides}]"
     if outcome.get("error"):
@@ -55,6 +132,8 @@ def job_line(outcome: dict) -> str:
     try:
         s = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())
     except (OSError, ValueError):
+        if (Path(outcome["run_dir"]) / "compare.csv").exists():  # a comparison: its table is in compare.md
+            return f"ok      {overrides}  comparison: {Path(outcome['run_dir']) / 'compare.md'}"
         return f"FAILED  {overrides}  no summary.json in {outcome['run_dir']}"
     model = s.get("model", "?") + (f" ({s['checkpoint']})" if s.get("checkpoint") else "")
     params = f"{s['n_params'] / 1e6:.1f}M params" if isinstance(s.get("n_params"), (int, float)) else ""
@@ -64,11 +143,24 @@ def job_line(outcome: dict) -> str:
 
     ci = s.get("speedup_ci95")
     ci = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, list) and len(ci) == 2 else ""
-    parts = [model, params, s.get("dtype", "?"), s.get("method", "?"), s.get("task", "?"),
+    parts = [f"[{overrides}]", model, params, s.get("dtype", "?"), s.get("method", "?"), s.get("task", "?"),
              f"tau {num('tau')}", f"speedup {num('speedup')}{ci}"]
     if s.get("n_failed"):
         parts.append(f"{s['n_failed']} failed rows")
     return "ok      " + "  ".join(p for p in parts if p)
+
+
+def job_record(outcome: dict, swept) -> dict:
+    """One job of a sweep as a table row: its swept values, status, tau, speedup and run directory."""
+    try:
+        s = json.loads((Path(outcome["run_dir"]) / "summary.json").read_text())
+    except (OSError, ValueError):
+        s = {}
+    values = {override_key(o): o.partition("=")[2] for o in outcome.get("overrides") or []
+              if override_key(o) in swept}
+    return {**values, "status": "FAILED" if outcome.get("error") else "ok", "error": outcome.get("error") or "",
+            "tau": s.get("tau"), "speedup": s.get("speedup"), "speedup_kind": s.get("speedup_kind"),
+            "run_dir": outcome["run_dir"]}
 
 
 def jobs_dir(sweep_dir) -> Path | None:
@@ -85,7 +177,11 @@ def record_outcome(jobs: Path, outcome: dict) -> None:
 
 
 class SweepReport(Callback):
-    """Checks bench.output_dir early, records each sweep job's outcome and reports the sweep at its end."""
+    """Checks bench.output_dir early, records each sweep job's outcome, prints one progress line per finished job
+    (in the process that runs the jobs) and reports the sweep at its end."""
+
+    def __init__(self) -> None:
+        self.n_jobs, self.swept, self.started, self.done, self.resumed = None, [], time.time(), 0, 0
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_output_dir(config)
@@ -93,6 +189,31 @@ class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_output_dir(config)
         os.environ[SWEEP_ENV] = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.started = time.time()
+        try:
+            self.n_jobs, self.swept = sweep_shape(config)
+        except Exception:  # noqa: BLE001 - a sweep the basic sweeper does not describe: no counter
+            self.n_jobs, self.swept = None, []
+        print(f"== fafo-bench sweep: {self.n_jobs or '?'} jobs"
+              + (f" over {', '.join(self.swept)}" if self.swept else "") + f" into {config.hydra.sweep.dir} ==",
+              file=sys.stderr, flush=True)
+
+    @staticmethod
+    def log_wandb(config: DictConfig, outcomes: list[dict], swept) -> None:
+        """The sweep's table of jobs as its own W&B run (fafo.bench.wandb_log.log_sweep); a W&B problem is one
+        note, never the sweep's failure."""
+        from fafo.bench.wandb_log import log_sweep
+
+        try:
+            log_sweep(config, Path(str(config.hydra.sweep.dir)), [job_record(o, swept) for o in outcomes])
+        except Exception as exc:  # noqa: BLE001 - the jobs ran; W&B is a copy of what they wrote
+            print(f"note: the sweep's W&B run was not written: {type(exc).__name__}: {exc}", file=sys.stderr,
+                  flush=True)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode.name != "MULTIRUN" or config.bench.get("plan"):
+            return
+        self.resumed += bool(recorded(config.hydra.runtime.output_dir))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         jobs = jobs_dir(config.hydra.sweep.dir)
@@ -104,9 +225,16 @@ class SweepReport(Callback):
             error = value.get("error") if isinstance(value, dict) else None
         except Exception as exc:  # noqa: BLE001 - the job's own failure, reported with the sweep
             value, error = None, f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        record_outcome(jobs, {"num": int(config.hydra.job.num), "run_dir": str(config.hydra.runtime.output_dir),
-                              "overrides": list(job_return.overrides or []), "error": error,
-                              "plan": value.get("plan") if isinstance(value, dict) else None})
+        outcome = {"num": int(config.hydra.job.num), "run_dir": str(config.hydra.runtime.output_dir),
+                   "overrides": list(job_return.overrides or []), "error": error,
+                   "plan": value.get("plan") if isinstance(value, dict) else None}
+        record_outcome(jobs, outcome)
+        if self.n_jobs and not outcome["plan"]:  # the jobs run in this process (not SLURM's)
+            self.done += 1
+            elapsed = time.time() - self.started
+            left = elapsed / self.done * (self.n_jobs - self.done)
+            print(f"[job {self.done} of {self.n_jobs}, {clock(elapsed)} elapsed, about {clock(left)} left] "
+                  f"{job_line(outcome, self.swept)}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         jobs = jobs_dir(config.hydra.sweep.dir)
@@ -123,16 +251,20 @@ class SweepReport(Callback):
         failed = [o for o in outcomes if o.get("error")]
         if any(o.get("plan") for o in outcomes):  # bench.plan=true: one plan line per job, in job order
             print("\n".join([f"== fafo-bench plan: {len(outcomes)} jobs, {len(failed)} would fail =="]
-                             + [job_line(o) for o in outcomes]), flush=True)
+                             + [job_line(o, set(self.swept) | differing(outcomes)) for o in outcomes]), flush=True)
             if failed:
                 print(f"error: {len(failed)} of {len(outcomes)} jobs would fail (problems above and in each job's "
                       "plan.json); fix them before submitting the sweep", file=sys.stderr, flush=True)
                 sys.exit(1)
             return
-        lines = [f"== fafo-bench sweep: {len(outcomes)} jobs, {len(failed)} failed =="]
-        lines += [job_line(o) for o in outcomes if not o.get("error")]
-        lines += [job_line(o) for o in failed]
+        swept = set(self.swept) | differing(outcomes)
+        resumed = f"{self.resumed} resumed from their records, " if self.resumed else ""
+        lines = [f"== fafo-bench sweep: {len(outcomes)} jobs, {len(failed)} failed == ({resumed}"
+                 f"{clock(time.time() - self.started)} in all)"]
+        lines += [job_line(o, swept) for o in outcomes if not o.get("error")]
+        lines += [job_line(o, swept) for o in failed]
         print("\n".join(lines), flush=True)
+        self.log_wandb(config, outcomes, swept)
         if failed:
             print(f"error: {len(failed)} of {len(outcomes)} sweep jobs failed (listed above); fix them and re-run "
                   "the sweep (finished jobs are resumed, not redone)", file=sys.stderr, flush=True)

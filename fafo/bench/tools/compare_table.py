@@ -10,7 +10,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from fafo.bench.compare import REFERENCE
-from fafo.bench.report import Run, align, category_markdown, definitions
+from fafo.bench.report import (Run, align, category_markdown, definitions, reference_check, reference_note,
+                               reference_throughput)
 from fafo.bench.report_format import fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n, num
 from fafo.bench.report_format import markdown as markdown_table
 
@@ -19,7 +20,8 @@ COLUMNS = ["method", "role", "n_samples", "n_turns", "n_failed", "n_flagged", "n
            "speedup_kind", "speedup_e2e", "speedup_decode", "aa_speedup", "speedup_vs_eager", "projected_speedup",
            "projection_error", "projection_beyond_curve", "tau", "tau_all", "tau_with_prefill", "tokens_per_s",
            "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence", "peak_mem_mb", "ref_peak_mem_mb",
-           "mem_overhead_mb", "verify_ms", "accept_hist", "new_tokens", "common_samples", "method_backend"] + \
+           "mem_overhead_mb", "verify_ms", "accept_hist", "new_tokens", "common_samples", "method_backend",
+           "ref_tokens_per_s", "ref_vs_median", "ref_outside_aa"] + \
     [f"{k}_{kind}" for k in INTERVALS for kind in ("ci95", "range")]
 AA_LABEL = "vanilla (A/A noise floor)"
 
@@ -38,8 +40,9 @@ def _runs(run_dir: Path, summaries: dict[str, dict]):
 def on_common_samples(run_dir: Path, summaries: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
     """{method: summary} recomputed on the (sample, turn)s every method completed, and the note saying so."""
     runs, note = align(_runs(run_dir, summaries), label=lambda r: r.rel)
-    out = {r.rel: {**r.summary, "common_samples": len(r.coverage.common) if r.coverage else None} for r in runs}
-    return out, ([f"† {note}"] if note else [])
+    out = {r.rel: {**r.summary, "common_samples": len(r.coverage.common) if r.coverage else None,
+                   "ref_tokens_per_s": reference_throughput(r)} for r in runs}
+    return reference_check(out), ([f"† {note}"] if note else [])
 
 
 def comparison_table(summaries: dict[str, dict]):
@@ -68,7 +71,8 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
             "floor (speedups within them are noise). n = samples[/turns] (failed rows). decode = speedup_decode; "
             "projected = the decode speedup bench.cost_curve's device gives this method's own forwards, err = "
             "projected / measured decode - 1. "
-            + " ".join(f"{line}." for line in definitions(summaries.values(), ("tau", "tau_all"))))
+            + " ".join(f"{line}." for line in definitions(summaries.values(), ("tau", "tau_all"))
+                       + reference_note(summaries.values())))
     note = cfg.compare.get("note")
     eager = [f"{name}: {s['timing_note']}." for name, s in summaries.items() if s.get("timing_note")]
     return " ".join([text, *notes, *eager] + ([note] if note else []))
@@ -92,6 +96,7 @@ def write_outputs(table, run_dir: Path, text: str, by_category: str = "") -> Non
 
 
 HEAD = ["method", "n (failed)", "speedup", "A/A", "decode", "projected (err)", "tau", "tau_all", "tokens/s",
+        "vanilla tok/s",
         "exact match", "peak MB", "vanilla MB", "overhead MB", "verify ms", "accept hist"]
 
 
@@ -118,7 +123,9 @@ def markdown(table) -> str:
                       "-" if aa else _cell(row, "aa_speedup", ".2f", "x", True),
                       _cell(row, "speedup_decode", ".2f", "x"),
                       "-" if aa else projected, _cell(row, "tau", ".2f", interval=True), _cell(row, "tau_all", ".2f"),
-                      _cell(row, "tokens_per_s", ".1f"), fmt_exact(row, "-"), _cell(row, "peak_mem_mb", ".0f"),
+                      _cell(row, "tokens_per_s", ".1f"),
+                      _cell(row, "ref_tokens_per_s", ".1f") + ("!" if row.get("ref_outside_aa") is True else ""),
+                      fmt_exact(row, "-"), _cell(row, "peak_mem_mb", ".0f"),
                       _cell(row, "ref_peak_mem_mb", ".0f"), _cell(row, "mem_overhead_mb", ".0f"),
                       _cell(row, "verify_ms", ".2f"), fmt_hist(row["accept_hist"], dash="-")])
     return markdown_table(HEAD, lines, labels=1).rstrip()
@@ -130,9 +137,23 @@ def interval_of(row: dict, key: str) -> list[float] | None:
                  if isinstance(v, (list, tuple)) and len(v) == 2 and None not in v), None)
 
 
+VERDICTS = {"win": "faster: the interval is above 1", "loss": "slower: the interval is below 1",
+            "inconclusive": "inconclusive: the interval holds 1 (or there is none)"}
+VERDICT_COLORS = {"win": "#4c72b0", "loss": "#c44e52", "inconclusive": "#b0b0b0"}
+
+
+def verdict(value: float, interval: list[float] | None) -> str:
+    """``win`` when the speedup's interval lies above 1, ``loss`` below 1, else ``inconclusive`` (one sample or
+    an interval that holds 1: the bar's colour must not claim what the interval does not)."""
+    if interval is None or value != value:
+        return "inconclusive"
+    return "win" if interval[0] > 1.0 else "loss" if interval[1] < 1.0 else "inconclusive"
+
+
 def plot(table, path: Path, text: str) -> None:
     """Speedup and tau per method with their intervals as error bars (95 % bootstrap from 10 samples, else the
-    per-sample range: the axis label says which); vanilla's A/A interval as a grey band (the noise floor)."""
+    per-sample range: the axis label says which), each value written right of its error bar; speedup bars coloured
+    by :func:`verdict` (win / loss / inconclusive); vanilla's A/A interval as a grey band (the noise floor)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -141,7 +162,7 @@ def plot(table, path: Path, text: str) -> None:
     methods = table[table["role"] != "A/A noise floor"].reset_index(drop=True)
     records = methods.to_dict("records")
     kinds = sorted({str(k) for k in table["speedup_kind"] if isinstance(k, str)})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * max(len(methods), 1) + 2.2), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * max(len(methods), 1) + 2.7), sharey=True)
     y = list(range(len(methods)))
     bars = ("95% bootstrap CI" if any(r.get("speedup_ci95") is not None for r in records) else
             "range over samples" if any(r.get("speedup_range") is not None for r in records) else "no interval")
@@ -152,19 +173,26 @@ def plot(table, path: Path, text: str) -> None:
         ivs = [interval_of(r, col) if v == v else None for v, r in zip(values, records)]
         xerr = [[max(0.0, v - iv[0]) if iv else 0.0 for v, iv in zip(values, ivs)],
                 [max(0.0, iv[1] - v) if iv else 0.0 for v, iv in zip(values, ivs)]]
-        ax.barh(y, values, xerr=xerr, capsize=3, color=["#4c72b0" if v >= 1.0 else "#c44e52" for v in values])
+        colors = [VERDICT_COLORS[verdict(v, iv)] for v, iv in zip(values, ivs)] if col == "speedup" \
+            else ["#8c8c8c"] * len(values)
+        ax.barh(y, values, xerr=xerr, capsize=3, color=colors)
         ax.axvline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xlabel(label + (" vs vanilla (x)" if col == "speedup" else "") + f", bars: {bars}", fontsize=8)
-        for i, v in zip(y, values):
-            ax.text(v, i, f" {v:.2f}", va="center", fontsize=8)
+        for i, v, iv in zip(y, values, ivs):  # right of the error bar's end, never under it
+            ax.text(max(v, iv[1] if iv else v), i, f"  {v:.2f}", va="center", ha="left", fontsize=8)
+        ax.set_xlim(0, max([*values, *(iv[1] for iv in ivs if iv), 1.0]) * 1.25)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=VERDICT_COLORS[k], label=text) for k, text in VERDICTS.items()]
     for row in table[table["role"] == "A/A noise floor"].to_dict("records"):
         if interval_of(row, "speedup"):
             lo, hi = interval_of(row, "speedup")
-            axes[0].axvspan(lo, hi, color="grey", alpha=0.25, label=f"{AA_LABEL} {fmt_interval(row, 'speedup')}")
-            axes[0].legend(fontsize=7, loc="lower right")
+            handles.append(axes[0].axvspan(lo, hi, color="grey", alpha=0.25,
+                                           label=f"{AA_LABEL} {fmt_interval(row, 'speedup')}"))
+    fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=len(handles))  # below the bars, hiding none
     axes[0].set_yticks(y, [f"{m} (n={fmt_n(r, '-')})" for m, r in zip(methods["method"], records)])
     axes[0].invert_yaxis()
     fig.suptitle(text, fontsize=7, wrap=True)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -55,6 +55,34 @@ def collect(roots: list[str | Path]) -> Collected:
     return out
 
 
+NOISE = ("bench.output_dir", "bench.reference_dir", "bench.progress", "bench.plan", "wandb.")  # not measured
+
+
+def flat_config(config, prefix: str = "") -> dict[str, str]:
+    """A run's config as {dotted key: repr(value)}."""
+    if not isinstance(config, dict):
+        return {prefix.rstrip("."): repr(config)}
+    out = {}
+    for k, v in config.items():
+        out.update(flat_config(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": repr(v)})
+    return out
+
+
+def swept_keys(runs: list[Run]) -> list[str]:
+    """The config keys in which runs of one (model, method, task) differ: what a sweep varied within a table cell,
+    which a table must show as columns (``--by``) rather than keep one run of."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        s = run.summary
+        groups.setdefault((s.get("model"), s.get("method"), s.get("task")), []).append(flat_config(run.config or {}))
+    keys = set()
+    for flats in (g for g in groups.values() if len(g) > 1):
+        for key in set().union(*flats):
+            if not key.startswith(NOISE) and len({f.get(key) for f in flats}) > 1:
+                keys.add(key)
+    return sorted(keys)
+
+
 def aggregate(runs: list[Run]) -> dict:
     """A table row's numbers over its runs (one per column): coverage and mismatch counts summed; its peak, vanilla's
     peak and the overhead the max; exact-match rate and time per verification forward weighted by (sample, turn)s;
