@@ -115,10 +115,10 @@ def row_crc(row: dict, columns: list[str] = SAMPLE_COLUMNS) -> str:
     return f"{zlib.crc32(blob.encode()):08x}"
 
 
-def _as_written(row: dict) -> dict:
-    """The row as csv writes it (strings, None -> ''), with its crc."""
-    out = {c: "" if row.get(c) is None else str(row.get(c, "")) for c in SAMPLE_COLUMNS if c != "crc"}
-    out["crc"] = row_crc(out)
+def _as_written(row: dict, columns: list[str] = SAMPLE_COLUMNS) -> dict:
+    """The row as csv writes it under ``columns`` (strings, None -> ''), with its crc."""
+    out = {c: "" if row.get(c) is None else str(row.get(c, "")) for c in columns if c != "crc"}
+    out["crc"] = row_crc(out, columns)
     return out
 
 
@@ -140,9 +140,11 @@ def _lock(f, run_dir) -> None:
 
 
 class RecordWriter:
-    """Appends rows to ``samples.csv`` and generations to ``outputs.jsonl`` in a run directory (one writer)."""
+    """Appends rows to ``samples.csv`` and generations to ``outputs.jsonl`` in a run directory (one writer).
+    ``extra``: columns after today's (a batched run's, :data:`fafo.bench.batch_run.BATCH_COLUMNS`), before ``crc``."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, extra: tuple[str, ...] | list[str] = ()):
+        self.columns = columns = SAMPLE_COLUMNS[:-1] + list(extra) + SAMPLE_COLUMNS[-1:]
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.dir / ".lock", "w")
@@ -151,19 +153,19 @@ class RecordWriter:
         self.repairs: list[str] = []
         rows = read_rows(self.samples_path, self.repairs)
         rewrite_csv = bool(self.repairs) or (self.samples_path.exists() and not rows) or any(
-            list(r) != SAMPLE_COLUMNS for r in rows[:1])  # torn, or written by an older version: today's columns
-        rows = [_as_written(r) if list(r) != SAMPLE_COLUMNS else r for r in rows]
+            list(r) != columns for r in rows[:1])  # torn, or written by an older version: today's columns
+        rows = [_as_written(r, columns) if list(r) != columns else r for r in rows]
         n_repairs = len(self.repairs)
         outputs = read_outputs(self.outputs_path, self.repairs)
         rewrite_jsonl = len(self.repairs) > n_repairs
         self.rows, self.outputs, changed = self._reconcile(rows, outputs)
         if rewrite_csv or changed:
-            self.rewrite(self.samples_path, _csv_text(self.rows))
+            self.rewrite(self.samples_path, _csv_text(self.rows, columns))
         if rewrite_jsonl or changed:
             self.rewrite(self.outputs_path, "".join(json.dumps(o) + "\n" for o in self.outputs.values()))
         new = not self.samples_path.exists()
         self._csv = open(self.samples_path, "a", newline="")
-        self._writer = csv.DictWriter(self._csv, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
+        self._writer = csv.DictWriter(self._csv, fieldnames=columns, extrasaction="ignore")
         if new:
             self._writer.writeheader()
             self._flush(self._csv)
@@ -186,7 +188,7 @@ class RecordWriter:
             self._jsonl.write(json.dumps(output) + "\n")
             self._flush(self._jsonl)
             self.outputs[(str(output["sample_id"]), int(output["turn"]))] = output
-        row = _as_written(row)
+        row = _as_written(row, self.columns)
         self._writer.writerow(row)
         self._flush(self._csv)
         self.rows.append(row)
@@ -274,9 +276,9 @@ class RecordWriter:
         return kept, outputs, bool(lonely or orphans or stale or len(kept) < len(rows))
 
 
-def _csv_text(rows: list[dict]) -> str:
+def _csv_text(rows: list[dict], columns: list[str] = SAMPLE_COLUMNS) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=SAMPLE_COLUMNS, extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()

@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from fafo.bench.batch_run import BATCH_COLUMNS, measure_batch, warmup_batch
 from fafo.bench.records import RecordWriter, first_mismatch, output_line, row_key, write_json_atomic
 from fafo.bench.reference import reference_key
 from fafo.bench.summary import RunningTotals, print_summary, run_summary
@@ -52,18 +53,20 @@ class Runner:
                 backend=spec.cfg.model.get("attention", "sdpa"), max_len=spec.context, name=spec.names["model"])
             if spec.compile is not None:
                 engine.enable_compile(spec.compile)
-            engine.cache(spec.cache_slots)  # allocated once, before timing; compiled graphs are specialised to it
+            batched = spec.bench.batch_size > 1  # fafo.bench.batch_run: B requests at once
+            engine.cache(spec.cache_slots, batch=spec.bench.batch_size)  # allocated once, before timing; compiled
+            # graphs are specialised to it
             load_s, meter = time.perf_counter() - t_load, Meter(spec, engine)
             for decoder in (spec.method, spec.reference):
                 decoder.setup(engine)
-            records = RecordWriter(spec.run_dir)
+            records = RecordWriter(spec.run_dir, BATCH_COLUMNS if batched else ())
             logger = WandbLogger(spec.cfg, spec.run_dir, "/".join(spec.names.values()))
             logger.config({"machine": machine})
             OmegaConf.save(spec.cfg, spec.run_dir / "config.yaml", resolve=True)
             before = compile_stats()
-            warmup_s = meter.warmup()
+            warmup_s = warmup_batch(spec, meter) if batched else meter.warmup()
             warm = {k: v - before[k] for k, v in compile_stats().items()}
-            measure(spec, meter, records, logger, progress)
+            (measure_batch if batched else measure)(spec, meter, records, logger, progress)
             problems = records.finish({row_key(s.id, t, r) for s in spec.samples for t in range(len(s.turns))
                                        for r in range(spec.bench.repeats)})
             summary = run_summary(spec, meter, records, machine, problems, load_s=load_s, warmup_s=warmup_s,

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fafo.batch import BATCHING, check_batch
 from fafo.bench.metrics import SPEEDUP_KINDS
 from fafo.bench.naming import CONF
+from fafo.decoding import Decoder
 from fafo.bounds import above, at_least, check_bounds, check_node, one_of
 from fafo.engine.compiled import COMPILE_MODES, CompileOptions
 from fafo.engine.engine import DTYPES
@@ -52,6 +54,9 @@ class Bench:
     plan: bool = False
     gpu_mem_gb: float | None = above(0.0, None, why="GB of GPU memory, e.g. 80")
     drop_unfit: bool = False
+    batch_size: int = at_least(1, 1)
+    batching: str = one_of(BATCHING, "static",
+                           why="static: B requests start together; continuous: a finished one is replaced at once")
 
     def __post_init__(self):
         check_bounds(self, "bench")
@@ -61,6 +66,18 @@ def bench_settings(node: DictConfig) -> Bench:
     """``cfg.bench`` checked (:func:`fafo.bounds.check_node`, the reference's node too) and built."""
     check_node(node, "bench", Bench)
     return Bench(**OmegaConf.to_container(node, resolve=True))
+
+
+def check_batching(bench: Bench, method: Decoder, reference: Decoder, label: str) -> None:
+    """``bench.batch_size`` > 1: both decoders decode B requests at once (:func:`fafo.batch.check_batch`), and no
+    setting asks for a per-request timing the batch does not have."""
+    if bench.batch_size == 1:
+        return
+    check_batch(method, bench.batch_size, label)
+    check_batch(reference, bench.batch_size, "bench.reference")
+    if bench.reuse_reference:
+        raise ConfigError(f"bench.reuse_reference=true reuses one request's vanilla timing, which a batch of "
+                          f"bench.batch_size={bench.batch_size} has not; set bench.reuse_reference=false")
 
 
 def resolve_device(name: str, planning: bool = False) -> torch.device:

@@ -1,6 +1,6 @@
 """A run resolved once: :func:`resolve` turns a composed config into a frozen :class:`RunSpec` before any weight
 loads, each setting checked on the way (one ``error:`` line each), in this order: the whole config and ``bench``;
-device, dtype, compile; sampling, method, reference; the cost curve; the task; the run directory's lock; the
+device, dtype, compile; sampling, method, reference, the batch size; the cost curve; the task; the run directory's lock; the
 checkpoint and the names; the samples with the tokenizer; the method against the target; the context; the job's
 plan (:func:`fafo.bench.plan.assess`: refuse, or drop with ``bench.drop_unfit``). ``weights=False``
 (``bench.plan``): config-only checkpoints, no plan yet.
@@ -19,7 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from fafo.bench.naming import Job, checkpoint, run_names, split_hydra
 from fafo.bench.plan import JobPlan, assess, checked
 from fafo.bench.records import check_lock_free
-from fafo.bench.settings import Bench, bench_settings, check_config, resolve_compile, resolve_device, resolve_dtype
+from fafo.bench.settings import (Bench, bench_settings, check_batching, check_config, resolve_compile, resolve_device,
+                                 resolve_dtype)
 from fafo.bounds import check_node
 from fafo.compress.base import Compression
 from fafo.decoding import Decoder
@@ -80,6 +81,7 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None, weights: bool = 
     reference = build(cfg.bench.reference, "bench.reference")
     for decoder in (method, reference):
         decoder.check_sampling(sampling)
+    check_batching(bench, method, reference, cfg.method.get("name") or type(method).__name__)
     note, method_eager = "", False  # one baseline: every method of a table races the same (compiled) vanilla
     if compile is not None and reference.eager_forwards:
         note, compile = ("timed eagerly, method and reference alike (bench.compile set; the reference cannot run "
