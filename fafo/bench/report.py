@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
+from fafo.bench.batch_metrics import batch_summary, read_steps
 from fafo.bench.metrics import histogram, summarize
 from fafo.bench.records import read_outputs, read_rows, turn_key
 
@@ -115,6 +116,9 @@ def resummarize(run: Run, keys) -> dict:
     if "failed" in run.summary:  # the run's own failures, as n_failed
         out["failed"] = run.summary["failed"]
     hist = accept_hist(run.path, keys) if run.path is not None else None
+    if run.path is not None and any(r.get("batch_size") not in (None, "", "1") for r in rows[:1]):
+        boot = dotted(run.config, "bench.bootstrap")  # metrics under load on the same requests
+        out |= batch_summary(rows, read_steps(run.path), 1000 if boot is None else boot)
     return out | ({"accept_hist": hist} if hist else {})
 
 

@@ -43,14 +43,19 @@ def fmt_interval(s: dict, key: str, spec: str = ".2f") -> str | None:
 
 
 def interval_label(s: dict, key: str) -> str | None:
-    """The interval of ``key`` spelled out with what it is (the run's printed summary)."""
-    n = s.get("n_samples")
+    """The interval of ``key`` spelled out with what it is (the run's printed summary): over samples, or for the
+    metrics under load (:mod:`fafo.bench.batch_metrics`) over requests or batched steps."""
+    n, unit = s.get("n_samples"), "sample"
+    if key == "tau_step":
+        n, unit = s.get("n_steps"), "step"
+    elif key.startswith(("latency_", "tpot_ms_")):
+        n, unit = s.get("n_requests"), "request"
     if fmt_ci(s.get(f"{key}_ci95"), ".3f"):
         lo, hi = s[f"{key}_ci95"]
-        return f"[{lo:.3f}, {hi:.3f}] (95 %, bootstrap over {n} samples)"
+        return f"[{lo:.3f}, {hi:.3f}] (95 %, bootstrap over {n} {unit}s)"
     if fmt_ci(s.get(f"{key}_range"), ".3f"):
         lo, hi = s[f"{key}_range"]
-        return f"{{{lo:.3f}, {hi:.3f}}} (lowest and highest of the {n} per-sample values; under 10 samples no " \
+        return f"{{{lo:.3f}, {hi:.3f}}} (lowest and highest of the {n} per-{unit} values; under 10 {unit}s no " \
                "bootstrap interval is a 95 % one)"
     return None
 

@@ -7,6 +7,7 @@ import statistics
 import sys
 from dataclasses import asdict
 
+from fafo.bench.batch_metrics import batch_summary, read_steps
 from fafo.bench.metrics import flag_counts, histogram, summarize
 from fafo.bench.report_format import interval_label, num
 from fafo.bench.timing import load_average
@@ -51,6 +52,8 @@ def run_summary(spec, meter, records, machine: dict, problems: list[str], **timi
         from fafo.bench.tools.projection import curve_fields
 
         summary |= curve_fields(steps, spec.cost_curve, rows, outputs, meter.n_params, spec.names["method"])
+    if b.batch_size > 1:  # metrics under load (fafo.bench.batch_metrics)
+        summary |= batch_summary(rows, read_steps(spec.run_dir), b.bootstrap)
     summary["accept_hist"] = histogram(o["accept_lengths"] for o in outputs.values())
     summary["flag_counts"] = flag_counts(outputs.values())  # e.g. {"retrieval_covers_prompt": 3}
     if meter.judge.note:
@@ -108,7 +111,9 @@ KEYS = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples
         "n_no_decode", "new_tokens", "tau", "tau_with_prefill", "tau_all", "accept_rate", "draft_model_forwards",
         "tokens_per_forward", "tokens_per_step", "break_even_tau", "tokens_per_s", "verify_ms", "speedup_kind",
         "speedup", "speedup_e2e", "speedup_decode", "speedup_specbench", "speedup_vs_eager", "aa_speedup",
-        "projected_speedup", "projection_error", "speedup_min", "speedup_max", "n_flagged", "n_compiled",
+        "projected_speedup", "projection_error", "batch_size", "batching", "n_requests", "batch_tokens_per_s",
+        "ref_batch_tokens_per_s", "latency_p50", "latency_p90", "latency_p99", "ref_latency_p50", "tpot_ms_p50",
+        "tpot_ms_p90", "tpot_ms_p99", "ref_tpot_ms_p50", "n_steps", "tau_step", "rows_per_step", "speedup_min", "speedup_max", "n_flagged", "n_compiled",
         "peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie",
         "n_mismatch_divergence", "n_mismatch_unchecked", "device_name", "threads", "load_start", "warmup_s",
         "compile_s", "timing_note", "projection_note", "run_dir"]

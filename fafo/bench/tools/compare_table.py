@@ -15,13 +15,17 @@ from fafo.bench.report import (Run, align, category_markdown, definitions, refer
 from fafo.bench.report_format import fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n, num
 from fafo.bench.report_format import markdown as markdown_table
 
-INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager"]
+INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager", "latency_p50",
+             "latency_p90", "latency_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "tau_step"]
+LOAD = ["batch_size", "batching", "n_requests", "batch_tokens_per_s", "ref_batch_tokens_per_s", "latency_p50",
+        "latency_p90", "latency_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "n_steps", "tau_step",
+        "rows_per_step"]  # bench.batch_size > 1 (fafo.bench.batch_metrics)
 COLUMNS = ["method", "role", "n_samples", "n_turns", "n_failed", "n_flagged", "n_no_decode", "speedup",
            "speedup_kind", "speedup_e2e", "speedup_decode", "aa_speedup", "speedup_vs_eager", "projected_speedup",
            "projection_error", "projection_beyond_curve", "tau", "tau_all", "tau_with_prefill", "tokens_per_s",
            "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence", "peak_mem_mb", "ref_peak_mem_mb",
            "mem_overhead_mb", "verify_ms", "accept_hist", "new_tokens", "common_samples", "method_backend",
-           "ref_tokens_per_s", "ref_vs_median", "ref_outside_aa"] + \
+           "ref_tokens_per_s", "ref_vs_median", "ref_outside_aa", *LOAD] + \
     [f"{k}_{kind}" for k in INTERVALS for kind in ("ci95", "range")]
 AA_LABEL = "vanilla (A/A noise floor)"
 
@@ -128,7 +132,28 @@ def markdown(table) -> str:
                       fmt_exact(row, "-"), _cell(row, "peak_mem_mb", ".0f"),
                       _cell(row, "ref_peak_mem_mb", ".0f"), _cell(row, "mem_overhead_mb", ".0f"),
                       _cell(row, "verify_ms", ".2f"), fmt_hist(row["accept_hist"], dash="-")])
-    return markdown_table(HEAD, lines, labels=1).rstrip()
+    return (markdown_table(HEAD, lines, labels=1).rstrip() + load_markdown(table)).rstrip()
+
+
+LOAD_HEAD = ["method", "batch", "requests", "batch tok/s", "vanilla batch tok/s", "latency p50 s", "p90 s", "p99 s",
+             "TPOT p50 ms", "p99 ms", "tau per step", "rows per step"]
+
+
+def load_markdown(table) -> str:
+    """Under load (``bench.batch_size`` > 1): per method its batch throughput beside vanilla's at the same batch
+    size and mode, request latency and time per output token percentiles (p50 with its interval over requests),
+    tau per batched step (interval over steps) and active rows per step; "" for batch-1 runs."""
+    rows = [r for r in table.to_dict("records") if (num(r.get("batch_size")) or 1) > 1 and r["role"] == "method"]
+    if not rows:
+        return ""
+    lines = [[str(r["method"]), f"{int(num(r['batch_size']))} {r.get('batching') or ''}".strip(),
+              fmt(r.get("n_requests"), ".0f", "-"), _cell(r, "batch_tokens_per_s", ".1f"),
+              _cell(r, "ref_batch_tokens_per_s", ".1f"), _cell(r, "latency_p50", ".3f", interval=True),
+              _cell(r, "latency_p90", ".3f"), _cell(r, "latency_p99", ".3f"),
+              _cell(r, "tpot_ms_p50", ".2f", interval=True), _cell(r, "tpot_ms_p99", ".2f"),
+              _cell(r, "tau_step", ".2f", interval=True), _cell(r, "rows_per_step", ".2f")] for r in rows]
+    return "\n\nUnder load (vanilla at the same batch size and batching mode; the speedups above are throughput " \
+        "ratios from each request's share of the batch's time):\n\n" + markdown_table(LOAD_HEAD, lines, labels=1)
 
 
 def interval_of(row: dict, key: str) -> list[float] | None:
