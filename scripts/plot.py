@@ -5,6 +5,7 @@
     python scripts/plot.py results/runs/figure1 --table figure1        # number of guesses, FAFO vs Lookahead
     python scripts/plot.py results/runs/my_sweep --x method.compress.local   # any runs, against any swept key
     python scripts/plot.py results/runs/equal_budget --x tokens_per_forward --logx   # the equal-budget sweep
+    python scripts/plot.py results/runs/batch_sweep --batch            # speedup and throughput vs batch size
 
 Axes: k (Table 11), n (Table 12), Init+Local budget (Table 13), input / prefix length (Tables 9-10), number of
 guesses (Figure 1), and the TriForce tables' temperature / output length / gamma. Our runs are solid lines with
@@ -17,6 +18,10 @@ for the equal-budget sweep): one line per (model, method), and per task when the
 numeric when every value is a number, else categorical; runs that recorded a ``break_even_tau``
 (``bench.cost_curve``) show it dashed on the tau panel (above it a method beats vanilla on the curve's device).
 It prints the points as a Markdown table and writes ``runs_by_<KEY>.png`` / ``.pdf``.
+
+``--batch`` plots runs against ``bench.batch_size`` (``experiment=batch_sweep``): speedup against vanilla at the same
+batch size with its interval and each method's break-even batch marked, and the throughput of each method and of its
+vanilla (:mod:`fafo.bench.tools.batch_curve`); it prints the points and writes ``batch_sweep.png`` / ``.pdf``.
 
 Every point of ours carries its interval as an error bar (a 95 % bootstrap interval from 10 samples, the range of
 the per-sample values below, none for one sample; the caption says which) and its coverage ``n`` (samples[/turns],
@@ -220,6 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--axis", help="which axis when the table has several (triforce_table8: gamma1 or gamma2)")
     ap.add_argument("--x", metavar="KEY", help="any runs: plot against this config key (e.g. bench.max_new_tokens)")
     ap.add_argument("--logx", action="store_true", help="a log x axis")
+    ap.add_argument("--batch", action="store_true", help="speedup and throughput vs bench.batch_size, the "
+                    "break-even batch marked (experiment=batch_sweep)")
     ap.add_argument("--paper", default=str(mt.PAPER_DIR), help="directory of published numbers")
     ap.add_argument("--out", help="output directory (default: <first root>/plots)")
     ap.add_argument("--wandb-mode", default=os.environ.get("WANDB_MODE", "offline"),
@@ -228,6 +235,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.wandb_mode == "online" and not available("wandb"):
         ap.error(f"--wandb-mode online needs the wandb package; {install_hint('wandb')}")
+    if args.batch:
+        from fafo.bench.tools import batch_curve
+
+        text, paths = batch_curve.write(args.roots, args.out)
+        print(text)
+        print("wrote " + ", ".join(str(p) for p in paths))
+        return 0
     if args.x:
         (fig, data), name, axis = plot_sweep(args.roots, args.x, args.logx), f"runs_by_{args.x}", args.x
         print(sweep_table(data, args.x))
