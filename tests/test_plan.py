@@ -279,3 +279,44 @@ def test_longspec_on_a_vicuna_16k_shaped_tiny_model_takes_a_10k_prompt_and_drops
 
     rows = pd.read_csv(tmp_path / "run" / "samples.csv")
     assert list(rows["status"]) == ["ok"] and 9000 < rows["prompt_tokens"][0] <= 14384
+
+
+def test_memory_at_batch_b_holds_b_cache_rows_and_b_request_states():
+    """bench.batch_size B: the shared cache and each decoder's per-request (transient) state B times; the weights
+    and what a decoder keeps across requests (e.g. Token Recycling's matrix) once."""
+    from fafo.decoding import Buffers
+
+    class Stub:  # a decoder whose declared buffers are known: 1 GB kept, 0.5 GB per generation
+        def plan_bytes(self, args, slots, nbytes, compiled):
+            return Buffers(kept=10**9, transient=5 * 10**8)
+
+        def forward_tokens(self):
+            return (16,)
+
+        def extra_slots(self, max_new):
+            return 0
+
+    spec = SimpleNamespace(dtype="float16", compile=True, method=Stub(), reference=Stub(),
+                           ckpt=SimpleNamespace(config=hf_config("meta-llama/Llama-2-7b-chat-hf")))
+    one, eight = JobPlan(cache_slots=4096), JobPlan(cache_slots=4096, batch_size=8)
+    memory(one, spec, 1000)
+    memory(eight, spec, 1000)
+    assert eight.kv_gb == pytest.approx(8 * one.kv_gb) and eight.weights_gb == one.weights_gb
+    assert one.method_gb == pytest.approx(2 * 1.0 + 0.5) and eight.method_gb == pytest.approx(2 * 1.0 + 8 * 0.5)
+    assert eight.peak_gb > one.peak_gb + 7 * one.kv_gb
+
+
+@pytest.mark.slow  # the CLI in a subprocess: the full tier
+def test_cli_plan_refuses_a_batch_that_does_not_fit_and_accepts_a_small_one(hub, tmp_path):
+    """Llama-2-7B's 0.5 MB of KV per token: 64 rows of 4k slots (128 GB) do not fit a 24 GB GPU, 2 rows do."""
+    cache, _ = hub
+    args = ("model=llama2_7b_chat", "method=prompt_lookup", "task=builtin", "bench.gpu_mem_gb=24")
+    res = cli(*args, "bench.batch_size=64", cache=cache, cwd=tmp_path)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stdout.startswith("FAIL") and "batch 64" in res.stdout
+    assert "problem: memory: peak" in res.stdout and "for bench.batch_size=64 rows" in res.stdout
+    assert "lower bench.batch_size" in res.stdout
+    (tmp_path / "small").mkdir()
+    res = cli(*args, "bench.batch_size=2", cache=cache, cwd=tmp_path / "small")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stdout.startswith("ok") and "batch 2" in res.stdout

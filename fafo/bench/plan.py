@@ -32,6 +32,7 @@ class JobPlan:
     """What the plan found for one job (the fields of ``plan.json``)."""
 
     job: str = ""
+    batch_size: int = 1  # requests decoded at once (bench.batch_size): the cache, state and step logits are per row
     n_samples: int = 0
     n_fit: int = 0
     n_dropped: int = 0
@@ -62,7 +63,8 @@ class JobPlan:
         hours = f"  ~{self.est_gpu_hours:.2f} GPU h" if self.est_gpu_hours is not None else ""
         dropped = f" ({self.n_filtered} by the task filter)" if self.n_filtered else ""
         beyond = f" ({self.n_beyond_trained} past the trained {self.trained_context})" if self.n_beyond_trained else ""
-        return (f"{'ok  ' if self.fits else 'FAIL'}  {self.job}  samples {self.n_samples}: fit {self.n_fit}{beyond}, "
+        batch = f"  batch {self.batch_size}" if self.batch_size > 1 else ""
+        return (f"{'ok  ' if self.fits else 'FAIL'}  {self.job}{batch}  samples {self.n_samples}: fit {self.n_fit}{beyond}, "
                 f"dropped {self.n_dropped + self.n_filtered}{dropped}, would fail {self.n_fail}  context "
                 f"{self.context_limit} (needs {self.max_needed})  peak {self.peak_gb:.1f} GB of {self.gpu_gb:.0f} "
                 f"(weights {self.weights_gb:.1f}, KV {self.kv_gb:.1f}, method {self.method_gb:.1f}, activations "
@@ -85,7 +87,8 @@ def assess(spec) -> JobPlan:
     a sample the task cannot build is kept with a warning (the run records it as a failed row)."""
     config, tok, bench = spec.ckpt.config, spec.ckpt.tokenizer, spec.bench
     trained, gpu_gb = trained_context(config), gpu_memory_limit(bench, spec.device)
-    plan = JobPlan(job=job_label(spec.names), n_samples=len(spec.samples), context_limit=spec.context,
+    plan = JobPlan(job=job_label(spec.names), batch_size=bench.batch_size, n_samples=len(spec.samples),
+                   context_limit=spec.context,
                    trained_context=trained, n_filtered=_filtered(spec.task, tok),
                    warnings=[spec.context_warning] if spec.context_warning else [])
     longest, cost = 0, 0.0
@@ -128,11 +131,12 @@ def assess(spec) -> JobPlan:
     plan.est_gpu_hours = cost / 1000 / 3600 if spec.cost_curve is not None else None
     plan.gpu_gb = gpu_gb or 0.0
     if gpu_gb is not None and plan.peak_gb > HEADROOM * gpu_gb:
+        rows = f" for bench.batch_size={plan.batch_size} rows" if plan.batch_size > 1 else ""
         plan.problems.append(
-            f"memory: peak {plan.peak_gb:.1f} GB (weights {plan.weights_gb:.1f}, KV {plan.kv_gb:.1f}, method "
+            f"memory: peak {plan.peak_gb:.1f} GB{rows} (weights {plan.weights_gb:.1f}, KV {plan.kv_gb:.1f}, method "
             f"{plan.method_gb:.1f}, activations {plan.act_gb:.1f}) > {HEADROOM:.0%} of the {gpu_gb:g} GB GPU "
-            "(bench.gpu_mem_gb); shorten the prompts (task.max_input_tokens / task.input_tokens), cap model.max_len, "
-            "or use a larger GPU")
+            "(bench.gpu_mem_gb); " + ("lower bench.batch_size, " if plan.batch_size > 1 else "")
+            + "shorten the prompts (task.max_input_tokens / task.input_tokens), cap model.max_len, or use a larger GPU")
     if not plan.kept and not plan.problems:
         plan.problems.append("no sample fits: every sample was dropped; raise model.max_len or lower "
                              "bench.max_new_tokens")
@@ -142,15 +146,22 @@ def assess(spec) -> JobPlan:
 
 def memory(plan: JobPlan, spec, longest_prompt: int) -> None:
     """The job's peak: the larger of the reference's and the method's phases (weights, every decoder's kept buffers,
-    this one's transient ones, the shared cache where a decoder uses it or compiled steps hold it, activations)."""
-    nbytes, compiled = DTYPE_BYTES[spec.dtype], spec.compile is not None
+    this one's transient ones, the shared cache where a decoder uses it or compiled steps hold it, activations).
+    At ``bench.batch_size`` B (:mod:`fafo.batch`) the cache has B rows, each request its own state (a decoder's
+    transient buffers times B: drafts, pools and windows are per request; what it keeps across generations, e.g.
+    Token Recycling's matrix, is shared by the batch) and a step's logits are B rows'; prompts are prefilled one
+    request at a time, so the prefill's activations are one request's."""
+    nbytes, compiled, rows = DTYPE_BYTES[spec.dtype], spec.compile is not None, plan.batch_size
     args, slots = ModelArgs.from_hf(spec.ckpt.config), cache_slots(plan.cache_slots)
     method, reference = (d.plan_bytes(args, slots, nbytes, compiled) for d in (spec.method, spec.reference))
-    kept, kv = method.kept + reference.kept, slots * args.kv_bytes_per_slot(nbytes)
+    if rows > 1:
+        method, reference = (replace(b, transient=b.transient * rows)
+                             for b in (method, reference))
+    kept, kv = method.kept + reference.kept, rows * slots * args.kv_bytes_per_slot(nbytes)
     steps = [1, *(spec.method.forward_tokens() or ()), spec.method.extra_slots(0) or 1]
     # an un-chunked prefill's MLP intermediates and residual stream, or one step's float32 logits
     act = max(longest_prompt * (3 * args.intermediate_size + 4 * args.dim) * nbytes + args.vocab_size * 4,
-              max(steps) * args.vocab_size * 4)
+              rows * max(steps) * args.vocab_size * 4)
     phases = [(kv if b.uses_engine_cache or compiled or (o.uses_engine_cache and not b.releases_engine_cache) else 0,
                kept + b.transient) for b, o in ((method, reference), (reference, method))]
     weights = args.n_params() * nbytes

@@ -123,8 +123,10 @@ def figure(data: list[dict], title: str = "speedup and throughput vs batch size"
     ax_s.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax_s.set(xlabel="batch size (bench.batch_size)", ylabel="speedup vs vanilla at the same batch size (×)")
     ax_t.set(xlabel="batch size (bench.batch_size)", ylabel="throughput (tokens/s, all requests)")
+    batches = sorted({p["batch"] for e in data for p in e["points"]})
     for ax in (ax_s, ax_t):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
