@@ -308,9 +308,11 @@ def test_memory_at_batch_b_holds_b_cache_rows_and_b_request_states():
 
 @pytest.mark.slow  # the CLI in a subprocess: the full tier
 def test_cli_plan_refuses_a_batch_that_does_not_fit_and_accepts_a_small_one(hub, tmp_path):
-    """Llama-2-7B's 0.5 MB of KV per token: 64 rows of 4k slots (128 GB) do not fit a 24 GB GPU, 2 rows do."""
+    """Llama-2-7B (13.5 GB of weights, 0.5 MB of KV per token): 64 rows of a few hundred slots do not fit a 24 GB
+    GPU, 2 rows do."""
     cache, _ = hub
-    args = ("model=llama2_7b_chat", "method=prompt_lookup", "task=builtin", "bench.gpu_mem_gb=24")
+    args = ("model=llama2_7b_chat", "method=prompt_lookup", "task=builtin", "task.ids=[chat-01,code-01]",
+            "bench.gpu_mem_gb=24")
     res = cli(*args, "bench.batch_size=64", cache=cache, cwd=tmp_path)
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     assert res.stdout.startswith("FAIL") and "batch 64" in res.stdout
