@@ -11,7 +11,9 @@ random Llama built in memory on the device in the benchmark's dtype (``--shape``
   prefix KV), GB/s, the fraction of a device-to-device copy's bandwidth measured here and, on a known GPU, of the
   peak. ``--cache-slots N`` sizes the cache as a long run would. ``--curve``: the cost curve (steps 1..512,
   contexts 256..4096) and each method setting's tokens per forward and break-even tau
-  (:mod:`fafo.bench.tools.cost_curve`; give the CSV to a run as ``bench.cost_curve=<csv>``).
+  (:mod:`fafo.bench.tools.cost_curve`; give the CSV to a run as ``bench.cost_curve=<csv>``). ``--batch 1 4 16``:
+  the same grid for forwards of B rows at once (a ``batch`` column; batch 1 always measured), so the curve prices
+  ``bench.batch_size`` runs and gives each method's break-even tau per batch size.
 * ``vs-hf``: vanilla greedy decode per token, ours vs transformers ``generate`` (sdpa; dynamic and static cache)
   on the same weights (shared tensors) at ``--prompts`` lengths, prefill excluded alike: both compiled on CUDA
   (transformers compiles its static-cache decode itself), both eager on a CPU.
@@ -26,6 +28,7 @@ Variants are interleaved over ``--repeats`` rounds::
 
     python scripts/bench_engine.py --device cuda --contexts 1024 16384 --plot
     python scripts/bench_engine.py --curve --model /ckpts/Llama-2-7b-chat-hf --out results/bench/curve.csv
+    python scripts/bench_engine.py --curve --batch 1 4 16 64 --out results/bench/curve_batch.csv
     python scripts/bench_engine.py vs-hf --threads 1 2 --rounds 3
     python scripts/bench_engine.py fafo-step --threads 2 --context 1024
     python scripts/bench_engine.py fumble --scatter streaming random --plot
@@ -50,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fafo.bench.tools import host_work  # noqa: E402
 from fafo.bench.tools.cost_curve import CostCurve  # noqa: E402
 from fafo.bench.tools.engine_timing import (AttentionTimer, bytes_per_forward, copy_bandwidth, device_name,  # noqa: E402
-                                      fill_cache, forward_step, hf_ms_per_token, ours_ms_per_token, timed,
-                                      warm_calls)
+                                      fill_cache, forward_rows_step, forward_step, hf_ms_per_token,
+                                      ours_ms_per_token, timed, warm_calls)
 from fafo.bench.tools.fumble_attention import FUMBLE_COLUMNS, SCATTERS, fumble  # noqa: E402
 from fafo.bench.tools.random_model import SHAPES, llama_config, random_engine, transformers_twin  # noqa: E402
 from fafo.bench.timing import load_average, sync  # noqa: E402
@@ -68,7 +71,7 @@ PEAK_BANDWIDTH = {
     "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12, "A100-PCIE-40GB": 1.555e12, "A100 80GB PCIe": 1.935e12,
     "H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200": 4.8e12,
 }
-COLUMNS = ["device", "dtype", "attention", "context", "step_tokens", "median_ms", "min_ms", "bytes_read", "gb_per_s",
+COLUMNS = ["device", "dtype", "attention", "batch", "context", "step_tokens", "median_ms", "min_ms", "bytes_read", "gb_per_s",
            "copy_fraction", "peak_fraction", "tokens_per_s", "threads", "loadavg", "torch", "device_name"]
 DECODE_COLUMNS = ["bench", "threads", "context", "variant", "median_ms", "ratio_vs_ours", "attention_share",
                   "loadavg", "note"]
@@ -150,11 +153,13 @@ def method_steps() -> dict[str, tuple[int, ...]]:
 
 def print_break_even(path: Path, contexts: list[int]) -> None:
     curve = CostCurve.load(path)
-    print(f"\nbreak-even tau (tau at which a step pays for itself) on {curve.device}:")
-    print(f"{'method':<32} {'tokens/forward':>14}" + "".join(f" {'@' + str(c):>9}" for c in contexts))
-    for name, steps in method_steps().items():
-        print(f"{name:<32} {'+'.join(map(str, steps)):>14}"
-              + "".join(f" {curve.break_even_tau(steps, c):9.2f}" for c in contexts))
+    for batch in sorted(curve.batches):
+        rows = f", batch {batch} (rows per forward)" if len(curve.batches) > 1 else ""
+        print(f"\nbreak-even tau (tau at which a step pays for itself) on {curve.device}{rows}:")
+        print(f"{'method':<32} {'tokens/forward':>14}" + "".join(f" {'@' + str(c):>9}" for c in contexts))
+        for name, steps in method_steps().items():
+            print(f"{name:<32} {'+'.join(map(str, steps)):>14}"
+                  + "".join(f" {curve.break_even_tau(steps, c, batch):9.2f}" for c in contexts))
 
 
 def roofline(args) -> list[dict]:
@@ -162,35 +167,51 @@ def roofline(args) -> list[dict]:
     device, name = engine.device, device_name(engine.device)
     peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None) if device.type == "cuda" else None
     copy_bw = copy_bandwidth(device)
-    cache = engine.cache(0)
-    fill_cache(cache)  # timing only: random entries stand in for a prefill
     attention = engine.step_backend + (f"+compile:{engine.compiled.options.mode}" if engine.compiled else "")
     warmup = max(args.warmup, warm_calls(engine))
     rows = []
-    for step in args.steps:  # a step size is one compiled graph; the context is a tensor value
-        for context in args.contexts:
-            _, med, low = timed(forward_step(engine, cache, step, context, args.seed), args.repeats, warmup, device)
-            med, read = med / 1e3, bytes_per_forward(engine, context)
-            rows.append({"device": str(device), "dtype": args.dtype, "attention": attention, "context": context,
-                         "step_tokens": step, "median_ms": med * 1e3, "min_ms": low, "bytes_read": read,
-                         "gb_per_s": read / med / 1e9, "copy_fraction": read / med / copy_bw,
-                         "peak_fraction": (read / med / peak) if peak else None, "tokens_per_s": step / med,
-                         "threads": torch.get_num_threads(), "loadavg": load_average(), "torch": torch.__version__,
-                         "device_name": name})
-            print(f"context {context:>7}  step {step:>4}  {med * 1e3:9.2f} ms  {read / med / 1e9:8.1f} GB/s  "
-                  f"{read / med / copy_bw:6.1%} of copy bandwidth"
-                  + (f"  {read / med / peak:6.1%} of peak" if peak else ""), flush=True)
-    rows.sort(key=lambda r: (r["context"], r["step_tokens"]))
+    for batch in args.batch:
+        slots = engine.cache(0).max_len
+        cache = engine.cache(slots, batch=batch)
+        fill_cache(cache)  # timing only: random entries stand in for a prefill
+        rows += _roofline_grid(args, engine, cache, batch, warmup, copy_bw, peak, attention, name)
+    rows.sort(key=lambda r: (r["batch"], r["context"], r["step_tokens"]))
     if engine.compiled:
         stats = compile_stats()
         print(f"compiled {stats['graphs']} graphs in {stats['compile_s']:.1f} s (excluded from the timings)")
     return rows
 
 
+def _roofline_grid(args, engine, cache, batch: int, warmup: int, copy_bw: float, peak, attention: str,
+                   name: str) -> list[dict]:
+    """Every (step, context) of the grid for forwards of ``batch`` rows (bytes read: the weights once, every row's
+    context KV)."""
+    device, rows = engine.device, []
+    for step in args.steps:  # a step size is one compiled graph; the context is a tensor value
+        for context in args.contexts:
+            fn = forward_step(engine, cache, step, context, args.seed) if batch == 1 else \
+                forward_rows_step(engine, cache, step, context, batch, args.seed)
+            _, med, low = timed(fn, args.repeats, warmup, device)
+            med = med / 1e3
+            read = bytes_per_forward(engine, context) + (batch - 1) * (bytes_per_forward(engine, context)
+                                                                       - bytes_per_forward(engine, 0))
+            rows.append({"device": str(device), "dtype": args.dtype, "attention": attention, "batch": batch,
+                         "context": context,
+                         "step_tokens": step, "median_ms": med * 1e3, "min_ms": low, "bytes_read": read,
+                         "gb_per_s": read / med / 1e9, "copy_fraction": read / med / copy_bw,
+                         "peak_fraction": (read / med / peak) if peak else None, "tokens_per_s": batch * step / med,
+                         "threads": torch.get_num_threads(), "loadavg": load_average(), "torch": torch.__version__,
+                         "device_name": name})
+            print(f"batch {batch:>3}  context {context:>7}  step {step:>4}  {med * 1e3:9.2f} ms  "
+                  f"{read / med / 1e9:8.1f} GB/s  {read / med / copy_bw:6.1%} of copy bandwidth"
+                  + (f"  {read / med / peak:6.1%} of peak" if peak else ""), flush=True)
+    return rows
+
+
 def roofline_report(args, rows: list[dict]) -> None:
     """The latency plot (``--plot``) and, with ``--curve``, each method setting's break-even tau."""
     if args.plot:
-        first = [r for r in rows if r["threads"] == rows[0]["threads"]]  # the first --threads count
+        first = [r for r in rows if r["threads"] == rows[0]["threads"] and r["batch"] == 1]  # the first --threads
         series = {f"{s} tokens": ([r["context"] for r in first if r["step_tokens"] == s],
                                   [r["median_ms"] for r in first if r["step_tokens"] == s]) for s in args.steps}
         save_plot([("engine forward", series, "forward latency (ms)", False)], args.out,
@@ -337,6 +358,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"tokens per forward (default 1 481; --curve: {' '.join(map(str, CURVE_STEPS))})")
     g.add_argument("--curve", action="store_true",
                    help="measure the cost curve and print each method's tokens per forward and break-even tau")
+    g.add_argument("--batch", type=int, nargs="+", default=[1],
+                   help="rows per forward (bench.batch_size): the grid for each, batch 1 always included")
     g.add_argument("--cache-slots", type=int, default=None,
                    help="allocate the static cache with at least this many slots (e.g. 16384: a long-context run)")
     g = p.add_argument_group("vs-hf")
@@ -360,6 +383,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.contexts = args.contexts or (CURVE_CONTEXTS if args.curve else contexts)
     args.steps = args.steps or (CURVE_STEPS if args.curve else [1, 481])
     args.repeats = args.repeats or repeats
+    if any(b < 1 for b in args.batch):
+        p.error("--batch sizes must be >= 1")
+    args.batch = sorted({1, *args.batch})
     args.out = args.out or Path("results/bench") / out
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
     args.shape = args.shape or default_shape(args)

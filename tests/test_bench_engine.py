@@ -182,3 +182,46 @@ def test_forward_rows_are_counted_for_every_input_form_a_method_passes(tokens, r
     from fafo.bench.tools.engine_timing import n_rows
 
     assert n_rows(tokens) == rows
+
+
+def test_cost_curve_per_batch_size_prices_each_batch_and_old_files_are_batch_one(tmp_path):
+    """A ``batch`` column: each batch size its own grid (break-even tau and projected speedup per batch on file);
+    a batch not on file is refused naming the fix; a CSV without the column (older files) is all batch 1."""
+    from fafo.bench.tools.cost_curve import CostCurve
+    from fafo.bench.tools.projection import curve_fields
+    from fafo.errors import ConfigError
+
+    lines = ["batch,context,step_tokens,median_ms"]
+    for batch, slope in ((1, 0.01), (8, 0.1)):  # 8 rows: a 101-token step costs 11x a 1-token one
+        lines += [f"{batch},1000,{s},{10 + slope * (s - 1)}" for s in (1, 101)]
+    (tmp_path / "curve.csv").write_text("\n".join(lines) + "\n")
+    curve = CostCurve.load(tmp_path / "curve.csv")
+    assert sorted(curve.batches) == [1, 8] and curve.table == curve.batches[1]
+    assert curve.break_even_tau((101,), 1000) == pytest.approx(11 / 10)
+    assert curve.break_even_tau((101,), 1000, 8) == pytest.approx(20 / 10)
+    assert curve.projected_by_batch(3.0, (101,), 1000) == pytest.approx({1: 3.0 / 1.1, 8: 3.0 / 2.0})
+    with pytest.raises(ConfigError, match="--curve --batch 4"):
+        curve.latency(1, 1000, 4)
+    rows = [{"status": "ok", "sample_id": "a", "turn": "0", "prompt_tokens": "996", "new_tokens": "9",
+             "forwards": "2", "batch_size": "8"}]
+    fields = curve_fields((101,), curve, rows, {})
+    assert fields["break_even_tau"] == pytest.approx(curve.break_even_tau((101,), 1000, 8))  # the run's own batch
+    assert fields["projected_speedup_by_batch"] == pytest.approx({"1": 4.0 / 1.1, "8": 4.0 / 2.0})  # tau 8/2
+    (tmp_path / "only8.csv").write_text("batch,context,step_tokens,median_ms\n8,1000,1,10\n")
+    with pytest.raises(ConfigError, match="batch 1 among them"):
+        CostCurve.load(tmp_path / "only8.csv")
+
+
+def test_bench_engine_curve_at_several_batch_sizes(tmp_path, checkpoint, capsys, bench):
+    from fafo.bench.tools.cost_curve import CostCurve
+
+    out = tmp_path / "curve.csv"
+    bench.main(["--model", str(checkpoint("llama_gqa")), "--contexts", "32", "--steps", "1", "8", "--repeats", "1",
+                "--warmup", "1", "--out", str(out), "--curve", "--batch", "3"])
+    rows = list(csv.DictReader(open(out)))
+    assert sorted((int(r["batch"]), int(r["step_tokens"])) for r in rows) == [(1, 1), (1, 8), (3, 1), (3, 8)]
+    assert all(float(r["tokens_per_s"]) * float(r["median_ms"]) / 1e3 == pytest.approx(
+        int(r["batch"]) * int(r["step_tokens"])) for r in rows)
+    printed = capsys.readouterr().out
+    assert "batch 1 (rows per forward)" in printed and "batch 3 (rows per forward)" in printed
+    assert sorted(CostCurve.load(out).batches) == [1, 3]

@@ -11,6 +11,13 @@ its measured tau exceeds it, and its predicted speedup is ``tau / break_even_tau
 the per-step host work aside). On a GPU a 481-token forward costs little more than a 1-token one (memory bound),
 so FAFO's break-even tau is near 1; on a CPU it is compute bound and the break-even tau approaches the step size.
 
+Under load (``bench.batch_size`` B, :mod:`fafo.batch`) a step runs each forward for B rows at once, so the curve
+that prices it is the one measured at B rows (``--curve --batch 1 4 16 64``: a ``batch`` column; a CSV without it
+is all batch 1): break-even tau at B = ``sum_i latency(t_i, context, B) / latency(1, context, B)``, and
+:meth:`CostCurve.projected_by_batch` gives ``tau / break-even tau`` for every batch size on file (per-row tau
+assumed the batch-1 run's: drafts are per request). On a GPU the B-row forward of many tokens leaves the
+memory-bound regime as B grows, which is where speculation stops paying.
+
 A device CSV (``results/device/<gpu>.csv``, written by ``python -m fafo.bench.gpu_check``) holds the curve's rows
 (``row=curve``) and one row per method (``row=method``: its compiled step time inside forwards and its host time
 per step, :func:`write_device_csv`); a CSV without a ``row`` column (``scripts/bench_engine.py``) is all curve.
@@ -27,7 +34,7 @@ from pathlib import Path
 from fafo.errors import ConfigError
 from fafo.files import Source, read_text
 
-COLUMNS = ("context", "step_tokens", "median_ms")
+COLUMNS = ("context", "step_tokens", "median_ms")  # and optionally "batch" (rows per forward; absent: 1)
 # results/device/<gpu>.csv: curve rows fill context..compile, method rows method..max_rows (and context)
 DEVICE_COLUMNS = ["row", "context", "step_tokens", "median_ms", "min_ms", "repeats", "first_call_s", "bytes_read",
                   "gb_per_s", "roofline_fraction", "method", "forward_tokens", "prompt_tokens", "new_tokens", "steps",
@@ -50,10 +57,11 @@ def _interp(xs: list[float], ys: list[float], x: float) -> float:
 
 @dataclass
 class CostCurve:
-    """Median forward latency (ms) on a grid: ``table[context][step_tokens]``.
+    """Median forward latency (ms) on a grid: ``table[context][step_tokens]``, per batch size in ``batches``.
 
     Attributes:
-        table: {context: {step_tokens: median ms}}.
+        table: {context: {step_tokens: median ms}} at batch 1 (one row per forward).
+        batches: {rows per forward: such a table}, batch 1's included (the ``batch`` column; absent: all 1).
         device: where it was measured (from the CSV).
         methods: a device CSV's method rows, {method: {step_ms, host_ms, wall_ms, tau, steps, forwards_per_step,
             prompt_tokens} as floats, plus forward_tokens as written}: per decode step, the time inside its
@@ -63,6 +71,11 @@ class CostCurve:
     table: dict[int, dict[int, float]]
     device: str = ""
     methods: dict[str, dict] = field(default_factory=dict)
+    batches: dict[int, dict[int, dict[int, float]]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.table and 1 not in self.batches:
+            self.batches = {1: self.table, **self.batches}
 
     @classmethod
     def load(cls, path: str | Path) -> "CostCurve":
@@ -77,7 +90,7 @@ class CostCurve:
         missing = [c for c in COLUMNS if not rows or c not in rows[0]]
         if missing:
             raise src.error(path, f"is not a cost curve CSV (no {', '.join(missing)} column)")
-        table: dict[int, dict[int, float]] = {}
+        batches: dict[int, dict[int, dict[int, float]]] = {}
         methods: dict[str, dict] = {}
         device = ""
         for i, row in enumerate(rows, start=2):
@@ -90,34 +103,47 @@ class CostCurve:
                 methods[row["method"]]["forward_tokens"] = row.get("forward_tokens", "")
                 continue
             try:
-                table.setdefault(int(row["context"]), {})[int(row["step_tokens"])] = float(row["median_ms"])
+                batch = int(row.get("batch") or 1)
+                batches.setdefault(batch, {}).setdefault(int(row["context"]), {})[int(row["step_tokens"])] = \
+                    float(row["median_ms"])
             except (TypeError, ValueError):
-                raise src.error(path, f"line {i} is not a number row (context, step_tokens, median_ms: "
-                                      f"{row.get('context')!r}, {row.get('step_tokens')!r}, {row.get('median_ms')!r})"
-                                ) from None
+                raise src.error(path, f"line {i} is not a number row (context, step_tokens, median_ms, batch: "
+                                      f"{row.get('context')!r}, {row.get('step_tokens')!r}, {row.get('median_ms')!r}, "
+                                      f"{row.get('batch')!r})") from None
             device = row.get("device_name") or row.get("device", "")
-        if not table or not all(1 in steps for steps in table.values()):
-            raise ConfigError(f"bench.cost_curve={str(path)!r} needs a 1-token row for every context; "
+        if 1 not in batches or not all(1 in steps for t in batches.values() for steps in t.values()):
+            raise ConfigError(f"bench.cost_curve={str(path)!r} needs a 1-token row for every context and batch size, "
+                              "batch 1 among them; "
                               "rerun scripts/bench_engine.py with --steps including 1")
-        return cls(table, device, methods)
+        return cls(batches.get(1, {}), device, methods, batches)
 
-    def latency(self, tokens: int, context: int) -> float:
-        """Interpolated ms of one forward of ``tokens`` tokens after ``context`` cached ones."""
-        contexts = sorted(self.table)
+    def latency(self, tokens: int, context: int, batch: int = 1) -> float:
+        """Interpolated ms of one forward of ``tokens`` tokens (per row, ``batch`` rows) after ``context`` cached
+        ones; a batch size not on file is a ConfigError (curves are not extrapolated across batch sizes)."""
+        if batch not in self.batches:
+            raise ConfigError(f"the cost curve of {self.device or 'this device'} has no batch {batch} rows (it has "
+                              f"{', '.join(map(str, sorted(self.batches)))}); measure it with scripts/bench_engine.py "
+                              f"--curve --batch {batch}")
+        table = self.batches[batch]
+        contexts = sorted(table)
         at = []
         for c in contexts:
-            steps = sorted(self.table[c])
-            at.append(_interp([float(s) for s in steps], [self.table[c][s] for s in steps], float(tokens)))
+            steps = sorted(table[c])
+            at.append(_interp([float(s) for s in steps], [table[c][s] for s in steps], float(tokens)))
         return _interp([float(c) for c in contexts], at, float(context))
 
-    def break_even_tau(self, forward_tokens: tuple[int, ...] | list[int], context: int) -> float:
-        """The tau at which a step of forwards of ``forward_tokens`` tokens each costs as much per token as
-        vanilla: ``sum(latency(t)) / latency(1)``."""
-        return sum(self.latency(t, context) for t in forward_tokens) / self.latency(1, context)
+    def break_even_tau(self, forward_tokens: tuple[int, ...] | list[int], context: int, batch: int = 1) -> float:
+        """The tau at which a step of forwards of ``forward_tokens`` tokens each (per row, ``batch`` rows) costs as
+        much per token as vanilla at the same batch: ``sum(latency(t)) / latency(1)``."""
+        return sum(self.latency(t, context, batch) for t in forward_tokens) / self.latency(1, context, batch)
 
-    def predicted_speedup(self, tau: float, forward_tokens, context: int) -> float:
+    def predicted_speedup(self, tau: float, forward_tokens, context: int, batch: int = 1) -> float:
         """Speedup over vanilla implied by the curve for a method with this tau (host work excluded)."""
-        return tau / self.break_even_tau(forward_tokens, context)
+        return tau / self.break_even_tau(forward_tokens, context, batch)
+
+    def projected_by_batch(self, tau: float, forward_tokens, context: int) -> dict[int, float]:
+        """``{batch: tau / break-even tau at that batch}`` for every batch size on file (module docstring)."""
+        return {b: self.predicted_speedup(tau, forward_tokens, context, b) for b in sorted(self.batches)}
 
 
 def write_device_csv(path: str | Path, curve_rows: list[dict], method_rows: list[dict], common: dict) -> Path:

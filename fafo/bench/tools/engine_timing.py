@@ -119,6 +119,19 @@ def forward_step(engine: Engine, cache, n_tokens: int, context: int, seed: int =
     return lambda: engine.forward(cache, tokens, positions, positions, plan, logits=logits)
 
 
+def forward_rows_step(engine: Engine, cache, n_tokens: int, context: int, batch: int, seed: int = 0):
+    """:func:`forward_step` for ``batch`` rows at once (:func:`fafo.engine.batching.forward_rows`, as a batched
+    decode runs it): every row ``n_tokens`` new tokens after ``context`` cached ones, on ``cache``'s first rows."""
+    from fafo.engine.batching import StepInputs, forward_rows
+
+    gen = torch.Generator().manual_seed(seed)
+    positions = list(range(context, context + n_tokens))
+    rows = [StepInputs(torch.randint(3, engine.model.args.vocab_size, (n_tokens,), generator=gen).tolist(),
+                       positions, positions, causal_plan(context), "last" if n_tokens == 1 else "all")
+            for _ in range(batch)]
+    return lambda: forward_rows(engine, cache, rows)[0]
+
+
 def fill_cache(cache) -> None:
     """Random KV in every slot: a timing stand-in for a prefill (values never matter to a timing)."""
     for buf in cache.keys + cache.values:

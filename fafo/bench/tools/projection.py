@@ -175,16 +175,33 @@ def project(rows: list[dict], outputs: dict, curve: CostCurve, target_params: fl
 def curve_fields(steps, curve: CostCurve, rows: list[dict], outputs: dict, target_params: float | None = None,
                  method: str = "") -> dict:
     """A run summary's fields from its cost curve (``bench.cost_curve``): ``break_even_tau`` (the method's declared
-    step, ``forward_tokens`` ``steps``, at the run's mean context: the tau at which it pays for itself) and the
-    projection of :func:`project`."""
+    step, ``forward_tokens`` ``steps``, at the run's mean context and its ``bench.batch_size``: the tau at which it
+    pays for itself), with a curve of several batch sizes ``projected_speedup_by_batch`` (``{batch: tau /
+    break-even tau there}``, :meth:`CostCurve.projected_by_batch`), and the projection of :func:`project`."""
     ok = [r for r in rows if r.get("status") == "ok"]
     if not ok:
         return {}
     out = {}
     if steps:
         context = sum(float(r["prompt_tokens"]) + float(r["new_tokens"]) / 2 for r in ok) / len(ok)
-        out["break_even_tau"] = curve.break_even_tau(steps, int(context))
+        batch = int(float(ok[0].get("batch_size") or 1))
+        if batch in curve.batches:  # the run's own batch size (bench.batch_size), where the curve has it
+            out["break_even_tau"] = curve.break_even_tau(steps, int(context), batch)
+        tau = _tau(ok)
+        if tau is not None and len(curve.batches) > 1:  # what each batch size on file would give this tau
+            out["projected_speedup_by_batch"] = {str(b): v for b, v in
+                                                 curve.projected_by_batch(tau, steps, int(context)).items()}
     return out | project(rows, outputs, curve, target_params, method)
+
+
+def _tau(ok: list[dict]) -> float | None:
+    """Tokens per verification step over ``ok`` rows (first repeat of each (sample, turn)): the summary's tau."""
+    first = {}
+    for r in ok:
+        first.setdefault((r["sample_id"], r["turn"]), r)
+    tokens = sum(float(r["new_tokens"]) - 1 for r in first.values())
+    forwards = sum(float(r["forwards"]) for r in first.values() if r.get("forwards") not in (None, ""))
+    return tokens / forwards if forwards else None
 
 
 # ------------------------------------------------------------------ the check: python -m fafo.bench.tools.projection
