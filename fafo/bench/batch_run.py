@@ -25,7 +25,7 @@ import torch
 from fafo.batch import BatchResult, Request, decode_batch
 from fafo.bench.records import compact, first_mismatch, output_line, row_key
 from fafo.bench.timing import sync
-from fafo.engine.compiled import compile_stats
+from fafo.engine.compiled import compile_stats, cudagraph_skips
 
 BATCH_STEPS = "batch_steps.jsonl"
 BATCH_COLUMNS = ["batch_size", "batching", "queue_s", "latency_s", "tpot_ms", "ref_latency_s", "ref_tpot_ms"]
@@ -211,4 +211,8 @@ def warmup_batch(spec, meter) -> float:
             total += p.wall_s
     for decoder, snapshot in zip(decoders, before):
         decoder.restore(snapshot)
+    if cudagraph_skips():  # as at batch 1 (fafo.bench.timing.Meter.warmup): replay-free steps are not timed
+        raise RuntimeError(f"{cudagraph_skips()} compiled batched decode steps were not recorded as CUDA graphs "
+                           "(TORCH_LOGS=perf_hints names them): timings would be of replay-free steps. Fix the "
+                           "decoder, or run with bench.compile_mode=default")
     return total
