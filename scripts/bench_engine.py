@@ -71,8 +71,8 @@ PEAK_BANDWIDTH = {
     "A100-SXM4-80GB": 2.039e12, "A100-SXM4-40GB": 1.555e12, "A100-PCIE-40GB": 1.555e12, "A100 80GB PCIe": 1.935e12,
     "H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200": 4.8e12,
 }
-COLUMNS = ["device", "dtype", "attention", "batch", "context", "step_tokens", "median_ms", "min_ms", "bytes_read", "gb_per_s",
-           "copy_fraction", "peak_fraction", "tokens_per_s", "threads", "loadavg", "torch", "device_name"]
+COLUMNS = ["device", "dtype", "attention", "batch", "context", "step_tokens", "median_ms", "min_ms", "bytes_read",
+           "gb_per_s", "copy_fraction", "peak_fraction", "tokens_per_s", "threads", "loadavg", "torch", "device_name"]
 DECODE_COLUMNS = ["bench", "threads", "context", "variant", "median_ms", "ratio_vs_ours", "attention_share",
                   "loadavg", "note"]
 CURVE_STEPS = [1, 2, 4, 8, 16, 32, 64, 120, 128, 256, 481, 512]

@@ -1,8 +1,8 @@
 """A run resolved once: :func:`resolve` turns a composed config into a frozen :class:`RunSpec` before any weight
 loads, each setting checked on the way (one ``error:`` line each), in this order: the whole config and ``bench``;
-device, dtype, compile; sampling, method, reference, the batch size; the cost curve; the task; the run directory's lock; the
-checkpoint and the names; the samples with the tokenizer; the method against the target; the context; the job's
-plan (:func:`fafo.bench.plan.assess`: refuse, or drop with ``bench.drop_unfit``). ``weights=False``
+device, dtype, compile; sampling, method, reference, the batch size; the cost curve; the task; the run directory's
+lock; the checkpoint and the names; the samples with the tokenizer; the method against the target; the context; the
+job's plan (:func:`fafo.bench.plan.assess`: refuse, or drop with ``bench.drop_unfit``). ``weights=False``
 (``bench.plan``): config-only checkpoints, no plan yet.
 """
 

@@ -113,7 +113,8 @@ KEYS = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples
         "speedup", "speedup_e2e", "speedup_decode", "speedup_specbench", "speedup_vs_eager", "aa_speedup",
         "projected_speedup", "projection_error", "batch_size", "batching", "n_requests", "batch_tokens_per_s",
         "ref_batch_tokens_per_s", "latency_p50", "latency_p90", "latency_p99", "ref_latency_p50", "tpot_ms_p50",
-        "tpot_ms_p90", "tpot_ms_p99", "ref_tpot_ms_p50", "n_steps", "tau_step", "rows_per_step", "speedup_min", "speedup_max", "n_flagged", "n_compiled",
+        "tpot_ms_p90", "tpot_ms_p99", "ref_tpot_ms_p50", "n_steps", "tau_step", "rows_per_step", "speedup_min",
+        "speedup_max", "n_flagged", "n_compiled",
         "peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie",
         "n_mismatch_divergence", "n_mismatch_unchecked", "device_name", "threads", "load_start", "warmup_s",
         "compile_s", "timing_note", "projection_note", "run_dir"]
