@@ -93,7 +93,8 @@ class Generation:
 
     @property
     def tau_with_prefill(self) -> float:
-        """New tokens per (verification forward + 1 for the prefill): Spec-Bench's convention."""
+        """New tokens per (verification forward + 1 for the prefill): the prefill's token counted as a step, as
+        Spec-Bench's vanilla and Prompt Lookup scripts count it."""
         return len(self.tokens) / (self.n_forwards + 1)
 
     @property

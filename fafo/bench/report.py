@@ -274,7 +274,8 @@ TAU_DEFS = {
            "verification forwards of the target (the FAFO paper's)",
     "tau_all": "tau_all = new tokens / every forward that reads the target's weights (prefill, verify, self-draft, "
                "aux): the cost-aware figure",
-    "tau_with_prefill": "tau_with_prefill = new tokens / (verification forwards + 1) (Spec-Bench's convention)",
+    "tau_with_prefill": "tau_with_prefill = new tokens / (verification forwards + 1) (the prefill's token counted "
+                        "as a step, as Spec-Bench's vanilla and Prompt Lookup scripts count)",
     None: "tau (run recorded before tau_all) = new tokens / (forwards + 1), the prefill counted as a step",
 }
 
