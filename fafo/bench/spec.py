@@ -105,7 +105,7 @@ def resolve(cfg: DictConfig, run_dir: str | Path | None = None, weights: bool = 
     label = cfg.method.get("name") or type(method).__name__
     names = {"model": run_names(cfg.model, job).model, "task": cfg.task.name,
              "method": label.format(compress=compress.label) if compress is not None else label}
-    if sampling.from_generation_config:  # sampling=model_default: only now is the checkpoint known
+    if sampling.from_generation_config and weights:  # sampling=model_default: the checkpoint (with weights) is known
         sampling = sampling.resolve(ckpt.path)
         for decoder in (method, reference):
             decoder.check_sampling(sampling)
