@@ -241,7 +241,7 @@ def test_a_failing_job_makes_the_slurm_sweep_exit_non_zero_and_is_named(slurm, t
     assert "1 of 2 sweep jobs failed" in done.stderr
     ok_dir = next(out.glob("tiny_llama/builtin/vanilla/*max_samples=2*"))
     assert len(records(ok_dir)[0]) == 2  # the other job's rows are all there
-    assert "must be a positive integer" in next(out.glob("tiny_llama/builtin/vanilla/*max_samples=-1*/error.txt")
+    assert "bench.max_samples=-1 must be null or an integer >= 1" in next(out.glob("tiny_llama/builtin/vanilla/*max_samples=-1*/error.txt")
                                                  ).read_text()
 
 

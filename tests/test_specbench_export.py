@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_runs import read, write_run  # noqa: E402
 
 from fafo.bench.metrics import summarize  # noqa: E402
+from fafo.bench.records import row_crc  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
 SUBTASKS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "overall"]
@@ -97,6 +98,7 @@ def spec_bench_run(tmp_path):
     missed = {("s2", "1"), ("s3", "1")}
     rows = [{**r, "category": category[r["sample_id"]],
              **({"exact_match": "False"} if (r["sample_id"], r["turn"]) in missed else {})} for r in rows]
+    rows = [{**r, "crc": row_crc(r, list(r))} if "crc" in r else r for r in rows]  # edited rows re-signed
     with open(run_dir / "samples.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
