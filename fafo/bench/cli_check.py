@@ -17,6 +17,7 @@ from fafo.errors import ConfigError
 
 FLAGS_WITH_VALUE = {"-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--info",
                     "--experimental-rerun"}
+CONFIG_DIRS = {"-cp", "--config-path", "-cd", "--config-dir"}
 HELP = {"-h", "--help", "--hydra-help", "-c", "--cfg", "--resolve", "--shell-completion", "-sc", "--version"}
 
 
@@ -54,8 +55,8 @@ def overrides_of(argv: list[str]) -> list[str] | None:
 def check_command_line(argv: list[str], conf: Path = CONF) -> None:
     """Raise ConfigError for the first misspelt group option or setting of ``argv`` (``sys.argv[1:]``)."""
     args = overrides_of(argv)
-    if not args:
-        return
+    if not args or any(a in CONFIG_DIRS for a in argv) or any(a.startswith("hydra.searchpath") for a in args):
+        return  # configs beyond conf/ (a user's own methods): left to Hydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
