@@ -110,7 +110,8 @@ def test_batch_settings_a_run_cannot_honour_fail_before_a_model_loads(tmp_path, 
 
 @pytest.mark.slow  # a sweep of four CLI jobs and the plot script in subprocesses
 def test_batch_sweep_through_the_cli_and_its_plot(tmp_path):
-    proc = run_cli("-m", "experiment=batch_sweep", "method=prompt_lookup,suffix_decoding", "bench.batch_size=1,2",
+    proc = run_cli("-m", "experiment=batch_sweep", "model=tiny_llama", "method=prompt_lookup,suffix_decoding",
+                   "bench.batch_size=1,2",
                    "bench.max_samples=3", "bench.max_new_tokens=8", "bench.bootstrap=20", "bench.progress=false",
                    f"bench.output_dir={tmp_path}/sweep", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
