@@ -79,6 +79,21 @@ def test_a_failing_stage_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch
     assert "| cli | skipped |" in printed and "not selected" in printed
 
 
+def test_the_big_model_is_released_before_the_command_line_stage(tmp_path, monkeypatch):
+    """The CLI stage's child process must not find the check's own 7B model on the GPU (on an H200 it then took
+    14 GB of the check's for another process's and warned that the machine was busy)."""
+    import fafo.bench.gpu_check.big_model as big_model
+    import fafo.bench.gpu_check.run as run
+
+    calls = []
+    stand_ins = _stand_ins(calls)
+    stand_ins["correctness"] = stand_ins["preflight"]
+    monkeypatch.setattr(run, "stage_functions", lambda: stand_ins)
+    monkeypatch.setattr(big_model.CheckState, "release", lambda self: calls.append("release"))
+    assert run.main(["--device", "cpu", "--out", str(tmp_path), "--stages", "methods", "cli"]) == 0
+    assert calls == ["methods", "release", "cli", "release"]
+
+
 def test_budget_skips_what_no_longer_fits():
     result = StageResult("x", "x", 1.0)
     budget = Budget(result, time.perf_counter() + 0.3)

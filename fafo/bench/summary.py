@@ -51,7 +51,8 @@ def run_summary(spec, meter, records, machine: dict, problems: list[str], **timi
     if spec.cost_curve is not None:
         from fafo.bench.tools.projection import curve_fields
 
-        summary |= curve_fields(steps, spec.cost_curve, rows, outputs, meter.n_params, spec.names["method"])
+        summary |= curve_fields(steps, spec.cost_curve, rows, outputs, meter.n_params, spec.names["method"],
+                                meter.env.get("device_name"))
     if b.batch_size > 1:  # metrics under load (fafo.bench.batch_metrics)
         summary |= batch_summary(rows, read_steps(spec.run_dir), b.bootstrap)
     summary["accept_hist"] = histogram(o["accept_lengths"] for o in outputs.values())

@@ -25,18 +25,24 @@ each reading the whole cache alone, a slow vanilla that would inflate every spee
 1. ``Q >= 128``: torch's own choice, the main template, with cdiv(Q, 128) x Hq programs. Shapes that are not
    static (eager steps on CUDA, compiled once with dynamic shapes): the main template, forced, so the choice does
    not depend on which sizes dynamo specialised.
-2. A group that is not a power of two is **padded** with zero query heads to ``G' = next_power_of_2(G)``, and the
-   padded rows of the output are dropped. Padding rather than folding the heads into the rows (q as
-   ``[B, Hkv, G * Q, D]``, an MHA call): folding keeps the decoding kernel only while ``G * Q < 128`` (Q <= 18 at
-   G = 7) and needs every mask whose mod reads the query index (trees, step masks) rewritten for folded rows
-   (``q_idx % Q``); padding leaves rows and masks as they are. Its cost: ``(G' - G) / G`` more arithmetic in a
-   kernel bound by reading the keys, the same key traffic (the decoding kernel reads each KV head's keys once per
-   slice for all G' heads), and copies of q and of the output, O(Q * Hq * D) against the cache's O(S * Hkv * D).
-3. ``BLOCK_M``: torch's default where it divides the mask's query block; otherwise the query block itself (128),
-   which every power-of-two group up to 128 divides. Each program is then exactly the program of a default call
-   with ``Q * G = 128`` (e.g. Q = 32 at G = 4), and ``cdiv(Q * G, 128)`` of them cover the rows, each with its
-   split over the keys, instead of the main template's Hq programs without one. (Chosen from the kernels'
-   sources; not yet timed on a GPU.)
+2. ``1 < Q < 128`` (every draftless method's verification step but FAFO's): the main template, **forced**. The
+   decoding template computed wrong attention for such steps under GQA on the first GPU run (NVIDIA H200, torch
+   2.11.0+cu130, Triton 3.6): on a Llama of group 4 with two KV heads, Prompt Lookup (11 rows), TriForce (7), SAM
+   (40), Lookahead (120), Token Recycling (81) and SuffixDecoding (65) all left the eager tokens at the first or a
+   later step by float32 logit gaps of 0.1-4.9 (not fp16 ties), while FAFO's 481-row steps (main template) and
+   vanilla's one-token steps (decoding template) matched; a standalone causal 11-row step compiled alone
+   (``scripts/gpu_flex_probe.py``) was wrong (relative error 0.76-0.86 against float64) whatever the memory
+   layout of q, k and v (the cause inside the template is not established; that probe had no main-template
+   control, which it now has). Copying q, k and v dense made the
+   chain and Lookahead steps match but not the two tree methods, so no layout rule makes the template safe. The
+   cost: the main template does not split the keys, so a short step's prefix is read by Hq programs (32 on a 7B
+   model) instead of about 2 x SMs; at 4k tokens of context that is of the order of a millisecond per step on a
+   7B model (not yet measured), charged to the method, never to vanilla.
+3. ``Q == 1``: the decoding template. A group that is not a power of two (Qwen2.5-7B: 28 / 4 = 7) is **padded**
+   with zero query heads to ``G' = next_power_of_2(G)`` and the padded rows of the output dropped: its cost is
+   ``(G' - G) / G`` more arithmetic in a kernel bound by reading the keys, the same key traffic, and copies of q
+   and the output, O(Hq * D) against the cache's O(S * Hkv * D). ``BLOCK_M`` is torch's default
+   (``max(G', 16)``, which divides the engine's 128-blocks for every group up to 128), else the query block.
 4. Where neither fits (a query block that is not a power of two), the main template is forced
    (:func:`fafo.engine.torch_compat.main_template_option`).
 
@@ -115,6 +121,8 @@ def flex_route(q_len: int, hq: int, hkv: int, q_block: int = 128, static: bool =
         return FlexRoute("attention", hq, main_template_option())
     if q_len >= SHORT_QUERY:
         return FlexRoute("attention", hq, {})
+    if q_len > 1:  # rule 2: the decoding template was measured wrong for multi-row steps
+        return FlexRoute("attention", hq, main_template_option())
     group = next_power_of_2(hq // hkv)
     heads = hkv * group
     if q_block % default_block_m(q_len, group) == 0:

@@ -87,6 +87,8 @@ def run_check(args: argparse.Namespace, argv: list[str]) -> list[StageResult]:
             result.status, result.summary = "skipped", "not selected (--stages)"
             continue
         deadline += settings.budgets[name]
+        if name == "cli":  # the command line runs in a child process: the 7B model's memory is freed for it first
+            state.release()
         print(f"[gpu_check] {name}: budget {deadline - time.perf_counter():.0f} s", file=sys.stderr, flush=True)
         run_stage(result, functions[name], deadline, settings, state, args.out)
         print(f"[gpu_check] {name}: {result.status} in {result.seconds:.0f} s: {result.summary}", file=sys.stderr,

@@ -73,13 +73,31 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
             f"each method; the {AA_LABEL} row is vanilla against its own interleaved run, and each method's A/A "
             "column is vanilla against a second vanilla timed right after that method: not results, the noise "
             "floor (speedups within them are noise). n = samples[/turns] (failed rows). decode = speedup_decode; "
-            "projected = the decode speedup bench.cost_curve's device gives this method's own forwards, err = "
-            "projected / measured decode - 1. "
+            + projected_note(summaries.values()) + " "
             + " ".join(f"{line}." for line in definitions(summaries.values(), ("tau", "tau_all"))
                        + reference_note(summaries.values())))
     note = cfg.compare.get("note")
     eager = [f"{name}: {s['timing_note']}." for name, s in summaries.items() if s.get("timing_note")]
     return " ".join([text, *notes, *eager] + ([note] if note else []))
+
+
+def projected_note(summaries) -> str:
+    """What the projected column means: on the run's own device a check (err = projected / measured decode - 1),
+    on another device a prediction (no err)."""
+    summaries = list(summaries)
+    beyond = " ~ = some forwards priced by the curve's extrapolation (outside its contexts or step sizes)." \
+        if any((s.get("projection_beyond_curve") or 0) > 0 for s in summaries) else ""
+    other = sorted({s.get("cost_curve_device") or "?" for s in summaries if s.get("projection_cross_device")})
+    if other:
+        floor = [s.get("method", "?") for s in summaries if "a floor" in (s.get("projection_host") or "")]
+        floor_note = (f" Host time per step: each method's own where the curve file has it, else vanilla's, a floor "
+                      f"that makes the projection an upper bound ({', '.join(floor)})." if floor else "")
+        return (f"projected = the decode speedup this method's own forwards, steps and tau would give on "
+                f"{', '.join(other)} (bench.cost_curve: forward latencies and host ms per step measured there, on "
+                f"the model that file was measured with; no err: this run was timed on another device).{floor_note}"
+                + beyond)
+    return ("projected = the decode speedup bench.cost_curve's device gives this method's own forwards, err = "
+            "projected / measured decode - 1." + beyond)
 
 
 def categories_markdown(run_dir: Path, summaries: dict[str, dict]) -> str:

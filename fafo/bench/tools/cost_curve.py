@@ -34,6 +34,7 @@ from pathlib import Path
 from fafo.errors import ConfigError
 from fafo.files import Source, read_text
 
+PROJECT = Path(__file__).resolve().parents[3]  # the checkout: relative curve paths are also looked for here
 COLUMNS = ("context", "step_tokens", "median_ms")  # and optionally "batch" (rows per forward; absent: 1)
 # results/device/<gpu>.csv: curve rows fill context..compile, method rows method..max_rows (and context)
 DEVICE_COLUMNS = ["row", "context", "step_tokens", "median_ms", "min_ms", "repeats", "first_call_s", "bytes_read",
@@ -81,6 +82,8 @@ class CostCurve:
     def load(cls, path: str | Path) -> "CostCurve":
         """Read a CSV written by ``scripts/bench_engine.py`` (one row per context and step size)."""
         path = Path(path)
+        if not path.is_absolute() and not path.exists() and (PROJECT / path).exists():
+            path = PROJECT / path  # results/device/<gpu>.csv of this checkout, from any working directory
         src = Source("bench.cost_curve", str(path), "write one with `python scripts/bench_engine.py --curve --out "
                      "<file>` or set bench.cost_curve=null")
         text = read_text(path, src)
@@ -116,6 +119,12 @@ class CostCurve:
                               "batch 1 among them; "
                               "rerun scripts/bench_engine.py with --steps including 1")
         return cls(batches.get(1, {}), device, methods, batches)
+
+    def host_ms(self, method: str) -> float | None:
+        """Host ms per decode step the device CSV records for ``method`` (a config name, ``fafo_stream``, or a
+        run label, ``fafo-stream``); None where it has no such row."""
+        row = self.methods.get(method) or self.methods.get(method.replace("-", "_"))
+        return row.get("host_ms") if row else None
 
     def latency(self, tokens: int, context: int, batch: int = 1) -> float:
         """Interpolated ms of one forward of ``tokens`` tokens (per row, ``batch`` rows) after ``context`` cached

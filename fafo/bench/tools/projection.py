@@ -101,18 +101,29 @@ def _num(v) -> float | None:
     return None if math.isnan(x) else x
 
 
-def _host_ms(row: dict, key: str, curve: CostCurve, method: str) -> tuple[float, str]:
-    """Host ms per step: the row's measurement, else the curve's per-method figure, else 0 (and which)."""
+def _host_ms(row: dict, key: str, curve: CostCurve, method: str, cross_device: bool) -> tuple[float, str]:
+    """Host ms per step and where it came from. On the curve's own device: the row's measurement, else the
+    curve's per-method figure, else 0. Priced on another device (``cross_device``): the curve's figure for the
+    method, else the curve's vanilla figure (a floor: every method does at least vanilla's host work), else 0;
+    a host time measured beside this run's device says nothing of that device's."""
+    lookup = getattr(curve, "host_ms", None)
+    on_curve = _num(lookup(method)) if callable(lookup) else None
+    if cross_device:
+        if on_curve is not None:
+            return on_curve, f"the method's, from the cost curve ({curve.device})"
+        if callable(lookup) and (x := _num(lookup("vanilla"))) is not None:
+            return x, f"vanilla's from the cost curve ({curve.device}), a floor"
+        return 0.0, "not included (the cost curve records none)"
     if (x := _num(row.get(key))) is not None:
         return x, "measured in the run"
-    lookup = getattr(curve, "host_ms", None)
-    if callable(lookup) and (x := _num(lookup(method))) is not None:
-        return x, "from the cost curve"
+    if on_curve is not None:
+        return on_curve, "from the cost curve"
     return 0.0, "not included (not recorded)"
 
 
 def priced_turns(rows: list[dict], outputs: dict, curve: CostCurve, target_params: float | None,
-                 method: str, reference: str = "vanilla") -> tuple[list[dict], Pricer, set[str]]:
+                 method: str, reference: str = "vanilla", cross_device: bool = False
+                 ) -> tuple[list[dict], Pricer, set[str]]:
     """One dict per timed (sample, turn) with a decode step and a forward log: tokens after the first and measured
     and priced decode times of the method and of the reference (times: medians over repeats)."""
     pricer, hosts = Pricer(curve), set()
@@ -127,8 +138,8 @@ def priced_turns(rows: list[dict], outputs: dict, curve: CostCurve, target_param
         if gen.get("forward_log") is None or n is None or ref_n is None or n <= 1 or ref_n <= 1:
             continue
         prompt, steps = _num(first.get("prompt_tokens")) or 0, _num(first.get("forwards")) or 0
-        host, how = _host_ms(first, "host_ms_per_step", curve, method)
-        ref_host, ref_how = _host_ms(first, "ref_host_ms_per_step", curve, reference)
+        host, how = _host_ms(first, "host_ms_per_step", curve, method, cross_device)
+        ref_host, ref_how = _host_ms(first, "ref_host_ms_per_step", curve, reference, cross_device)
         hosts |= {how, ref_how}
         ref_log = gen.get("ref_forward_log") or vanilla_log(int(prompt), int(ref_n))
         method_ms = sum(pricer.group_ms(g) for g in gen["forward_log"]) + steps * host + pricer.draft_model_ms(
@@ -152,16 +163,21 @@ def _ratio(turns: list[dict], method: str, ref: str) -> float | None:
 
 
 def project(rows: list[dict], outputs: dict, curve: CostCurve, target_params: float | None = None,
-            method: str = "", reference: str = "vanilla") -> dict:
-    """The summary's projection fields for a run's ``rows`` and ``outputs`` ({(sample_id, turn): record})."""
-    turns, pricer, hosts = priced_turns(rows, outputs, curve, target_params, method, reference)
-    out = {"cost_curve_device": curve.device, "projection_rows": len(turns)}
+            method: str = "", reference: str = "vanilla", run_device: str | None = None) -> dict:
+    """The summary's projection fields for a run's ``rows`` and ``outputs`` ({(sample_id, turn): record}).
+
+    ``run_device``: the device the run was timed on; when the curve was measured on another one the projection
+    is a prediction for that device (``projection_cross_device``), with host times from the curve and no
+    ``projection_error`` (there is no measurement on that device to hold it against)."""
+    cross = bool(run_device and curve.device and run_device.strip().lower() != curve.device.strip().lower())
+    turns, pricer, hosts = priced_turns(rows, outputs, curve, target_params, method, reference, cross)
+    out = {"cost_curve_device": curve.device, "projection_rows": len(turns), "projection_cross_device": cross}
     if not turns or any(t["pred_s"] <= 0 or t["ref_pred_s"] <= 0 for t in turns):
         return out | {"projected_speedup": None, "projection_note": "no timed (sample, turn) with a forward log"}
     projected, measured = _ratio(turns, "pred_s", "ref_pred_s"), _ratio(turns, "decode_s", "ref_decode_s")
     steps = sum(t["steps"] for t in turns)
     out |= {"projected_speedup": projected, "projection_measured": measured,
-            "projection_error": projected / measured - 1 if projected and measured else None,
+            "projection_error": projected / measured - 1 if projected and measured and not cross else None,
             "projected_step_ms": 1e3 * sum(t["pred_s"] for t in turns) / steps if steps else None,
             "break_even_tau_measured": (sum(t["pred_s"] for t in turns) / steps)
             / (sum(t["ref_pred_s"] for t in turns) / sum(t["ref_steps_tokens"] for t in turns)) if steps else None,
@@ -173,7 +189,7 @@ def project(rows: list[dict], outputs: dict, curve: CostCurve, target_params: fl
 
 
 def curve_fields(steps, curve: CostCurve, rows: list[dict], outputs: dict, target_params: float | None = None,
-                 method: str = "") -> dict:
+                 method: str = "", run_device: str | None = None) -> dict:
     """A run summary's fields from its cost curve (``bench.cost_curve``): ``break_even_tau`` (the method's declared
     step, ``forward_tokens`` ``steps``, at the run's mean context and its ``bench.batch_size``: the tau at which it
     pays for itself), with a curve of several batch sizes ``projected_speedup_by_batch`` (``{batch: tau /
@@ -191,7 +207,7 @@ def curve_fields(steps, curve: CostCurve, rows: list[dict], outputs: dict, targe
         if tau is not None and len(curve.batches) > 1:  # what each batch size on file would give this tau
             out["projected_speedup_by_batch"] = {str(b): v for b, v in
                                                  curve.projected_by_batch(tau, steps, int(context)).items()}
-    return out | project(rows, outputs, curve, target_params, method)
+    return out | project(rows, outputs, curve, target_params, method, run_device=run_device)
 
 
 def _tau(ok: list[dict]) -> float | None:
@@ -215,7 +231,7 @@ def check(run_dirs: list[Path], curve: CostCurve) -> list[dict]:
             d = summary_path.parent
             s = json.loads(summary_path.read_text())
             p = project(read_rows(d / "samples.csv"), read_outputs(d / "outputs.jsonl"), curve, s.get("n_params"),
-                        s.get("method", ""))
+                        s.get("method", ""), run_device=s.get("device_name"))
             results.append({"method": s.get("method", d.name), "run_dir": str(d), **p})
     return results
 
