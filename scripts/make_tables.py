@@ -96,6 +96,7 @@ class Cell:
     paper: dict | None = None
     duplicates: int = 0
     run_value: str = ""  # the run's own axis value where it is shown under the paper's key (paper.cell)
+    runs: list = field(default_factory=list)  # every run that landed in the cell (the shown one among them)
 
 
 @dataclass
@@ -169,6 +170,7 @@ def build_table(name: str, collected: Collected, paper: list[dict], only_paper_r
                 extra_cols.append(col)
                 col_names[col] = col[0]
             cell = cells.setdefault((row, col), Cell())
+            cell.runs.append(run)
             if cell.ours is None:
                 cell.ours, cell.run_value = run, own if own != col[2] else ""
                 continue
@@ -318,7 +320,11 @@ def footnotes(table: Table) -> list[str]:
         notes.append("* partial run (no summary.json yet; summarised from samples.csv): " + ", ".join(partial))
     dup = sum(c.duplicates for c in table.cells.values())
     if dup:
-        notes.append(f"{dup} cell(s) had more than one run; the most complete one is shown (see the CSV run_dir).")
+        keys = sorted({k for c in table.cells.values() if c.duplicates for k in tables.swept_keys(c.runs)})
+        why = (f", differing in {', '.join(keys)} (--by {keys[0]} makes its values columns)" if keys else
+               ", which no config key tells apart")
+        notes.append(f"{dup} cell(s) had more than one run{why}; the most complete one is shown (see the CSV "
+                     "run_dir).")
     for rel, msg in table.failed:
         notes.append(f"failed: {rel}: {msg}")
     return notes

@@ -92,6 +92,7 @@ def simulated_device(monkeypatch):
 
     monkeypatch.setattr(ForwardLedger, "record", charged)
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(timing, "cpu_name", lambda: "simulated")  # the run is on the curve's own device
 
 
 @pytest.mark.parametrize("method", [["method=fafo_stream", "method.n=6", "method.k=3", "method.compress.local=16"],

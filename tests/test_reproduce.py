@@ -292,6 +292,22 @@ def test_make_tables_on_a_synthetic_tree_matches_the_golden_files(tmp_path, tabl
     assert printed.strip() == (GOLDEN / f"{table}.md").read_text().strip()  # the paper layout on stdout
 
 
+def test_a_cell_of_several_runs_names_the_key_they_differ_in(tmp_path):
+    """A paper cell that received more than one run keeps the most complete one and says what set the runs apart
+    (a key a sweep varied: --by makes it columns), or that no config key does (repeats)."""
+    import copy
+
+    table = mt.make_table([synthetic_table2(tmp_path / "runs")], "table2")
+    cell = next(c for c in table.cells.values() if c.duplicates)
+    assert len(cell.runs) == cell.duplicates + 1
+    assert any("which no config key tells apart" in n for n in mt.footnotes(table))
+    other = cell.runs[1]
+    other.config = copy.deepcopy(other.config or {})
+    other.config.setdefault("bench", {})["max_new_tokens"] = 999
+    note = next(n for n in mt.footnotes(table) if "more than one run" in n)
+    assert "differing in bench.max_new_tokens (--by bench.max_new_tokens makes its values columns)" in note, note
+
+
 def test_make_tables_values_beside_the_paper_and_the_difference(tmp_path):
     table = mt.make_table([synthetic_table2(tmp_path / "runs")], "table2")
     rows = {(r["model"], r["method"], r["task"]): r for r in mt.long_rows(table)}

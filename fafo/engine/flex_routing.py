@@ -29,15 +29,15 @@ each reading the whole cache alone, a slow vanilla that would inflate every spee
    decoding template computed wrong attention for such steps under GQA on the first GPU run (NVIDIA H200, torch
    2.11.0+cu130, Triton 3.6): on a Llama of group 4 with two KV heads, Prompt Lookup (11 rows), TriForce (7), SAM
    (40), Lookahead (120), Token Recycling (81) and SuffixDecoding (65) all left the eager tokens at the first or a
-   later step by float32 logit gaps of 0.1-4.9 (not fp16 ties), while FAFO's 481-row steps (main template) and
-   vanilla's one-token steps (decoding template) matched; a standalone causal 11-row step compiled alone
-   (``scripts/gpu_flex_probe.py``) was wrong (relative error 0.76-0.86 against float64) whatever the memory
-   layout of q, k and v (the cause inside the template is not established; that probe had no main-template
-   control, which it now has). Copying q, k and v dense made the
-   chain and Lookahead steps match but not the two tree methods, so no layout rule makes the template safe. The
-   cost: the main template does not split the keys, so a short step's prefix is read by Hq programs (32 on a 7B
-   model) instead of about 2 x SMs; at 4k tokens of context that is of the order of a millisecond per step on a
-   7B model (not yet measured), charged to the method, never to vanilla.
+   later step by float32 logit gaps of 0.1-4.9 (not fp16 ties), while FAFO's 481-row steps (main template),
+   vanilla's one-token steps and Prompt Lookup on a Qwen2 of group 7 (one KV head, padded to 8; decoding template)
+   matched. Copying q, k and v dense made the chain and Lookahead steps match on group 4 but not the two tree
+   methods, and a causal 11-row step compiled alone (``scripts/gpu_flex_probe.py``) was wrong (relative error
+   0.76-0.86 against float64) in every layout of q, k and v; the cause inside the template is not established
+   (that probe had no main-template control; it has one now). The cost: the main template does not split the
+   keys, so a short step's prefix is read by Hq programs (32 on a 7B model) instead of about 2 x SMs; at 4k tokens
+   of context that is of the order of a millisecond per step on a 7B model (not yet measured), charged to the
+   method, never to vanilla.
 3. ``Q == 1``: the decoding template. A group that is not a power of two (Qwen2.5-7B: 28 / 4 = 7) is **padded**
    with zero query heads to ``G' = next_power_of_2(G)`` and the padded rows of the output dropped: its cost is
    ``(G' - G) / G`` more arithmetic in a kernel bound by reading the keys, the same key traffic, and copies of q

@@ -10,8 +10,8 @@ Every generation is compared with eager vanilla greedy on the same weights and d
 * tokens identical; in float16 a first mismatch is classified by :class:`~fafo.bench.mismatch.MismatchJudge`
   (``tie``: the two tokens' float32 logits within 0.1; ``divergence``: a bug);
 * no graph compiled after the warm-up (``compile_stats``), no step refused by CUDA graphs (``cudagraph_skips``);
-* the largest step (rows x GQA group is what picks FlexAttention's decoding kernel on a GPU; tree steps of Token
-  Recycling, SuffixDecoding or FAFO exceed 128 there).
+* the largest step, in rows and rows x GQA group (what torch's choice of FlexAttention kernel reads; the engine
+  sends every step of more than one row to the main template: :mod:`fafo.engine.flex_routing`).
 
 Methods whose forwards cannot run compiled (``Decoder.eager_forwards``: SWIFT's layer-skipped drafts) run eagerly,
 as the runner times them.
