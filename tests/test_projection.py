@@ -131,8 +131,15 @@ def test_the_check_command_fails_a_projection_that_misses(simulated_device, chec
     Runner().run(resolve(cfg, tmp_path / "runs" / "lookahead"), report=False)  # no curve in the run: priced afterwards
     assert check_main([str(tmp_path / "runs"), "--curve", str(curve), "--within", "0.2"]) == 0
     assert "| lookahead |" in capsys.readouterr().out
-    slower = tmp_path / "slower.csv"  # another device: many-token forwards three times as dear, vanilla's not
-    slower.write_text("context,step_tokens,median_ms,device\n" + "".join(
-        f"{c},{s},{(1 if s == 1 else 3) * (A + B * s + C * s * c)},other\n" for c in CONTEXTS for s in STEPS))
+    slower = tmp_path / "slower.csv"  # a wrong curve of the same device: many-token forwards three times as dear
+    rows = [(c, s, (1 if s == 1 else 3) * (A + B * s + C * s * c)) for c in CONTEXTS for s in STEPS]
+    slower.write_text("context,step_tokens,median_ms,device\n" + "".join(f"{c},{s},{ms},simulated\n"
+                                                                        for c, s, ms in rows))
     assert check_main([str(tmp_path / "runs"), "--curve", str(slower), "--within", "0.2"]) == 1
     assert "projection off by more than 20 %" in capsys.readouterr().err
+    other = tmp_path / "other.csv"  # another device's curve: a prediction there, which no check can hold
+    other.write_text(slower.read_text().replace(",simulated\n", ",other GPU\n"))
+    assert check_main([str(tmp_path / "runs"), "--curve", str(other)]) == 0
+    assert "| n/a (timed on another device) |" in capsys.readouterr().out
+    assert check_main([str(tmp_path / "runs"), "--curve", str(other), "--within", "0.2"]) == 2
+    assert "the curve is from other GPU" in capsys.readouterr().err

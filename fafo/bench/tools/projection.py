@@ -43,6 +43,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from fafo.bench.report_format import num
 from fafo.bench.tools.cost_curve import CostCurve
 
 # one group of a generation's forwards: [kind, tokens, region_rows, region_len, share, count, prefix_sum,
@@ -93,28 +94,20 @@ class Pricer:
         return forwards * self.curve.latency(1, context) * params / target_params
 
 
-def _num(v) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(x) else x
-
-
 def _host_ms(row: dict, key: str, curve: CostCurve, method: str, cross_device: bool) -> tuple[float, str]:
     """Host ms per step and where it came from. On the curve's own device: the row's measurement, else the
     curve's per-method figure, else 0. Priced on another device (``cross_device``): the curve's figure for the
     method, else the curve's vanilla figure (a floor: every method does at least vanilla's host work), else 0;
     a host time measured beside this run's device says nothing of that device's."""
     lookup = getattr(curve, "host_ms", None)
-    on_curve = _num(lookup(method)) if callable(lookup) else None
+    on_curve = num(lookup(method)) if callable(lookup) else None
     if cross_device:
         if on_curve is not None:
             return on_curve, f"the method's, from the cost curve ({curve.device})"
-        if callable(lookup) and (x := _num(lookup("vanilla"))) is not None:
+        if callable(lookup) and (x := num(lookup("vanilla"))) is not None:
             return x, f"vanilla's from the cost curve ({curve.device}), a floor"
         return 0.0, "not included (the cost curve records none)"
-    if (x := _num(row.get(key))) is not None:
+    if (x := num(row.get(key))) is not None:
         return x, "measured in the run"
     if on_curve is not None:
         return on_curve, "from the cost curve"
@@ -129,24 +122,24 @@ def priced_turns(rows: list[dict], outputs: dict, curve: CostCurve, target_param
     pricer, hosts = Pricer(curve), set()
     by_turn: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        if r.get("status") == "ok" and not (_num(r.get("compiles")) or 0) > 0:
+        if r.get("status") == "ok" and not (num(r.get("compiles")) or 0) > 0:
             by_turn[str(r["sample_id"]), int(float(r["turn"]))].append(r)
     out = []
     for key, reps in by_turn.items():
         first, gen = reps[0], outputs.get(key) or {}
-        n, ref_n = _num(first.get("new_tokens")), _num(first.get("ref_new_tokens"))
+        n, ref_n = num(first.get("new_tokens")), num(first.get("ref_new_tokens"))
         if gen.get("forward_log") is None or n is None or ref_n is None or n <= 1 or ref_n <= 1:
             continue
-        prompt, steps = _num(first.get("prompt_tokens")) or 0, _num(first.get("forwards")) or 0
+        prompt, steps = num(first.get("prompt_tokens")) or 0, num(first.get("forwards")) or 0
         host, how = _host_ms(first, "host_ms_per_step", curve, method, cross_device)
         ref_host, ref_how = _host_ms(first, "ref_host_ms_per_step", curve, reference, cross_device)
         hosts |= {how, ref_how}
         ref_log = gen.get("ref_forward_log") or vanilla_log(int(prompt), int(ref_n))
         method_ms = sum(pricer.group_ms(g) for g in gen["forward_log"]) + steps * host + pricer.draft_model_ms(
-            _num(first.get("draft_model_forwards")) or 0, _num(first.get("draft_model_params")) or 0,
+            num(first.get("draft_model_forwards")) or 0, num(first.get("draft_model_params")) or 0,
             target_params, prompt + n / 2)
         ref_ms = sum(pricer.group_ms(g) for g in ref_log) + (ref_n - 1) * ref_host
-        times = {k: [_num(r.get(k)) for r in reps] for k in ("decode_s", "ref_decode_s")}
+        times = {k: [num(r.get(k)) for r in reps] for k in ("decode_s", "ref_decode_s")}
         if any(None in v for v in times.values()):
             continue
         med = {k: statistics.median(v) for k, v in times.items()}  # over repeats, as metrics.per_turn
@@ -157,9 +150,9 @@ def priced_turns(rows: list[dict], outputs: dict, curve: CostCurve, target_param
 
 
 def _ratio(turns: list[dict], method: str, ref: str) -> float | None:
-    num = sum(t["steps_tokens"] for t in turns) / sum(t[method] for t in turns)
+    rate = sum(t["steps_tokens"] for t in turns) / sum(t[method] for t in turns)
     den = sum(t["ref_steps_tokens"] for t in turns) / sum(t[ref] for t in turns)
-    return num / den if den > 0 and math.isfinite(num / den) else None
+    return rate / den if den > 0 and math.isfinite(rate / den) else None
 
 
 def project(rows: list[dict], outputs: dict, curve: CostCurve, target_params: float | None = None,
@@ -247,14 +240,21 @@ def main(argv=None) -> int:
         print(f"error: no summary.json under {', '.join(map(str, args.run_dirs))}", file=sys.stderr)
         return 2
     device = results[0]["cost_curve_device"]
+    other = sorted({r["method"] for r in results if r.get("projection_cross_device")})
+    if args.within is not None and other:
+        print(f"error: --within checks a projection against measurement, but the curve is from {device} and the runs "
+              f"of {', '.join(other)} were timed on another device; pass the curve of the runs' own device "
+              "(scripts/bench_engine.py --curve on that machine)", file=sys.stderr)
+        return 2
     print(f"| method | measured speedup_decode | projected ({device}) | error | beyond curve |")
     print("|---|---:|---:|---:|---:|")
     bad = []
     for r in results:
         err = r.get("projection_error")
         measured, projected = _fmt(r.get("projection_measured"), ".3f"), _fmt(r.get("projected_speedup"), ".3f")
-        print(f"| {r['method']} | {measured}x | {projected}x | {_fmt(None if err is None else 100 * err, '+.1f')} % "
-              f"| {r.get('projection_beyond_curve', '-')} |")
+        error = "n/a (timed on another device)" if r.get("projection_cross_device") else \
+            f"{_fmt(None if err is None else 100 * err, '+.1f')} %"
+        print(f"| {r['method']} | {measured}x | {projected}x | {error} | {r.get('projection_beyond_curve', '-')} |")
         if args.within is not None and (err is None or abs(err) > args.within):
             bad.append(r["method"])
     if bad:
