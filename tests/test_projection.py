@@ -60,23 +60,23 @@ def test_a_curve_of_another_device_predicts_with_its_own_host_times_and_no_error
     from the curve file (the method's row, else vanilla's as a floor), never from this run's device, and there is no
     error to report. The committed GPU file is found from any working directory."""
     monkeypatch.chdir(tmp_path)
-    curve = CostCurve.load("results/device/h200.csv")
-    assert curve.device == "NVIDIA H200" and curve.host_ms("fafo-stream") == curve.host_ms("fafo_stream") > 0
+    curve = CostCurve.load("results/device/h100.csv")  # the main job's
+    assert curve.device == "NVIDIA H100 80GB HBM3" and curve.host_ms("fafo-stream") == curve.host_ms("fafo_stream") > 0
     groups = compact([ForwardRecord("verify", 81, p) for p in (600, 603, 606)])
     rows = [{"sample_id": "a", "turn": 0, "status": "ok", "new_tokens": 9, "ref_new_tokens": 9, "forwards": 3,
              "prompt_tokens": 600, "decode_s": 0.5, "ref_decode_s": 0.4, "host_ms_per_step": 50.0,
              "ref_host_ms_per_step": 40.0}]
     outputs = {("a", 0): {"forward_log": groups}}
-    same = project(rows, outputs, curve, method="fafo-stream", run_device="nvidia h200 ")
+    same = project(rows, outputs, curve, method="fafo-stream", run_device="nvidia h100 80gb hbm3 ")
     assert not same["projection_cross_device"] and same["projection_error"] is not None
     assert "measured in the run" in same["projection_host"]
     other = project(rows, outputs, curve, method="fafo-stream", run_device="AMD EPYC")
     assert other["projection_cross_device"] and other["projection_error"] is None
     assert same["projected_step_ms"] > 50 > 20 > other["projected_step_ms"]  # the GPU's host ms, not the run's 50
-    assert "the method's, from the cost curve (NVIDIA H200)" in other["projection_host"]
+    assert "the method's, from the cost curve (NVIDIA H100 80GB HBM3)" in other["projection_host"]
     floor = project(rows, outputs, curve, method="lookahead", run_device="AMD EPYC")
-    assert "vanilla's from the cost curve (NVIDIA H200), a floor" in floor["projection_host"]
-    assert floor["projected_step_ms"] < other["projected_step_ms"]  # vanilla's 0.37 ms < FAFO-Stream's 1.26 ms
+    assert "vanilla's from the cost curve (NVIDIA H100 80GB HBM3), a floor" in floor["projection_host"]
+    assert floor["projected_step_ms"] < other["projected_step_ms"]  # vanilla's 0.22 ms < FAFO-Stream's 1.15 ms
 
 
 @pytest.fixture

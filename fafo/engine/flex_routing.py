@@ -33,11 +33,11 @@ each reading the whole cache alone, a slow vanilla that would inflate every spee
    vanilla's one-token steps and Prompt Lookup on a Qwen2 of group 7 (one KV head, padded to 8; decoding template)
    matched. Copying q, k and v dense made the chain and Lookahead steps match on group 4 but not the two tree
    methods, and a causal 11-row step compiled alone (``scripts/gpu_flex_probe.py``) was wrong (relative error
-   0.76-0.86 against float64) in every layout of q, k and v; the cause inside the template is not established
-   (that probe had no main-template control; it has one now). The cost: the main template does not split the
-   keys, so a short step's prefix is read by Hq programs (32 on a 7B model) instead of about 2 x SMs; at 4k tokens
-   of context that is of the order of a millisecond per step on a 7B model (not yet measured), charged to the
-   method, never to vanilla.
+   0.76-0.86 against float64) in every layout of q, k and v; the cause inside the template is not established.
+   Routed so, every case matched on an NVIDIA H100 (torch 2.11.0+cu130: 12 methods x groups 4, 7, 1, 3). The
+   cost: the main template does not split the keys, so a short step's prefix is read by Hq programs (32 on a 7B
+   model) instead of about 2 x SMs; on that H100 at 7B a 64- or 128-token step cost 2.2-3.3 ms more than a
+   1-token one at 4096 tokens of context and 0.2-1.5 ms more at 512, charged to the method, never to vanilla.
 3. ``Q == 1``: the decoding template. A group that is not a power of two (Qwen2.5-7B: 28 / 4 = 7) is **padded**
    with zero query heads to ``G' = next_power_of_2(G)`` and the padded rows of the output dropped: its cost is
    ``(G' - G) / G`` more arithmetic in a kernel bound by reading the keys, the same key traffic, and copies of q

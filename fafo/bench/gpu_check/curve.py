@@ -35,15 +35,24 @@ def curve_stage(budget, result, settings, state, out: Path) -> None:
     cache = engine.cache(0)
     fill_cache(cache)
     repeats = 10 if settings.cuda else settings.rounds
-    for step in budget.each(list(settings.curve_steps), label=lambda s: f"{s} tokens"):
-        for context in settings.curve_contexts:
-            first, med, low = timed(forward_step(engine, cache, step, context), repeats, warm_calls(engine),
-                                    settings.device)
-            read = bytes_per_forward(engine, context)
-            state.curve_rows.append({
-                "context": context, "step_tokens": step, "median_ms": round(med, 4), "min_ms": round(low, 4),
-                "repeats": repeats, "first_call_s": round(first / 1e3, 2), "bytes_read": read,
-                "gb_per_s": round(read / med / 1e6, 1), "roofline_fraction": round(read / bandwidth * 1e3 / med, 4)})
+    try:
+        for step in budget.each(list(settings.curve_steps), label=lambda s: f"{s} tokens"):
+            for context in settings.curve_contexts:
+                first, med, low = timed(forward_step(engine, cache, step, context), repeats, warm_calls(engine),
+                                        settings.device)
+                read = bytes_per_forward(engine, context)
+                state.curve_rows.append({
+                    "context": context, "step_tokens": step, "median_ms": round(med, 4), "min_ms": round(low, 4),
+                    "repeats": repeats, "first_call_s": round(first / 1e3, 2), "bytes_read": read,
+                    "gb_per_s": round(read / med / 1e6, 1),
+                    "roofline_fraction": round(read / bandwidth * 1e3 / med, 4)})
+            write_csv(state, settings, out)  # after each step size: an interrupted stage keeps its points
+    finally:
+        if state.curve_rows:
+            summarize_curve(result, state, settings, out)
+
+
+def summarize_curve(result, state, settings, out: Path) -> None:
     path = write_csv(state, settings, out)
     curve = CostCurve.load(path)  # the file reads back as a cost curve
     ctx = settings.curve_contexts[0]
@@ -59,32 +68,35 @@ def methods_stage(budget, result, settings, state, out: Path) -> None:
     vocab = engine.model.args.vocab_size
     prompt = random_prompt(settings.method_prompt, vocab, period=64, seed=1)
     new = settings.method_new
-    for name in budget.each(selected(settings.timed_methods or settings.methods)):
-        t0 = time.perf_counter()
-        method = build_method(name, small=False)
-        method.setup(engine)
-        with steps_as_the_runner(engine, method):
-            for _ in range(2 if settings.cuda else 1):  # compiles, then records CUDA graphs
-                method.generate(engine, prompt, new)
-            warm_s = time.perf_counter() - t0
-            t = step_times(method, engine, prompt, new)
-        steps = method.forward_tokens()
-        state.method_rows.append({
-            "method": name, "forward_tokens": "+".join(map(str, steps)) if steps else "varies",
-            "prompt_tokens": len(prompt), "new_tokens": new, "steps": t.steps, "tau": round(t.tau, 3),
-            "step_ms": round(t.step_ms, 4), "host_ms": round(t.host_ms, 4), "wall_ms": round(t.wall_ms, 4),
-            "forwards_per_step": round(t.forwards_per_step, 2), "max_rows": t.max_rows,
-            "first_call_s": round(warm_s, 1), "compile": settings.compile_label if not method.eager_forwards
-            else "eager (" + method.eager_forwards + ")"})
-    reset_compiled_state()
-    state.release()  # the remaining stage needs no big model
-    path = write_csv(state, settings, out)
-    rows = state.method_rows
-    worst = max(rows, key=lambda r: r["host_ms"] / max(r["wall_ms"], 1e-9), default=None)
-    result.summary = f"{len(rows)} methods in {path.name}" + (
-        f"; largest host share {worst['method']} {worst['host_ms']:.2f} of {worst['wall_ms']:.2f} ms per step"
-        if worst else "")
-    result.sections.append(table(METHOD_COLUMNS, rows))
+    try:
+        for name in budget.each(selected(settings.timed_methods or settings.methods)):
+            t0 = time.perf_counter()
+            method = build_method(name, small=False)
+            method.setup(engine)
+            with steps_as_the_runner(engine, method):
+                for _ in range(2 if settings.cuda else 1):  # compiles, then records CUDA graphs
+                    method.generate(engine, prompt, new)
+                warm_s = time.perf_counter() - t0
+                t = step_times(method, engine, prompt, new)
+            steps = method.forward_tokens()
+            state.method_rows.append({
+                "method": name, "forward_tokens": "+".join(map(str, steps)) if steps else "varies",
+                "prompt_tokens": len(prompt), "new_tokens": new, "steps": t.steps, "tau": round(t.tau, 3),
+                "step_ms": round(t.step_ms, 4), "host_ms": round(t.host_ms, 4), "wall_ms": round(t.wall_ms, 4),
+                "forwards_per_step": round(t.forwards_per_step, 2), "max_rows": t.max_rows,
+                "first_call_s": round(warm_s, 1), "compile": settings.compile_label if not method.eager_forwards
+                else "eager (" + method.eager_forwards + ")"})
+            write_csv(state, settings, out)  # after each method: an interrupted stage keeps its rows
+    finally:
+        reset_compiled_state()
+        state.release()  # the remaining stage needs no big model
+        path = write_csv(state, settings, out)
+        rows = state.method_rows
+        worst = max(rows, key=lambda r: r["host_ms"] / max(r["wall_ms"], 1e-9), default=None)
+        result.summary = f"{len(rows)} methods in {path.name}" + (
+            f"; largest host share {worst['method']} {worst['host_ms']:.2f} of {worst['wall_ms']:.2f} ms per step"
+            if worst else "")
+        result.sections.append(table(METHOD_COLUMNS, rows))
 
 
 def write_csv(state, settings, out: Path) -> Path:

@@ -40,31 +40,34 @@ def decode_stage(budget, result, settings, state, out: Path) -> None:
     hf = None
     ours_tokens: dict[int, list[int]] = {}
     items = [(c, v) for c in settings.decode_contexts for v in ("ours", "transformers")]
-    for context, variant in budget.each(items, label=lambda i: f"{i[1]} at {i[0]}"):
-        prompt = random_prompt(context, vocab, seed=context)
-        if variant == "ours":
-            fn, compile_label = (lambda p, n: ours_ms_per_token(engine, p, n)), settings.compile_label
-        else:
-            hf = hf or transformers_twin(engine)
-            fn = lambda p, n: hf_ms_per_token(hf, p, n, "static")  # noqa: E731
-            compile_label = "transformers CompileConfig (auto on CUDA)" if settings.cuda else "eager"
-        warm = 2 if settings.cuda else 1
-        warm_s, ms, tokens = time_variant(fn, prompt, new, settings.rounds, warm)
-        if variant == "ours":
-            ours_tokens[context] = tokens
-        read = bytes_per_forward(engine, context + new // 2)
-        floor_ms = read / bandwidth * 1e3
-        same = ours_tokens.get(context)
-        state.decode_rows.append({
-            "context": context, "variant": variant, "ms_per_token": round(ms, 4), "tokens_per_s": round(1e3 / ms, 1),
-            "bytes_per_token": read, "roofline_ms": round(floor_ms, 4), "roofline_fraction": round(floor_ms / ms, 4),
-            "warmup_s": round(warm_s, 1), "compile": compile_label,
-            "tokens_equal_ours": "" if same is None else f"{sum(a == b for a, b in zip(tokens, same))}/{len(same)}"})
-        with open(out / "decode.csv", "w", newline="") as f:  # after each row: a later timeout keeps them
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(state.decode_rows)
-    summarize(result, state.decode_rows, settings, bandwidth)
+    try:
+        for context, variant in budget.each(items, label=lambda i: f"{i[1]} at {i[0]}"):
+            prompt = random_prompt(context, vocab, seed=context)
+            if variant == "ours":
+                fn, compile_label = (lambda p, n: ours_ms_per_token(engine, p, n)), settings.compile_label
+            else:
+                hf = hf or transformers_twin(engine)
+                fn = lambda p, n: hf_ms_per_token(hf, p, n, "static")  # noqa: E731
+                compile_label = "transformers CompileConfig (auto on CUDA)" if settings.cuda else "eager"
+            warm = 2 if settings.cuda else 1
+            warm_s, ms, tokens = time_variant(fn, prompt, new, settings.rounds, warm)
+            if variant == "ours":
+                ours_tokens[context] = tokens
+            read = bytes_per_forward(engine, context + new // 2)
+            floor_ms = read / bandwidth * 1e3
+            same = ours_tokens.get(context)
+            equal = "" if same is None else f"{sum(a == b for a, b in zip(tokens, same))}/{len(same)}"
+            state.decode_rows.append({
+                "context": context, "variant": variant, "ms_per_token": round(ms, 4),
+                "tokens_per_s": round(1e3 / ms, 1), "bytes_per_token": read, "roofline_ms": round(floor_ms, 4),
+                "roofline_fraction": round(floor_ms / ms, 4), "warmup_s": round(warm_s, 1), "compile": compile_label,
+                "tokens_equal_ours": equal})
+            with open(out / "decode.csv", "w", newline="") as f:  # after each row: a later timeout keeps them
+                writer = csv.DictWriter(f, fieldnames=COLUMNS)
+                writer.writeheader()
+                writer.writerows(state.decode_rows)
+    finally:  # an interrupted stage still reports the rows it has
+        summarize(result, state.decode_rows, settings, bandwidth)
 
 
 def summarize(result, rows: list[dict], settings, bandwidth: float) -> None:

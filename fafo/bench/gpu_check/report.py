@@ -15,11 +15,13 @@ STAGE_TITLES = {
 
 
 def overall(results) -> str:
+    """The verdict over the stages that were selected (``--stages``); the others are named as such."""
     if any(r.status == "failed" for r in results):
         return "FAILED"
     if any(r.status in ("partial", "skipped") for r in results):
         return "INCOMPLETE (stages or items skipped for time)"
-    return "PASSED"
+    left_out = [r.name for r in results if r.status == "not selected"]
+    return "PASSED" + (f" (stages not selected: {', '.join(left_out)})" if left_out else "")
 
 
 def write_report(path: Path, results, settings, argv: list[str], total_s: float) -> str:

@@ -84,7 +84,7 @@ def run_check(args: argparse.Namespace, argv: list[str]) -> list[StageResult]:
         result = StageResult(name, STAGE_TITLES[name], settings.budgets[name])
         results.append(result)
         if name not in args.stages:
-            result.status, result.summary = "skipped", "not selected (--stages)"
+            result.status, result.summary = "not selected", "--stages names others"
             continue
         deadline += settings.budgets[name]
         if name == "cli":  # the command line runs in a child process: the 7B model's memory is freed for it first

@@ -29,7 +29,8 @@ class StageResult:
 
     Attributes:
         status: ``ok``, ``failed`` (an exception, or a check that did not pass), ``partial`` (out of time with
-            items left), ``skipped`` (not started: no time left, or not selected), ``not run``.
+            items left), ``skipped`` (not started: no time left), ``not selected`` (``--stages`` names others),
+            ``not run``.
         summary: one line for the final table.
         sections: Markdown blocks for the report.
         skipped: items not run for lack of time (the report names them).

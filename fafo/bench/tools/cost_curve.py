@@ -9,8 +9,8 @@ From it, for a method whose decode step runs forwards of ``t_1, t_2, ...`` token
 is the tau (tokens per step) at which the step pays for itself: the method is faster than vanilla exactly when
 its measured tau exceeds it, and its predicted speedup is ``tau / break_even_tau`` (attention over the context and
 the per-step host work aside). On a GPU a forward of tens of tokens costs little more than a 1-token one (memory
-bound), and FAFO's 481-token forward 2.5 of them on an H200 at 7B (compute bound: ``results/device/h200.csv``), so its
-break-even tau there is about 2.5; on a CPU every token costs and the break-even tau approaches the step size.
+bound), and FAFO's 481-token forward 1.8 of them on an H100 at 7B and 2.5 on an H200 (compute bound:
+``results/device/h100.csv``, ``h200.csv``), so its break-even tau there is about 1.8 and 2.5; on a CPU every token costs and the break-even tau approaches the step size.
 
 Under load (``bench.batch_size`` B, :mod:`fafo.batch`) a step runs each forward for B rows at once, so the curve
 that prices it is the one measured at B rows (``--curve --batch 1 4 16 64``: a ``batch`` column; a CSV without it

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU self-check in the shortest wall time: the untimed stages concurrently, then the timed ones alone.
+#
+# `python -m fafo.bench.gpu_check` runs its stages one after another, and on a GPU most of their time is compiling
+# (a 7B-shaped step shape compiles in about a minute). This script runs, at the same time (phase 1, PARALLEL_S
+# seconds): the correctness stage once per GQA group (tiny models; its results are token comparisons, not
+# timings), the command-line stage (its tiny model's speedups are then not timings either: a smoke test of the
+# CLI), and one "warm-up" process per timed stage, whose own timings are discarded: they fill inductor's caches
+# (FX graph, autotuning, Triton) so that phase 2 loads compiled graphs instead of building them. Phase 2 (TIMED_S
+# seconds) then runs preflight, decode, curve and methods in one process with the GPU to itself: those are the
+# numbers to report. Each process writes its own report under OUT (OUT/<name>/gpu_check.md, OUT/<name>.log).
+#
+# Usage: scripts/gpu_acceptance.sh OUT [PARALLEL_S [TIMED_S]]      (defaults 200 and 220; PYTHON picks python3)
+set -uo pipefail
+
+if [ $# -lt 1 ] || [ "${1:0:1}" = "-" ]; then
+  echo "usage: $0 OUT [PARALLEL_S [TIMED_S]]" >&2
+  exit 2
+fi
+out=$1
+parallel=${2:-200}
+timed=${3:-220}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+
+# --budget-s scales the stages' default budgets (fafo.bench.gpu_check.settings.BUDGETS, 430 s in all) in
+# proportion; this gives the selected stages, whose defaults sum to $2 seconds, $1 seconds together
+budget() { echo $(($1 * 430 / $2)); }
+check() {  # NAME SECONDS ARGS...: one check process, stopped (and its compile workers) past its time
+  local name=$1 seconds=$2
+  shift 2
+  timeout -k 10 "$seconds" "$py" -m fafo.bench.gpu_check --out "$out/$name" "$@" >"$out/$name.log" 2>&1
+  echo "[gpu_acceptance] $name: exit $? after $SECONDS s" >&2
+}
+
+# phase 1: four correctness groups, the CLI, and the timed stages' compiles, concurrently (16 cores: 4 compile
+# workers each)
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-4}
+for g in 4 7 1 3; do
+  check "group$g" $((parallel + 30)) --stages correctness --groups "$g" --budget-s "$(budget "$parallel" 150)" &
+done
+check cli $((parallel + 30)) --stages cli --budget-s "$(budget "$parallel" 55)" &
+for stage in decode curve methods; do
+  check "warm-$stage" "$parallel" --stages "$stage" --budget-s 100000 &
+done
+wait
+
+# phase 2: the timed stages, alone on the GPU
+unset TORCHINDUCTOR_COMPILE_THREADS
+timeout -k 10 $((timed + 60)) "$py" -m fafo.bench.gpu_check --out "$out/timed" \
+  --stages preflight decode curve methods --budget-s "$(budget "$timed" 225)" >"$out/timed.log" 2>&1
+echo "[gpu_acceptance] timed: exit $? after $SECONDS s" >&2
+
+for name in group4 group7 group1 group3 cli timed; do  # each report's summary table
+  echo "== $name"
+  sed -n '/^## Summary/,/^## 1\./p' "$out/$name/gpu_check.md" 2>/dev/null | grep "^|" | grep -v "| not selected |" \
+    || tail -5 "$out/$name.log"
+done
