@@ -30,6 +30,7 @@ def test_quick_cpu_check_passes_and_writes_its_report(tmp_path):
     assert table.rstrip().splitlines()[-1].startswith("PASSED")
     report = (out / "gpu_check.md").read_text()
     assert report.startswith("# GPU self-check: PASSED") and report.count("Status: **ok**") == len(BUDGETS)
+    assert "Where a 1-token forward's time goes" in report and "| matrix products |" in report  # decode's profile
 
     cases = list(csv.DictReader(open(out / "correctness.csv")))
     assert len(cases) == 12 and {c["group"] for c in cases} == {"4"}  # --quick on CPU: group 4, every method

@@ -5,6 +5,8 @@ runner compiles it) and transformers' ``generate`` with its static cache (compil
 CUDA) on the same weights (:func:`~fafo.bench.tools.random_model.transformers_twin`). The roofline of a token is the
 bytes its forward must read (weights, plus the KV at the generation's mean context) over the copy bandwidth of
 stage 1. Targets (from gpt-fast, about 69 % of an A100's roofline): >= 70 % at 512, no slower than transformers.
+Last, a kernel profile of ours' 1-token forward at the first context says where its time goes
+(:mod:`fafo.bench.tools.kernel_profile`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import statistics
 import time
 from pathlib import Path
 
-from fafo.bench.tools.engine_timing import bytes_per_forward, hf_ms_per_token, ours_ms_per_token
+from fafo.bench.tools.engine_timing import (bytes_per_forward, fill_cache, forward_step, hf_ms_per_token,
+                                            ours_ms_per_token, warm_calls, weight_bytes_read)
+from fafo.bench.tools.kernel_profile import profile_forward, profile_rows
 from fafo.bench.gpu_check.big_model import random_prompt
 from fafo.bench.tools.random_model import transformers_twin
 
@@ -40,8 +44,13 @@ def decode_stage(budget, result, settings, state, out: Path) -> None:
     hf = None
     ours_tokens: dict[int, list[int]] = {}
     items = [(c, v) for c in settings.decode_contexts for v in ("ours", "transformers")]
+    items.append((settings.decode_contexts[0], "kernel profile"))  # why ours is where it is (after the timings)
+    profile = []
     try:
         for context, variant in budget.each(items, label=lambda i: f"{i[1]} at {i[0]}"):
+            if variant == "kernel profile":
+                profile.append(kernel_section(engine, context, settings))
+                continue
             prompt = random_prompt(context, vocab, seed=context)
             if variant == "ours":
                 fn, compile_label = (lambda p, n: ours_ms_per_token(engine, p, n)), settings.compile_label
@@ -68,6 +77,27 @@ def decode_stage(budget, result, settings, state, out: Path) -> None:
                 writer.writerows(state.decode_rows)
     finally:  # an interrupted stage still reports the rows it has
         summarize(result, state.decode_rows, settings, bandwidth)
+        for section, line in profile:
+            result.sections.append(section)
+            result.summary += f"; {line}"
+
+
+def kernel_section(engine, context: int, settings) -> tuple[str, str]:
+    """Device time of one compiled 1-token forward at ``context`` by kind of kernel
+    (:mod:`fafo.bench.tools.kernel_profile`): a Markdown table, and a line for the summary."""
+    cache = engine.cache(0)
+    fill_cache(cache)
+    step = forward_step(engine, cache, 1, context)
+    for _ in range(warm_calls(engine)):
+        step()
+    rows = profile_rows(profile_forward(step, 20 if settings.cuda else 3, settings.device), weight_bytes_read(engine))
+    cols = ["kind", "events", "ms", "share", "note"]
+    line = "per forward: " + ", ".join(f"{r['kind'].split(' (')[0]} {r['ms']:.2f} ms" for r in rows
+                                       if isinstance(r["ms"], float))
+    return (f"Where a 1-token forward's time goes at {context} context (torch.profiler over "
+            f"{20 if settings.cuda else 3} back-to-back compiled forwards; per forward):\n\n"
+            "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+            + "".join("| " + " | ".join(str(r[c]) for c in cols) + " |\n" for r in rows)), line
 
 
 def summarize(result, rows: list[dict], settings, bandwidth: float) -> None:
