@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from fafo.bench.gpu_check.methods import METHODS
 from fafo.bench.gpu_check.settings import BUDGETS, settings_for
 from fafo.bench.gpu_check.stages import Budget, StageResult, run_stage
 from tests.helpers import ENV, REPO
@@ -197,13 +198,24 @@ echo "end $*" >>{log}
     assert proc.returncode == 0, proc.stderr
     lines = log.read_text().splitlines()
     starts = [line for line in lines if line.startswith("start")]
-    assert len(starts) == 9
+    assert len(starts) == 10
     for g in (4, 7, 1, 3):
         assert sum(f"--stages correctness --groups {g} --budget-s 573" in s for s in starts) == 1  # 200 s of 150
     assert sum("--stages cli --budget-s 1563" in s for s in starts) == 1
-    assert sum("--out " + str(tmp_path / "out" / f"warm-{st}") in s for s in starts for st in ("decode", "curve",
-                                                                                            "methods")) == 3
+    warm = [s for s in starts if "/warm-" in s]
+    assert len(warm) == 4 and sum("--stages methods" in s for s in warm) == 2
+    halves = [set(s.split("--methods ")[1].split()) for s in warm if "--methods" in s]
+    assert not halves[0] & halves[1] and halves[0] | halves[1] == set(METHODS)  # every method warmed, once
     timed = "--stages preflight decode curve methods --budget-s 401"  # 210 s for stages of 225 s by default
     assert timed in lines[-2] and timed in lines[-1]  # started after every other process had ended
-    assert all(line.startswith("start") for line in lines[:8])  # the first eight ran side by side
+    assert all(line.startswith("start") for line in lines[:9])  # the first nine ran side by side
     assert proc.stdout.count("| x | ok |") == 6 and "not selected" not in proc.stdout
+
+
+def test_the_big_cache_is_sized_alike_whichever_methods_are_selected():
+    """Its size is part of every compiled graph: processes timing different methods must build the same graphs to
+    share inductor's caches (the acceptance script warms them in two halves)."""
+    from fafo.bench.gpu_check.big_model import capacity
+
+    sizes = {capacity(settings_for("cpu", quick=False, methods=m)) for m in (None, ["vanilla"], ["lookahead"])}
+    assert len(sizes) == 1

@@ -51,11 +51,13 @@ class CheckState:
 
 
 def capacity(settings) -> int:
-    """Cache slots for every decode context (+ its new tokens), every curve context (+ its largest step) and the
-    timed methods' prompt (+ new tokens and their scratch)."""
+    """Cache slots for every decode context (+ its new tokens), every curve context (+ its largest step) and every
+    method's prompt (+ new tokens and their scratch). Every method counts, whichever ``--methods`` selects: the
+    cache's size is part of each compiled graph, so processes that time different methods build the same graphs
+    and share inductor's caches (``scripts/gpu_acceptance.sh`` warms them in parallel)."""
     from fafo.bench.gpu_check.methods import most_extra_slots, selected
 
-    methods = selected(settings.timed_methods or settings.methods)
+    methods = selected(None)
     return max(max(settings.decode_contexts) + settings.decode_new,
                max(settings.curve_contexts) + max(settings.curve_steps),
                settings.method_prompt + settings.method_new
