@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from fafo.bench.gpu_check.methods import METHODS
 from fafo.bench.gpu_check.settings import BUDGETS, settings_for
@@ -219,3 +220,22 @@ def test_the_big_cache_is_sized_alike_whichever_methods_are_selected():
 
     sizes = {capacity(settings_for("cpu", quick=False, methods=m)) for m in (None, ["vanilla"], ["lookahead"])}
     assert len(sizes) == 1
+
+
+def test_the_flex_probe_checks_against_a_right_reference_and_needs_cuda(monkeypatch):
+    """``scripts/gpu_flex_probe.py`` judges each template against its float64 reference: that reference equals
+    SDPA with the same mask (both mask kinds), and without CUDA the probe refuses to run (exit 2)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_flex_probe", REPO / "scripts" / "gpu_flex_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    for kind, K in (("causal", 11), ("length", 300)):
+        mask = probe.visible(kind, 11, K, "cpu")
+        assert mask.shape == (11, K) and (not mask.all()) and mask.any(-1).all()
+        q, k, v = torch.randn(1, 8, 11, 16), torch.randn(1, 2, K, 16), torch.randn(1, 2, K, 16)
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_mask=mask, scale=0.25)
+        assert torch.allclose(probe.reference(q, k, v, 0.25, mask).float(), expected, atol=1e-5)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert probe.main() == 2
