@@ -34,8 +34,12 @@ def test_quick_cpu_check_passes_and_writes_its_report(tmp_path):
     assert report.startswith("# GPU self-check: PASSED") and report.count("Status: **ok**") == len(BUDGETS)
     assert "Where a 1-token forward's time goes" in report and "| matrix products |" in report  # decode's profile
 
-    cases = list(csv.DictReader(open(out / "correctness.csv")))
-    assert len(cases) == 12 and {c["group"] for c in cases} == {"4"}  # --quick on CPU: group 4, every method
+    rows = list(csv.DictReader(open(out / "correctness.csv")))
+    cases = [c for c in rows if c["batch"] == "1"]
+    assert len(cases) == 12 and {c["group"] for c in rows} == {"4"}  # --quick on CPU: group 4, every method
+    batched = [c for c in rows if c["batch"] == "4"]  # and two of them decoding four requests as one batch
+    assert [c["method"] for c in batched] == ["vanilla", "token_recycling"]
+    assert all(c["status"] == "ok" and c["identical"] == c["generations"] == "4" for c in batched), batched
     for c in cases:
         assert c["status"] == "ok" and c["identical"] == c["generations"] == "3", c
         assert c["recompiles"] == "0" and c["cudagraph_skips"] == "0", c
@@ -45,6 +49,7 @@ def test_quick_cpu_check_passes_and_writes_its_report(tmp_path):
 
     curve = CostCurve.load(out / "cpu.csv")
     assert sorted(curve.table) == [64, 256] and all(sorted(s) == [1, 8, 64] for s in curve.table.values())
+    assert sorted(curve.batches) == [1, 2] and sorted(curve.batches[2][64]) == [1, 8]  # 2 rows at once, context 64
     assert set(curve.methods) == {"vanilla", "fafo_stream", "lookahead", "token_recycling"}
     assert all(m["step_ms"] > 0 and m["host_ms"] >= 0 and m["steps"] >= 1 for m in curve.methods.values())
     decode = list(csv.DictReader(open(out / "decode.csv")))

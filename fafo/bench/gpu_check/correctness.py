@@ -15,6 +15,10 @@ Every generation is compared with eager vanilla greedy on the same weights and d
 
 Methods whose forwards cannot run compiled (``Decoder.eager_forwards``: SWIFT's layer-skipped drafts) run eagerly,
 as the runner times them.
+
+Then, per model, a few methods decode the three prompts and the first again as **one batch** of four requests of
+ragged lengths (``bench.batch_size=4``, static batching, :func:`fafo.batch.decode_batch`): BlockMasks with a batch
+dimension, one live length per row, CUDA graphs per batch shape; each request must equal its eager batch-1 tokens.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n" * 3
     + "def",
 ]
-COLUMNS = ["group", "method", "family", "compiled", "max_rows", "rows_x_group", "graphs", "recompiles",
+COLUMNS = ["group", "method", "batch", "family", "compiled", "max_rows", "rows_x_group", "graphs", "recompiles",
            "cudagraph_skips", "generations", "identical", "ties", "divergences", "status", "seconds", "note"]
 
 
@@ -122,22 +126,54 @@ def run_case(model: GroupModel, name: str, settings) -> dict:
     if not compiled:
         notes.append(f"eager, as the runner times it ({method.eager_forwards})")
     step = max(rows) if rows else 0
-    return {"group": model.group, "method": name, "family": model.family, "compiled": int(compiled),
+    return {"group": model.group, "method": name, "batch": 1, "family": model.family, "compiled": int(compiled),
             "max_rows": step, "rows_x_group": step * model.group, "graphs": graphs_warm - graphs0,
             "recompiles": recompiles, "cudagraph_skips": skips, "generations": len(kinds),
             "identical": counts["identical"], "ties": counts["tie"], "divergences": counts["divergence"],
             "status": status, "seconds": round(time.perf_counter() - t0, 1), "note": "; ".join(notes)}
 
 
+def run_batch_case(model: GroupModel, name: str, settings) -> dict:
+    """``name`` decoding every prompt (and the first again) as one static batch on the compiled engine: warmed by
+    one batch (compiles, records), then a second whose requests are compared with eager batch-1 vanilla."""
+    from fafo.batch import Request, decode_batch
+
+    t0 = time.perf_counter()
+    engine, B = model.compiled, settings.batch_size
+    method = build_method(name, small=True)
+    method.setup(engine)
+    order = [i % len(model.prompts) for i in range(B)]
+    requests = [Request(model.prompts[i], settings.max_new) for i in order]
+    skips0, graphs0 = cudagraph_skips(), compile_stats()["graphs"]
+    with steps_as_the_runner(engine, method):
+        decode_batch(method, engine, requests, B)
+        graphs_warm = compile_stats()["graphs"]
+        result = decode_batch(method, engine, requests, B)
+    recompiles, skips = compile_stats()["graphs"] - graphs_warm, cudagraph_skips() - skips0
+    kinds = [compare(model, i, g.tokens) for i, g in zip(order, result.generations)]
+    counts = {k: sum(kind == k for kind, _ in kinds) for k in ("identical", "tie", "divergence")}
+    status = "FAIL" if counts["divergence"] or recompiles or skips else "tie" if counts["tie"] else "ok"
+    model.compile(settings)  # the next case starts on the batch-1 cache and graphs
+    return {"group": model.group, "method": name, "batch": B, "family": model.family,
+            "compiled": int(not method.eager_forwards), "max_rows": "", "rows_x_group": "",
+            "graphs": graphs_warm - graphs0, "recompiles": recompiles, "cudagraph_skips": skips,
+            "generations": len(kinds), "identical": counts["identical"], "ties": counts["tie"],
+            "divergences": counts["divergence"], "status": status, "seconds": round(time.perf_counter() - t0, 1),
+            "note": "; ".join(note for _, note in kinds if note)}
+
+
 def correctness_stage(budget, result, settings, out: Path) -> None:
     methods = selected(settings.methods)
-    cases = [(g, m) for g in settings.groups for m in methods]
+    batched = [m for m in settings.batch_methods if m in methods]
+    cases = [(g, m, b) for g in settings.groups for m, b in [(m, 1) for m in methods] + [(m, settings.batch_size)
+                                                                                          for m in batched]]
     rows: list[dict] = []
     models: dict[int, GroupModel | str] = {}  # the current group's model, or why it could not be built
     reset_compiled_state()
     try:
         with tempfile.TemporaryDirectory(prefix="fafo-gpu-check-") as root:
-            for group, name in budget.each(cases, label=lambda c: f"group {c[0]} {c[1]}"):
+            for group, name, batch in budget.each(cases, label=lambda c: f"group {c[0]} {c[1]}"
+                                                                           + (f" at batch {c[2]}" if c[2] > 1 else "")):
                 try:
                     if group not in models:
                         models.clear()  # one model on the device at a time, its graphs forgotten with it
@@ -148,13 +184,16 @@ def correctness_stage(budget, result, settings, out: Path) -> None:
                             result.errors.append(f"group {group}, model and eager reference:\n"
                                                  + traceback.format_exc())
                     if isinstance(models[group], str):
-                        rows.append({"group": group, "method": name, "status": "error", "note": models[group]})
+                        rows.append({"group": group, "method": name, "batch": batch, "status": "error",
+                                     "note": models[group]})
                         continue
-                    rows.append(run_case(models[group], name, settings))
+                    rows.append(run_case(models[group], name, settings) if batch == 1 else
+                                run_batch_case(models[group], name, settings))
                     budget.note = f"{rows[-1]['status']} (max rows {rows[-1]['max_rows']}) {rows[-1]['note']}"[:200]
                 except Exception:  # noqa: BLE001 - the case is recorded as an error, the next one runs
-                    result.errors.append(f"group {group} {name}:\n{traceback.format_exc()}")
-                    rows.append({"group": group, "method": name, "status": "error", "note": last_line()})
+                    result.errors.append(f"group {group} {name} (batch {batch}):\n{traceback.format_exc()}")
+                    rows.append({"group": group, "method": name, "batch": batch, "status": "error",
+                                 "note": last_line()})
                     budget.note = f"error: {last_line()}"
                     if isinstance(models.get(group), GroupModel):
                         models[group].compile(settings)
@@ -163,6 +202,10 @@ def correctness_stage(budget, result, settings, out: Path) -> None:
         reset_compiled_state()
         write_rows(out / "correctness.csv", rows)
         summarize(result, rows, len(cases))
+
+
+def batch_label(row: dict) -> str:
+    return f" at batch {row['batch']}" if str(row.get("batch", 1)) not in ("1", "") else ""
 
 
 def last_line() -> str:
@@ -181,8 +224,8 @@ def summarize(result, rows: list[dict], n_cases: int) -> None:
     bad = [r for r in rows if r["status"] in ("FAIL", "error")]
     identical = sum(r["status"] == "ok" for r in rows)
     tied = sum(r["status"] == "tie" for r in rows)
-    result.failed_checks += [f"group {r['group']} {r['method']}: {r['status']} {r.get('note', '')}".strip()
-                             for r in bad]
+    result.failed_checks += [f"group {r['group']} {r['method']}{batch_label(r)}: {r['status']} {r.get('note', '')}"
+                             .strip() for r in bad]
     recompiled = sum(1 for r in rows if r.get("recompiles"))
     skipped = sum(1 for r in rows if r.get("cudagraph_skips"))
     widest = max(rows, key=lambda r: r.get("rows_x_group") or 0, default=None)

@@ -1,7 +1,9 @@
 """Stage 4: the compiled cost curve of the 7B-shaped model, and each method's step and host time on it.
 
 * curve: one compiled forward of 1..512 tokens at each context (the step sizes in order of value, every context
-  per step: a step size is one graph, the context only a tensor value), warmed, median of several calls;
+  per step: a step size is one graph, the context only a tensor value), warmed, median of several calls; then
+  forwards of 4 and 16 rows at once (``bench.batch_size``; 1 and 64 tokens per row, first context), the curve
+  that prices batched runs;
 * methods: each draftless method at its preset's shapes generates after a prompt (a random run repeated, so the
   n-gram methods have matches to draft from), compiled as the runner does, warmed, then one generation is split
   into time inside its forwards and host time around them (:func:`~fafo.bench.tools.engine_timing.step_times`). The
@@ -18,13 +20,14 @@ from pathlib import Path
 import torch
 
 from fafo.bench.tools.cost_curve import CostCurve, write_device_csv
-from fafo.bench.tools.engine_timing import (bytes_per_forward, device_name, device_slug, fill_cache, forward_step,
-                                      step_times, timed, warm_calls)
-from fafo.bench.gpu_check.big_model import random_prompt
+from fafo.bench.tools.engine_timing import (bytes_per_forward, device_name, device_slug, fill_cache, forward_rows_step,
+                                            forward_step, kv_bytes_per_token, step_times, timed, warm_calls)
+from fafo.bench.gpu_check.big_model import capacity, random_prompt
 from fafo.bench.gpu_check.methods import build_method, selected, steps_as_the_runner
 from fafo.engine.compiled import reset_compiled_state
 
-CURVE_COLUMNS = ["context", "step_tokens", "median_ms", "min_ms", "first_call_s", "gb_per_s", "roofline_fraction"]
+CURVE_COLUMNS = ["batch", "context", "step_tokens", "median_ms", "min_ms", "first_call_s", "gb_per_s",
+                 "roofline_fraction"]
 METHOD_COLUMNS = ["method", "forward_tokens", "steps", "tau", "step_ms", "host_ms", "wall_ms", "forwards_per_step",
                   "max_rows", "first_call_s"]
 
@@ -35,19 +38,30 @@ def curve_stage(budget, result, settings, state, out: Path) -> None:
     cache = engine.cache(0)
     fill_cache(cache)
     repeats = 10 if settings.cuda else settings.rounds
+    items = [(s, 1) for s in settings.curve_steps] + [(s, b) for b in settings.curve_batches
+                                                      for s in settings.curve_batch_steps]
     try:
-        for step in budget.each(list(settings.curve_steps), label=lambda s: f"{s} tokens"):
-            for context in settings.curve_contexts:
-                first, med, low = timed(forward_step(engine, cache, step, context), repeats, warm_calls(engine),
-                                        settings.device)
-                read = bytes_per_forward(engine, context)
+        for step, batch in budget.each(items, label=lambda i: f"{i[0]} tokens" + (f" x {i[1]} rows" if i[1] > 1
+                                                                                  else "")):
+            contexts = settings.curve_contexts if batch == 1 else settings.curve_contexts[:1]
+            if batch != cache.batch:  # rows of their own: a cache of B rows just long enough
+                cache = engine.cache(contexts[0] + max(settings.curve_batch_steps), batch=batch)
+                fill_cache(cache)
+            for context in contexts:
+                fn = (forward_step(engine, cache, step, context) if batch == 1 else
+                      forward_rows_step(engine, cache, step, context, batch))
+                first, med, low = timed(fn, repeats, warm_calls(engine), settings.device)
+                # the weights once, every row's KV
+                read = bytes_per_forward(engine, context) + (batch - 1) * context * kv_bytes_per_token(engine)
                 state.curve_rows.append({
-                    "context": context, "step_tokens": step, "median_ms": round(med, 4), "min_ms": round(low, 4),
-                    "repeats": repeats, "first_call_s": round(first / 1e3, 2), "bytes_read": read,
-                    "gb_per_s": round(read / med / 1e6, 1),
+                    "batch": batch, "context": context, "step_tokens": step, "median_ms": round(med, 4),
+                    "min_ms": round(low, 4), "repeats": repeats, "first_call_s": round(first / 1e3, 2),
+                    "bytes_read": read, "gb_per_s": round(read / med / 1e6, 1),
                     "roofline_fraction": round(read / bandwidth * 1e3 / med, 4)})
             write_csv(state, settings, out)  # after each step size: an interrupted stage keeps its points
     finally:
+        if cache.batch != 1:  # the methods stage compiles for the one-row cache every process of the check sizes
+            engine.cache(capacity(settings))
         if state.curve_rows:
             summarize_curve(result, state, settings, out)
 
@@ -59,7 +73,9 @@ def summarize_curve(result, state, settings, out: Path) -> None:
     big = max(s for s in curve.table[ctx])
     result.summary = (f"{len(state.curve_rows)} points in {path.name}; at {ctx}: 1 token {curve.latency(1, ctx):.2f} "
                       f"ms, {big} tokens {curve.latency(big, ctx):.2f} ms "
-                      f"({curve.latency(big, ctx) / curve.latency(1, ctx):.2f}x)")
+                      f"({curve.latency(big, ctx) / curve.latency(1, ctx):.2f}x)"
+                      + "".join(f"; {b} rows x 1 token {curve.latency(1, ctx, b):.2f} ms" for b in sorted(curve.batches)
+                                if b > 1 and ctx in curve.batches[b]))
     result.sections.append(table(CURVE_COLUMNS, state.curve_rows))
 
 

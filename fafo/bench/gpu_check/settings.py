@@ -36,6 +36,9 @@ class Settings:
     methods: tuple[str, ...] | None = None  # None: every draftless method (fafo.bench.gpu_check.methods)
     timed_methods: tuple[str, ...] | None = None  # stage 4's; None: as ``methods``
     max_new: int = 32
+    # stage 2's batched cases: these methods decode every prompt as one static batch of batch_size requests
+    batch_methods: tuple[str, ...] = ("vanilla", "prompt_lookup", "token_recycling", "fafo_stream")
+    batch_size: int = 4
     big_shape: str = "llama2-7b"
     decode_contexts: tuple[int, ...] = (512, 4096)
     decode_new: int = 64
@@ -43,6 +46,9 @@ class Settings:
     curve_contexts: tuple[int, ...] = (512, 4096, 2048)
     # in order of value: vanilla's 1, FAFO's default 481, then the shapes methods use, the grid's ends last
     curve_steps: tuple[int, ...] = (1, 481, 64, 128, 256, 512, 16, 120, 32, 8, 4, 2)
+    # then forwards of several rows at once (bench.batch_size), at the first context only, after every step above
+    curve_batches: tuple[int, ...] = (4, 16)
+    curve_batch_steps: tuple[int, ...] = (1, 64)
     method_prompt: int = 512
     method_new: int = 64
     cli_samples: int = 2
@@ -74,11 +80,13 @@ def settings_for(device: str, quick: bool, budget_s: float | None = None, backen
         attention = "auto" if backend == "inductor" else "flex"
         options = CompileOptions(mode="default", backend=backend or "aot_eager", attention=attention)
         s = Settings(dev, "float32", options, quick, big_shape="llama2-7b-toy", decode_contexts=(64, 256),
-                     decode_new=16, rounds=2, curve_contexts=(64, 256), curve_steps=(1, 8, 64), method_prompt=96,
+                     decode_new=16, rounds=2, curve_contexts=(64, 256), curve_steps=(1, 8, 64), curve_batches=(2,),
+                     curve_batch_steps=(1, 8), method_prompt=96,
                      method_new=16, max_new=24, cli_new=16)
         if quick:  # about a minute and a half on 2 CPU cores: group 4 (tree steps over 128 rows x group)
             s.rounds, s.max_new, s.decode_new, s.groups = 1, 16, 8, (4,)
             s.timed_methods = ("vanilla", "fafo_stream", "lookahead", "token_recycling")
+            s.batch_methods = ("vanilla", "token_recycling")
     if groups:
         s.groups = tuple(groups)
     if methods:

@@ -10,7 +10,8 @@ is the tau (tokens per step) at which the step pays for itself: the method is fa
 its measured tau exceeds it, and its predicted speedup is ``tau / break_even_tau`` (attention over the context and
 the per-step host work aside). On a GPU a forward of tens of tokens costs little more than a 1-token one (memory
 bound), and FAFO's 481-token forward 1.8 of them on an H100 at 7B and 2.5 on an H200 (compute bound:
-``results/device/h100.csv``, ``h200.csv``), so its break-even tau there is about 1.8 and 2.5; on a CPU every token costs and the break-even tau approaches the step size.
+``results/device/h100.csv``, ``h200.csv``), so its break-even tau there is about 1.8 and 2.5; on a CPU every
+token costs and the break-even tau approaches the step size.
 
 Under load (``bench.batch_size`` B, :mod:`fafo.batch`) a step runs each forward for B rows at once, so the curve
 that prices it is the one measured at B rows (``--curve --batch 1 4 16 64``: a ``batch`` column; a CSV without it
@@ -37,11 +38,11 @@ from fafo.files import Source, read_text
 
 PROJECT = Path(__file__).resolve().parents[3]  # the checkout: relative curve paths are also looked for here
 COLUMNS = ("context", "step_tokens", "median_ms")  # and optionally "batch" (rows per forward; absent: 1)
-# results/device/<gpu>.csv: curve rows fill context..compile, method rows method..max_rows (and context)
-DEVICE_COLUMNS = ["row", "context", "step_tokens", "median_ms", "min_ms", "repeats", "first_call_s", "bytes_read",
-                  "gb_per_s", "roofline_fraction", "method", "forward_tokens", "prompt_tokens", "new_tokens", "steps",
-                  "tau", "step_ms", "host_ms", "wall_ms", "forwards_per_step", "max_rows", "device_name", "dtype",
-                  "compile", "torch", "cuda"]
+# results/device/<gpu>.csv: curve rows fill batch..roofline_fraction, method rows method..max_rows; both the rest
+DEVICE_COLUMNS = ["row", "batch", "context", "step_tokens", "median_ms", "min_ms", "repeats", "first_call_s",
+                  "bytes_read", "gb_per_s", "roofline_fraction", "method", "forward_tokens", "prompt_tokens",
+                  "new_tokens", "steps", "tau", "step_ms", "host_ms", "wall_ms", "forwards_per_step", "max_rows",
+                  "device_name", "dtype", "compile", "torch", "cuda"]
 METHOD_FIELDS = ("step_ms", "host_ms", "wall_ms", "tau", "steps", "forwards_per_step", "prompt_tokens")
 
 
