@@ -46,6 +46,14 @@ each reading the whole cache alone, a slow vanilla that would inflate every spee
 4. Where neither fits (a query block that is not a power of two), the main template is forced
    (:func:`fafo.engine.torch_compat.main_template_option`).
 
+Because the main template does not split the keys, a compiled step of Q > 1 rows reads its **prefix** (the cache
+before the step, which every one of those rows sees whole) in chunks (:func:`prefix_chunks`): the cache is viewed
+as C chunks of capacity / C slots each, the chunks as extra KV heads of one call (``[B, Hkv * C, S / C, D]``, a
+view), the queries repeated per chunk, so the call has C times the programs, each reading one chunk; the C
+partial results are merged by their log-sum-exps (as flash-decoding merges its splits, and as the engine merges
+prefix and step parts). C grows in powers of two until the call has about two programs per SM, keeping chunks of
+at least :data:`MIN_CHUNK` slots, from a cache of :data:`MIN_CHUNKED` slots up.
+
 :func:`lowered_kernel` restates torch's decision for given kernel options, so tests check every route against it.
 """
 
@@ -58,6 +66,9 @@ import torch
 from fafo.engine.torch_compat import main_template_option
 
 SHORT_QUERY = 128  # _use_flex_decoding: query lengths below this may take the decoding kernel
+MIN_CHUNKED = 2048  # a compiled step's prefix is read in chunks from this cache capacity up
+MIN_CHUNK = 512  # slots per chunk at least (4 of the engine's 128-key blocks)
+NOMINAL_SMS = 132  # an H100's or H200's: the chunk count on a device that has no SMs (a CPU tracing the CUDA path)
 MAIN_CONFIG_BLOCK = 128  # the largest BLOCK_M / BLOCK_N among the main template's forward configs
 
 
@@ -130,6 +141,21 @@ def flex_route(q_len: int, hq: int, hkv: int, q_block: int = 128, static: bool =
     if is_power_of_2(q_block) and q_block >= 16 and q_block % group == 0:
         return FlexRoute("decoding", heads, {"BLOCK_M": q_block})
     return FlexRoute("attention", hq, main_template_option())
+
+
+def prefix_chunks(q_len: int, hq: int, capacity: int, sms: int = NOMINAL_SMS, block: int = 128) -> int:
+    """How many chunks a compiled step of ``q_len`` rows in ``hq`` query heads reads its ``capacity``-slot prefix
+    in (1: one call). The main template launches ``cdiv(q_len, block) * hq`` programs (rule 1, 2); the chunks
+    multiply them until there are ``2 * sms``, while each chunk keeps :data:`MIN_CHUNK` slots and a whole number
+    of blocks. A pure function of its arguments."""
+    if q_len < 2 or capacity < MIN_CHUNKED:
+        return 1
+    programs = -(-q_len // block) * hq
+    chunks = 1
+    while (programs * chunks < 2 * sms and capacity % (2 * chunks * block) == 0
+           and capacity // (2 * chunks) >= MIN_CHUNK):
+        chunks *= 2
+    return chunks
 
 
 def pad_query_groups(q: torch.Tensor, hkv: int, group: int) -> torch.Tensor:
