@@ -126,8 +126,7 @@ def test_compile_is_off_by_default_on_cpu(tmp_path):
     assert resolve(make_cfg(tmp_path), tmp_path / "run").compile is None
 
 
-@pytest.mark.parametrize("method_name", ["prompt_lookup", "token_recycling", "lookahead", "fafo_stream",
-                                         "triforce_nodraft"])
+@pytest.mark.parametrize("method_name", ["prompt_lookup", "token_recycling", "fafo_stream"])  # chain, tree, region
 def test_compiled_flex_reads_a_long_prefix_in_chunks_exactly(method_name, engine, checkpoint, fresh_dynamo,
                                                              monkeypatch):
     """Over a cache of 4096 slots a compiled multi-row step reads its prefix in chunks (the main template does not

@@ -128,10 +128,11 @@ class CompiledStep:
                 plan.region_len if plan.region_length is None else plan.region_length)
             changes.update(region_len=plan.region_capacity, region_length=region.length)
         if self.attention == "flex":
-            changes.update(prefix_block_mask=prefix.block_mask(split) if split else None,
-                           step_block_mask=self._step_block_mask(plan, n_queries, dev))
+            # the main template does not split the keys: a multi-row step reads a long prefix in chunks
             chunks = prefix_chunks(split, self.heads[0], capacity, device_sms(dev))
-            if chunks > 1:  # the main template does not split the keys: the prefix is read in chunks
+            changes.update(prefix_block_mask=prefix.block_mask(split) if split and chunks == 1 else None,
+                           step_block_mask=self._step_block_mask(plan, n_queries, dev))
+            if chunks > 1:
                 changes.update(prefix_chunks=chunks,
                                prefix_chunk_mask=prefix.chunked_block_mask(split, chunks, *self.heads))
             if plan.region_from is not None:
