@@ -83,6 +83,7 @@ class CompiledStep:
         self.options = options
         self.attention = options.attention_for(device)
         self.heads = (model.args.n_heads, model.args.n_kv_heads)  # query and KV heads: the prefix's chunking
+        self.sms = device_sms(device)
         raise_recompile_limit(32)  # past the limit dynamo would silently run eager: fail loudly instead
         self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False,
                                 fullgraph=True)  # a graph break would run part of a step eagerly: an error
@@ -129,7 +130,7 @@ class CompiledStep:
             changes.update(region_len=plan.region_capacity, region_length=region.length)
         if self.attention == "flex":
             # the main template does not split the keys: a multi-row step reads a long prefix in chunks
-            chunks = prefix_chunks(split, self.heads[0], capacity, device_sms(dev))
+            chunks = prefix_chunks(split, self.heads[0], capacity, self.sms)
             changes.update(prefix_block_mask=prefix.block_mask(split) if split and chunks == 1 else None,
                            step_block_mask=self._step_block_mask(plan, n_queries, dev))
             if chunks > 1:

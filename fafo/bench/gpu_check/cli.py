@@ -18,6 +18,8 @@ import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
+from fafo.bench.gpu_check.report import markdown_table
+
 METHODS = ("vanilla", "fafo_stream", "prompt_lookup", "lookahead")
 SHOWN = ("method", "n_samples", "n_failed", "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence", "tau",
          "speedup")
@@ -70,5 +72,4 @@ def cli_stage(budget, result, settings, out: Path) -> None:
     result.summary = (f"exit 0, {len(rows)} rows ({', '.join(sorted(found))}), "
                       + (f"divergence or failures in {', '.join(diverged)}" if diverged else
                          "no divergence, no failed sample"))
-    result.sections.append("| " + " | ".join(SHOWN) + " |\n|" + "---|" * len(SHOWN) + "\n"
-                           + "".join("| " + " | ".join(r.get(c, "") for c in SHOWN) + " |\n" for r in rows))
+    result.sections.append(markdown_table(SHOWN, rows))

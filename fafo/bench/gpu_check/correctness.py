@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
+from fafo.bench.gpu_check.report import markdown_table
 from fafo.bench.gpu_check.methods import build_method, most_extra_slots, selected, steps_as_the_runner
 from fafo.bench.mismatch import MismatchJudge
 from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
@@ -98,6 +99,13 @@ def compare(model: GroupModel, i: int, tokens: list[int]) -> tuple[str, str]:
     return kind, f"prompt {i}: first mismatch at token {at} ({kind}, float32 logit gap {gap})"
 
 
+def verdict(kinds: list[tuple[str, str]], recompiles: int, skips: int) -> tuple[dict, str]:
+    """Counts of identical / tie / divergence generations, and the case's status: ``FAIL`` on a divergence, a
+    recompile or a CUDA-graph skip, else ``tie`` when any tie, else ``ok``."""
+    counts = {k: sum(kind == k for kind, _ in kinds) for k in ("identical", "tie", "divergence")}
+    return counts, "FAIL" if counts["divergence"] or recompiles or skips else "tie" if counts["tie"] else "ok"
+
+
 def run_case(model: GroupModel, name: str, settings) -> dict:
     t0 = time.perf_counter()
     engine, max_new = model.compiled, settings.max_new
@@ -122,10 +130,8 @@ def run_case(model: GroupModel, name: str, settings) -> dict:
         rows = [f.tokens for f in engine.ledger.log if f.kind != "prefill"]
         engine.ledger.log = None
     notes = [note for _, note in kinds if note]
-    counts = {k: sum(kind == k for kind, _ in kinds) for k in ("identical", "tie", "divergence")}
     skips = cudagraph_skips() - skips0
-    bad = counts["divergence"] or recompiles or skips
-    status = "FAIL" if bad else "tie" if counts["tie"] else "ok"
+    counts, status = verdict(kinds, recompiles, skips)
     if not compiled:
         notes.append(f"eager, as the runner times it ({method.eager_forwards})")
     step = max(rows) if rows else 0
@@ -154,8 +160,7 @@ def run_batch_case(model: GroupModel, name: str, settings) -> dict:
         result = decode_batch(method, engine, requests, B)
     recompiles, skips = compile_stats()["graphs"] - graphs_warm, cudagraph_skips() - skips0
     kinds = [compare(model, i, g.tokens) for i, g in zip(order, result.generations)]
-    counts = {k: sum(kind == k for kind, _ in kinds) for k in ("identical", "tie", "divergence")}
-    status = "FAIL" if counts["divergence"] or recompiles or skips else "tie" if counts["tie"] else "ok"
+    counts, status = verdict(kinds, recompiles, skips)
     model.compile(settings)  # the next case starts on the batch-1 cache and graphs
     return {"group": model.group, "method": name, "batch": B, "family": model.family,
             "compiled": int(not method.eager_forwards), "max_rows": "", "rows_x_group": "",
@@ -237,6 +242,4 @@ def summarize(result, rows: list[dict], n_cases: int) -> None:
                       + f", {len(bad)} failed, {recompiled} recompiled, {skipped} with CUDA-graph skips"
                       + (f"; widest step {widest['max_rows']} rows x group {widest['group']}" if widest and
                          widest.get("max_rows") else ""))
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
-    body = "".join("| " + " | ".join(str(r.get(c, "")) for c in COLUMNS) + " |\n" for r in rows)
-    result.sections.append(head + body)
+    result.sections.append(markdown_table(COLUMNS, rows))

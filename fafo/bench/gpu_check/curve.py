@@ -23,6 +23,7 @@ from fafo.bench.tools.cost_curve import CostCurve, write_device_csv
 from fafo.bench.tools.engine_timing import (bytes_per_forward, device_name, device_slug, fill_cache, forward_rows_step,
                                             forward_step, kv_bytes_per_token, step_times, timed, warm_calls)
 from fafo.bench.gpu_check.big_model import capacity, random_prompt
+from fafo.bench.gpu_check.report import markdown_table
 from fafo.bench.gpu_check.methods import build_method, selected, steps_as_the_runner
 from fafo.engine.compiled import reset_compiled_state
 
@@ -76,7 +77,7 @@ def summarize_curve(result, state, settings, out: Path) -> None:
                       f"({curve.latency(big, ctx) / curve.latency(1, ctx):.2f}x)"
                       + "".join(f"; {b} rows x 1 token {curve.latency(1, ctx, b):.2f} ms" for b in sorted(curve.batches)
                                 if b > 1 and ctx in curve.batches[b]))
-    result.sections.append(table(CURVE_COLUMNS, state.curve_rows))
+    result.sections.append(markdown_table(CURVE_COLUMNS, state.curve_rows))
 
 
 def methods_stage(budget, result, settings, state, out: Path) -> None:
@@ -112,15 +113,10 @@ def methods_stage(budget, result, settings, state, out: Path) -> None:
         result.summary = f"{len(rows)} methods in {path.name}" + (
             f"; largest host share {worst['method']} {worst['host_ms']:.2f} of {worst['wall_ms']:.2f} ms per step"
             if worst else "")
-        result.sections.append(table(METHOD_COLUMNS, rows))
+        result.sections.append(markdown_table(METHOD_COLUMNS, rows))
 
 
 def write_csv(state, settings, out: Path) -> Path:
     common = {"device_name": state.versions.get("device") or device_name(settings.device), "dtype": settings.dtype,
               "compile": settings.compile_label, "torch": torch.__version__, "cuda": torch.version.cuda or ""}
     return write_device_csv(out / f"{device_slug(settings.device)}.csv", state.curve_rows, state.method_rows, common)
-
-
-def table(columns: list[str], rows: list[dict]) -> str:
-    return ("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-            + "".join("| " + " | ".join(str(r.get(c, "")) for c in columns) + " |\n" for r in rows))

@@ -20,6 +20,7 @@ from fafo.bench.tools.engine_timing import (bytes_per_forward, fill_cache, forwa
                                             ours_ms_per_token, warm_calls, weight_bytes_read)
 from fafo.bench.tools.kernel_profile import profile_forward, profile_rows
 from fafo.bench.gpu_check.big_model import random_prompt
+from fafo.bench.gpu_check.report import markdown_table
 from fafo.bench.tools.random_model import transformers_twin
 
 COLUMNS = ["context", "variant", "ms_per_token", "tokens_per_s", "bytes_per_token", "roofline_ms",
@@ -90,14 +91,13 @@ def kernel_section(engine, context: int, settings) -> tuple[str, str]:
     step = forward_step(engine, cache, 1, context)
     for _ in range(warm_calls(engine)):
         step()
-    rows = profile_rows(profile_forward(step, 20 if settings.cuda else 3, settings.device), weight_bytes_read(engine))
-    cols = ["kind", "events", "ms", "share", "note"]
+    calls = 20 if settings.cuda else 3
+    rows = profile_rows(profile_forward(step, calls, settings.device), weight_bytes_read(engine))
     line = "per forward: " + ", ".join(f"{r['kind'].split(' (')[0]} {r['ms']:.2f} ms" for r in rows
                                        if isinstance(r["ms"], float))
-    return (f"Where a 1-token forward's time goes at {context} context (torch.profiler over "
-            f"{20 if settings.cuda else 3} back-to-back compiled forwards; per forward):\n\n"
-            "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
-            + "".join("| " + " | ".join(str(r[c]) for c in cols) + " |\n" for r in rows)), line
+    return (f"Where a 1-token forward's time goes at {context} context (torch.profiler over {calls} back-to-back "
+            "compiled forwards; per forward):\n\n"
+            + markdown_table(["kind", "events", "ms", "share", "note"], rows)), line
 
 
 def summarize(result, rows: list[dict], settings, bandwidth: float) -> None:
@@ -114,8 +114,7 @@ def summarize(result, rows: list[dict], settings, bandwidth: float) -> None:
                                                                  ours["ms_per_token"] <= theirs["ms_per_token"])
         parts.append(f"targets at {first} (>= {TARGET_FRACTION:.0%}, <= transformers): {'met' if met else 'MISSED'}")
     result.summary = "; ".join(parts) or "nothing measured"
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
     result.sections.append(
         f"{settings.big_shape}, {settings.dtype}, copy bandwidth {bandwidth / 1e9:.1f} GB/s, "
         f"{settings.decode_new} new tokens, median of {settings.rounds}\n\n"
-        + head + "".join("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |\n" for r in rows))
+        + markdown_table(COLUMNS, rows))

@@ -14,6 +14,12 @@ STAGE_TITLES = {
 }
 
 
+def markdown_table(columns, rows: list[dict]) -> str:
+    """``rows`` (dicts) as a Markdown table of ``columns``; a missing cell is empty."""
+    return ("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+            + "".join("| " + " | ".join(str(r.get(c, "")) for c in columns) + " |\n" for r in rows))
+
+
 def overall(results) -> str:
     """The verdict over the stages that were selected (``--stages``); the others are named as such."""
     if any(r.status == "failed" for r in results):
