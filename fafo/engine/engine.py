@@ -149,8 +149,12 @@ class Engine:
             self.compiled, self.static_shapes, self._cache = compiled, static, cache
 
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
-        """A cache of its own for a decoder (e.g. a retrieval cache); CUDA graphs may keep its address."""
-        cache = self.model.new_cache(max_len, batch)
+        """A cache of its own for a decoder (e.g. a retrieval cache); CUDA graphs may keep its address. Always a
+        normal tensor, even when allocated inside ``torch.inference_mode`` (e.g. by a decoder whose ``generate``
+        runs in it): an inference tensor cannot be written in place outside that mode, which the next decoder on
+        the shared engine does."""
+        with torch.inference_mode(False):
+            cache = self.model.new_cache(max_len, batch)
         self.keep_address(cache)
         return cache
 
