@@ -137,6 +137,10 @@ class TriForceDecoder(Decoder):
             self._loaded = (engine, StreamingDraft(draft, self.draft_start, window, scratch))
         self._loaded[1].engine.static_shapes = engine.static_shapes
 
+    def engines(self, engine: Engine) -> list[Engine]:
+        draft = self._loaded[1].engine if self.draft is not None and self._loaded is not None else None
+        return [engine] + ([draft] if draft is not None else [])
+
     def _retrieval_kv(self, engine: Engine, n: int):
         """The retrieval cache's buffers, reused across generations on the same target (like ``engine.cache``)."""
         if self._rkv is None or self._rkv[0] is not engine or self._rkv[1].max_len < n:

@@ -258,6 +258,11 @@ class Decoder(ABC):
     def setup(self, engine: Engine) -> None:
         """Called once per run, before any generate (state that persists across samples lives here)."""
 
+    def engines(self, engine: Engine) -> list[Engine]:
+        """The engines this method runs forwards on after :meth:`setup` with ``engine``: the target, then any
+        draft model's (what a probe of the whole method must watch)."""
+        return [engine]
+
     def check_sampling(self, sampling: Sampling) -> None:
         """Raise ConfigError if this method cannot decode with ``sampling`` (checked before loading a model)."""
 

@@ -203,13 +203,6 @@ class _PrefillMark:
             self.probe.start_steps()
 
 
-def engines_of(method, engine) -> list:
-    """The target engine and any draft engine the method holds (TriForce's)."""
-    loaded = getattr(method, "_loaded", None)
-    draft = getattr(loaded[1], "engine", None) if isinstance(loaded, tuple) and len(loaded) > 1 else None
-    return [engine] + ([draft] if draft is not None else [])
-
-
 def count_host_work(method, engine, prompt_ids: list[int], max_new_tokens: int, warmup: bool = True,
                     forwards: bool = False) -> HostWork:
     """One generation under :class:`HostWork` (after a warm-up generation: what is built once per shape is not
@@ -219,7 +212,7 @@ def count_host_work(method, engine, prompt_ids: list[int], max_new_tokens: int, 
     if warmup:
         method.generate(engine, prompt_ids, max_new_tokens, engine.eos_ids)
         method.restore(snapshot)
-    probe = HostWork(engines_of(method, engine), forwards)
+    probe = HostWork(method.engines(engine), forwards)
     with probe:
         gen = method.generate(engine, prompt_ids, max_new_tokens, engine.eos_ids, clock=_PrefillMark(probe))
     probe.generation = gen
