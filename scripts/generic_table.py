@@ -3,14 +3,14 @@
 Rows are (model, method); one column group per task, or with ``--by KEY`` (any config key, e.g.
 ``method.compress.local`` or ``bench.max_new_tokens``; else a summary key such as ``dtype``) per value of that key
 (per task and value when the runs cover several tasks). Each cell is ``speedup× interval (tau/tau_all)`` (the
-interval as :func:`fafo.bench.report_format.fmt_interval` writes it: 95 % bootstrap or per-sample range); each
+interval as :func:`fafo.bench.tools.report_format.fmt_interval` writes it: 95 % bootstrap or per-sample range); each
 row ends with its coverage (samples/turns and failed rows), exact-match rate (over its (sample, turn)s, mismatches
 classified as fp32 tie / divergence), peak memory (max over its runs) beside vanilla's own and the overhead,
 tokens/s (its new tokens over its total time), time per verification forward and acceptance histogram. The methods
-of one model in one column are compared on the (sample, turn)s all of them cover (:func:`fafo.bench.report.align`,
+of one model in one column are compared on the (sample, turn)s all of them cover (:func:`fafo.bench.tools.report.align`,
 marked †); runs whose samples carry categories get a second, per-category table. Written as ``<name>.csv`` (long
 form: one line per cell with every number and its run directory), ``<name>.md`` and ``<name>.tex`` like the paper
-tables. Runs are read by :func:`fafo.bench.report.collect` and aggregated with pandas.
+tables. Runs are read by :func:`fafo.bench.tools.report.collect` and aggregated with pandas.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from fafo.bench import report
-from fafo.bench import report_format as rf
+from fafo.bench.tools import report
+from fafo.bench.tools import report_format as rf
 from fafo.bench.tools import tables
-from fafo.bench.report import Run
+from fafo.bench.tools.report import Run
 from fafo.bench.tools.tables import Collected
 
 CELL_KEYS = ["speedup", "tau", "exact_match_rate", "peak_mem_mb", "tokens_per_s", "n_samples", "n_turns"]

@@ -7,7 +7,7 @@
     python scripts/make_tables.py results/runs/my_sweep --by method.compress.local   # columns: that key's values
     python scripts/make_tables.py results/runs/my_sweep --by method.k,method.n       # columns: pairs of values
 
-Reads every run under the given roots (:func:`fafo.bench.report.collect`: a run killed or still running is
+Reads every run under the given roots (:func:`fafo.bench.tools.report.collect`: a run killed or still running is
 summarised from its ``samples.csv`` rows and marked partial ``*``) and the published numbers in
 ``results/paper/<table>.csv``. Rows are (model, method); columns are tasks or, for ablations, the values of the
 table's axis (``k``, ``n``, ``budget``, ``guesses``...). Each column shows ours as ``speedup× interval (tau)`` (a
@@ -47,21 +47,21 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from fafo.bench import report  # noqa: E402
-from fafo.bench import report_format as rf  # noqa: E402
+from fafo.bench.tools import report  # noqa: E402
+from fafo.bench.tools import report_format as rf  # noqa: E402
 from fafo.bench.tools import tables  # noqa: E402
 from fafo.bench.tools.paper import (AXES, AXIS_LABELS, CONF_EXPERIMENT, TABLE_AXES, TITLES,  # noqa: E402,F401
                                mismatches, not_comparable, preset, titles)
 from fafo.bench.records import turn_key  # noqa: E402
-from fafo.bench.report import Run, dotted  # noqa: E402
+from fafo.bench.tools.report import Run, dotted  # noqa: E402
 from fafo.bench.tools.tables import Collected, collect  # noqa: E402
-from fafo.bench.report_format import DASH, num  # noqa: E402
+from fafo.bench.tools.report_format import DASH, num  # noqa: E402
 from fafo.bench.tools.tables import norm_value  # noqa: E402
 
 PAPER_DIR = REPO / "results" / "paper"
 
 
-# ------------------------------------------------------------------ reading (fafo/bench/report.py)
+# ------------------------------------------------------------------ reading (fafo/bench/tools/report.py)
 def load_paper(table: str, paper_dir: str | Path = PAPER_DIR) -> list[dict]:
     path = Path(paper_dir) / f"{table}.csv"
     if not path.exists():
@@ -195,7 +195,7 @@ def build_table(name: str, collected: Collected, paper: list[dict], only_paper_r
 
 
 def align_columns(table: Table) -> Table:
-    """Each model's methods in one column compared on the (sample, turn)s all of them cover (fafo.bench.report)."""
+    """Each model's methods in one column compared on the (sample, turn)s all of them cover (fafo.bench.tools.report)."""
     for col in table.cols:
         for model in dict.fromkeys(row[0] for row in table.rows):
             hits = [table.cells[(row, col)] for row in table.rows

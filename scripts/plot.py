@@ -26,7 +26,7 @@ vanilla (:mod:`fafo.bench.tools.batch_curve`); it prints the points and writes `
 Every point of ours carries its interval as an error bar (a 95 % bootstrap interval from 10 samples, the range of
 the per-sample values below, none for one sample; the caption says which) and its coverage ``n`` (samples[/turns],
 failed rows) beside it; the figure names the speedup and tau it shows with their
-definitions, and the methods of one column are compared on their common samples (see ``fafo/bench/report.py``).
+definitions, and the methods of one column are compared on their common samples (see ``fafo/bench/tools/report.py``).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ import matplotlib.pyplot as plt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generic_table
 import make_tables as mt
-from fafo.bench import report
-from fafo.bench import report_format as rf
+from fafo.bench.tools import report
+from fafo.bench.tools import report_format as rf
 from fafo.bench.tools import tables
 from fafo.extras import available, install_hint
 

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 from omegaconf import OmegaConf
 
-from fafo.bench import report
+from fafo.bench.tools import report
 from fafo.bench.tools import compare_table as compare
 from fafo.bench.records import read_rows
 from tests.report_runs import write_run

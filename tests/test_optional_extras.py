@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fafo.bench import wandb_log
+from fafo.bench.tools import wandb_log
 from fafo.errors import ConfigError
 from fafo.extras import EXTRAS, install_hint
 from tests.helpers import ENV, REPO, cli_in_process, import_script

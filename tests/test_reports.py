@@ -22,8 +22,8 @@ from report_runs import write_run  # noqa: E402
 
 from fafo.bench.tools import compare_table  # noqa: E402
 from fafo.bench.metrics import summarize  # noqa: E402
-from fafo.bench.report import read_rows  # noqa: E402
-from fafo.bench.report_format import fmt_interval  # noqa: E402
+from fafo.bench.tools.report import read_rows  # noqa: E402
+from fafo.bench.tools.report_format import fmt_interval  # noqa: E402
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
 
@@ -204,7 +204,7 @@ def test_plots_draw_95_intervals_and_coverage(tmp_path, capsys):
 
 
 def test_runs_with_no_common_sample_are_marked_not_comparable(tmp_path):
-    from fafo.bench.report import align
+    from fafo.bench.tools.report import align
     from fafo.bench.tools.tables import collect
 
     write_run(tmp_path, "a", "m", "fafo", seed=15, fail={"s0", "s1"})

@@ -54,7 +54,7 @@ def test_wandb_mode_disabled_in_the_environment_turns_logging_off(tmp_path):
 
 
 def test_the_mode_is_the_typed_one_else_the_environment_else_offline(monkeypatch):
-    from fafo.bench.wandb_log import check_wandb
+    from fafo.bench.tools.wandb_log import check_wandb
     from fafo.errors import ConfigError
 
     monkeypatch.delenv("WANDB_MODE", raising=False)

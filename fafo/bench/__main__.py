@@ -41,7 +41,7 @@ def main() -> None:
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def app(cfg: DictConfig) -> dict | None:
     """One run. In a sweep a failed job returns ``{"error": line}`` (and leaves ``error.txt``) instead of stopping
-    the sweep; :class:`fafo.bench.sweep.SweepReport` lists the failures and exits non-zero at the end."""
+    the sweep; :class:`fafo.bench.tools.sweep.SweepReport` lists the failures and exits non-zero at the end."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     sweep = HydraConfig.get().mode.name == "MULTIRUN"
     compare = cfg.get("compare") and cfg.compare.get("methods")  # several methods side by side, one process
@@ -58,12 +58,12 @@ def app(cfg: DictConfig) -> dict | None:
         if not sweep and failed:
             sys.exit(1)
         return {"plan": "\n".join(p.line() for p in plans), "error": failed[0].problems[0] if failed else None}
-    from fafo.bench.sweep import resume_note
+    from fafo.bench.tools.sweep import resume_note
 
     try:
         if compare:
             from fafo.bench.compare import run_compare
-            from fafo.bench.wandb_log import check_wandb, shared_run
+            from fafo.bench.tools.wandb_log import check_wandb, shared_run
 
             say(resume_note(run_dir))
             check_wandb(cfg)  # before the comparison's W&B run starts

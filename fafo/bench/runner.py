@@ -24,7 +24,7 @@ from fafo.bench.records import RecordWriter, first_mismatch, output_line, row_ke
 from fafo.bench.reference import reference_key
 from fafo.bench.summary import RunningTotals, print_summary, run_summary
 from fafo.bench.timing import Meter, busy_warning, load_average, machine_state
-from fafo.bench.wandb_log import WandbLogger
+from fafo.bench.tools.wandb_log import WandbLogger
 from fafo.engine.compiled import compile_stats, reset_compiled_state
 from fafo.engine.engine import Engine
 

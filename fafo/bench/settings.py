@@ -119,8 +119,8 @@ def resolve_compile(bench: Bench, device: torch.device) -> CompileOptions | None
 def check_config(cfg: DictConfig, overrides=()) -> None:
     """Checks of the whole config that need no model: keys added by ``+`` overrides, wandb.mode, model.max_len,
     bench.output_dir, bench.reference_dir."""
-    from fafo.bench.sweep import check_output_dir
-    from fafo.bench.wandb_log import check_wandb
+    from fafo.bench.tools.sweep import check_output_dir
+    from fafo.bench.tools.wandb_log import check_wandb
 
     check_added_keys(overrides)
     check_wandb(cfg)  # an unknown mode, or online without wandb installed

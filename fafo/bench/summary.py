@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from fafo.bench.batch_metrics import batch_summary, read_steps
 from fafo.bench.metrics import flag_counts, histogram, summarize
-from fafo.bench.report_format import interval_label, num
+from fafo.bench.tools.report_format import interval_label, num
 from fafo.bench.timing import load_average
 
 RANDOM_MODEL_NOTE = "NOTE: a random tiny model - its speed numbers are a smoke test only, not a benchmark."

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from fafo.bench import report
-from fafo.bench import report_format as rf
+from fafo.bench.tools import report
+from fafo.bench.tools import report_format as rf
 from fafo.bench.tools import tables
 
 

@@ -1,6 +1,6 @@
 """The comparison's files (:mod:`fafo.bench.compare`): ``compare.csv``, ``compare.md`` (per category too when samples
 carry categories) and ``compare.png``, every method on the (sample, turn)s all of them completed
-(:func:`fafo.bench.report.align`); vanilla's row is the A/A line.
+(:func:`fafo.bench.tools.report.align`); vanilla's row is the A/A line.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from fafo.bench.compare import REFERENCE
-from fafo.bench.report import (Run, align, category_markdown, definitions, reference_check, reference_note,
+from fafo.bench.tools.report import (Run, align, category_markdown, definitions, reference_check, reference_note,
                                reference_throughput)
-from fafo.bench.report_format import fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n, num
-from fafo.bench.report_format import markdown as markdown_table
+from fafo.bench.tools.report_format import fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n, num
+from fafo.bench.tools.report_format import markdown as markdown_table
 
 INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager", "latency_p50",
              "latency_p90", "latency_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "tau_step"]
@@ -130,7 +130,7 @@ def _cell(row: dict, key: str, spec: str, unit: str = "", interval: bool = False
 
 def markdown(table) -> str:
     """The table as Markdown: the A/A line first, labelled so, then one line per method; every interval as
-    :func:`~fafo.bench.report_format.fmt_interval` writes it (``[..]`` 95 %, ``{..}`` per-sample range)."""
+    :func:`~fafo.bench.tools.report_format.fmt_interval` writes it (``[..]`` 95 %, ``{..}`` per-sample range)."""
     lines = []
     for row in sorted(table.to_dict("records"), key=lambda r: r["role"] != "A/A noise floor"):
         aa, err = row["role"] == "A/A noise floor", num(row.get("projection_error"))

@@ -28,7 +28,7 @@ import numpy as np
 
 from fafo.bench import metrics
 from fafo.bench.records import read_outputs, read_rows, turn_key
-from fafo.bench.report import load_yaml
+from fafo.bench.tools.report import load_yaml
 
 NOISE = ("bench.output_dir", "bench.progress", "bench.reference_dir", "bench.plan", "wandb.")
 ENVIRONMENT = ("device_name", "cpu_name", "gpu_name", "torch", "transformers", "fafo_bench", "git_sha", "python",

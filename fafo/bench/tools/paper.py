@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 from fafo.bench.naming import CONF
-from fafo.bench.report import Run, dotted, load_yaml
+from fafo.bench.tools.report import Run, dotted, load_yaml
 from fafo.bench.tools.tables import norm_value
 
 # ------------------------------------------------------------------ axes: where a run's ablation value lives

@@ -43,7 +43,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fafo.bench.report_format import num
+from fafo.bench.tools.report_format import num
 from fafo.bench.tools.cost_curve import CostCurve
 
 # one group of a generation's forwards: [kind, tokens, region_rows, region_len, share, count, prefix_sum,

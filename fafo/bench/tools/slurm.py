@@ -37,7 +37,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import OmegaConf, open_dict
 
 from fafo.bench.tools.preempt import Preempted, PreemptGuard
-from fafo.bench.sweep import jobs_dir, record_outcome
+from fafo.bench.tools.sweep import jobs_dir, record_outcome
 
 MISSING_EXTRA = ("hydra/launcher=slurm needs hydra-submitit-launcher; install it with "
                  "pip install -c constraints.txt -e '.[slurm]'")

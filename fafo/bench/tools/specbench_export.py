@@ -50,7 +50,7 @@ import uuid
 from pathlib import Path
 
 from fafo.bench.records import read_outputs, read_rows, turn_key
-from fafo.bench.report import load_yaml
+from fafo.bench.tools.report import load_yaml
 
 SPEC_BENCH_COMMIT = "fd2c1cd"
 SUBTASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "overall")  # speed.py order

@@ -1,7 +1,7 @@
 """The paper and generic tables' readers and writers (``scripts/make_tables.py``, ``scripts/generic_table.py``,
 ``scripts/plot.py``): the runs under some roots (:func:`collect`), a table row's numbers over its runs, the cells
 with their marks, the long CSV's extra columns, and LaTeX (booktabs) beside the Markdown of
-:func:`fafo.bench.report_format.markdown`."""
+:func:`fafo.bench.tools.report_format.markdown`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fafo.bench.metrics import histogram
-from fafo.bench.report import Run, load_yaml, speedup_kind, summarize_rows
-from fafo.bench.report_format import DASH, fmt_ci, fmt_interval, num
+from fafo.bench.tools.report import Run, load_yaml, speedup_kind, summarize_rows
+from fafo.bench.tools.report_format import DASH, fmt_ci, fmt_interval, num
 
 SKIP_DIRS = {"_reference", ".submitit", "wandb", ".hydra", "tables", "plots"}
 
@@ -134,7 +134,7 @@ def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
 
 def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
     """A run's cell: ``speedup× [lo–hi] (tau)`` (``(tau/tau_all)`` with ``tau_all``), ``*`` for a partial run,
-    ``†`` when its numbers are computed on the samples common to its column (:func:`fafo.bench.report.align`)."""
+    ``†`` when its numbers are computed on the samples common to its column (:func:`fafo.bench.tools.report.align`)."""
     s = run.summary if run is not None else {}
     text = fmt_pair(s.get("speedup"), s.get("tau"), fmt_interval(s, "speedup"), dash)
     if tau_all and num(s.get("tau_all")) is not None and text.endswith(")"):

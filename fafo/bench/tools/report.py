@@ -165,7 +165,7 @@ def align(runs: list[Run], label=lambda run: run.rel) -> tuple[list[Run], str | 
 def reference_throughput(run: Run) -> float | None:
     """The run's own vanilla reference throughput in tokens/s: vanilla's new tokens over its total time (the
     median of a (sample, turn)'s repeats), over the run's timed (sample, turn)s (its common ones when aligned)."""
-    from fafo.bench.report_format import num
+    from fafo.bench.tools.report_format import num
 
     allowed = run.coverage.common if run.coverage is not None else None
     per: dict[tuple, tuple[float, list[float]]] = {}
@@ -282,9 +282,9 @@ TAU_DEFS = {
 
 def definitions(summaries, taus=("tau",)) -> list[str]:
     """Caption lines naming the speedup(s) and tau(s) that ``summaries`` show, with their definitions, what their
-    brackets are (only the interval kinds shown: :func:`fafo.bench.report_format.interval_notes`), the coverage
+    brackets are (only the interval kinds shown: :func:`fafo.bench.tools.report_format.interval_notes`), the coverage
     marks, and which vanilla every speedup is against (:func:`baseline_note`)."""
-    from fafo.bench.report_format import MARKS_NOTE, interval_notes
+    from fafo.bench.tools.report_format import MARKS_NOTE, interval_notes
 
     summaries = list(summaries)
     kinds = list(dict.fromkeys(s.get("speedup_kind") for s in summaries)) or [None]
@@ -320,7 +320,7 @@ def baseline_note(summaries) -> list[str]:
 def category_table(entries, dash: str = "—") -> tuple[list[str], list[list[str]]] | None:
     """The per-category table of ``entries`` = [(row labels, run)]: (categories, one line per run with a category
     split: its labels then ``speedup× [lo–hi] (tau) n=N`` per category); None when no run has categories."""
-    from fafo.bench.report_format import fmt_cell
+    from fafo.bench.tools.report_format import fmt_cell
 
     split = [(labels, category_summaries(run)) for labels, run in entries]
     split = [(labels, cats) for labels, cats in split if cats]
@@ -333,13 +333,13 @@ def category_table(entries, dash: str = "—") -> tuple[list[str], list[list[str
 def category_markdown(entries, head: list[str], title: str | None = None, dash: str = "—") -> str:
     """The per-category Markdown table of ``entries`` = [(row labels, run)] under the label columns ``head``
     ("" when no run has categories)."""
-    from fafo.bench.report_format import markdown
+    from fafo.bench.tools.report_format import markdown
 
     split = category_table(entries, dash)
     if split is None:
         return ""
     cats, lines = split
-    from fafo.bench.report_format import interval_notes
+    from fafo.bench.tools.report_format import interval_notes
 
     summaries = [s for _, run in entries if run is not None for s in category_summaries(run).values()]
     return markdown([*head, *cats], lines, ["cells: speedup× interval (tau) n=(sample, turn)s of the category; "

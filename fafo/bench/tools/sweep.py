@@ -200,9 +200,9 @@ class SweepReport(Callback):
 
     @staticmethod
     def log_wandb(config: DictConfig, outcomes: list[dict], swept) -> None:
-        """The sweep's table of jobs as its own W&B run (fafo.bench.wandb_log.log_sweep); a W&B problem is one
+        """The sweep's table of jobs as its own W&B run (fafo.bench.tools.wandb_log.log_sweep); a W&B problem is one
         note, never the sweep's failure."""
-        from fafo.bench.wandb_log import log_sweep
+        from fafo.bench.tools.wandb_log import log_sweep
 
         try:
             log_sweep(config, Path(str(config.hydra.sweep.dir)), [job_record(o, swept) for o in outcomes])
