@@ -195,7 +195,8 @@ def build_table(name: str, collected: Collected, paper: list[dict], only_paper_r
 
 
 def align_columns(table: Table) -> Table:
-    """Each model's methods in one column compared on the (sample, turn)s all of them cover (fafo.bench.tools.report)."""
+    """Each model's methods in one column compared on the (sample, turn)s all of them cover
+    (fafo.bench.tools.report)."""
     for col in table.cols:
         for model in dict.fromkeys(row[0] for row in table.rows):
             hits = [table.cells[(row, col)] for row in table.rows

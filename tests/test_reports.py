@@ -153,8 +153,8 @@ def test_main_job_table_shows_vanilla_as_the_a_a_noise_floor(tmp_path):
     assert "95 %" not in md and "{lo–hi} = lowest and highest per-sample value" in text
     assert "[lo–hi] = 95 %" not in text  # no cell has a bootstrap interval, so none is defined
     assert notes and "lookahead lacks 1 (1 failed" in notes[0]
-    compare_table.write_outputs(table, tmp_path, "caption " + " ".join(notes), compare_table.categories_markdown(tmp_path,
-                                                                                                     aligned))
+    categories = compare_table.categories_markdown(tmp_path, aligned)
+    compare_table.write_outputs(table, tmp_path, "caption " + " ".join(notes), categories)
     written = (tmp_path / "compare.md").read_text()
     assert "| vanilla (A/A noise floor) |" in written and "| method | chat | code |" in written
     code = [line for line in md_rows(written) if line[0] == "vanilla"][0][2]  # s2 only: s3 is not common

@@ -1,10 +1,10 @@
 """The Hydra callback of ``python -m fafo.bench`` (``conf/config.yaml`` ``hydra.callbacks``) and what a rerun says
 it resumes (:func:`resume_note`: a run whose directory holds rows already says so before it runs).
 
-``bench.output_dir`` checked before Hydra creates any directory (one ``error:`` line, exit status 2); each sweep job's outcome written
-to ``<sweep dir>/.sweeps/<sweep id>/<job>.json`` (jobs that run elsewhere, SLURM, report back too); at the end one
-line per job (its plan with ``bench.plan=true``, else what ran and measured, then the failures), exit status 1 when
-any job failed or would fail.
+``bench.output_dir`` checked before Hydra creates any directory (one ``error:`` line, exit status 2); each
+sweep job's outcome written to ``<sweep dir>/.sweeps/<sweep id>/<job>.json`` (jobs that run elsewhere, SLURM,
+report back too); at the end one line per job (its plan with ``bench.plan=true``, else what ran and measured, then
+the failures), exit status 1 when any job failed or would fail.
 """
 
 from __future__ import annotations

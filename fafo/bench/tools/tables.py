@@ -134,7 +134,8 @@ def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
 
 def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
     """A run's cell: ``speedup× [lo–hi] (tau)`` (``(tau/tau_all)`` with ``tau_all``), ``*`` for a partial run,
-    ``†`` when its numbers are computed on the samples common to its column (:func:`fafo.bench.tools.report.align`)."""
+    ``†`` when its numbers are computed on the samples common to its column
+    (:func:`fafo.bench.tools.report.align`)."""
     s = run.summary if run is not None else {}
     text = fmt_pair(s.get("speedup"), s.get("tau"), fmt_interval(s, "speedup"), dash)
     if tau_all and num(s.get("tau_all")) is not None and text.endswith(")"):
