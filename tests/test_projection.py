@@ -10,7 +10,7 @@ import pytest
 from fafo.bench import timing
 from fafo.bench.tools.cost_curve import CostCurve
 from fafo.bench.records import compact
-from fafo.bench.tools.projection import project, vanilla_log
+from fafo.bench.tools.projection import Pricer, project, vanilla_log
 from fafo.bench.tools.projection import main as check_main
 from fafo.bench.runner import Runner
 from fafo.bench.spec import resolve
@@ -18,7 +18,9 @@ from fafo.engine.ledger import ForwardLedger, ForwardRecord
 from tests.helpers import make_cfg, read_rows
 
 A, B, C = 5.0, 0.2, 0.002  # the simulated device: ms = A + B x tokens + C x (sum over rows of slots attended)
-CONTEXTS, STEPS = (0, 256, 1024), (1, 16, 64, 128, 512)
+# 2 tokens sampled: a step of several rows is priced on the multi-row points only (CostCurve.latency), so an
+# exact projection of small steps needs the smallest of them
+CONTEXTS, STEPS = (0, 256, 1024), (1, 2, 16, 64, 128, 512)
 
 
 def device_ms(r: ForwardRecord) -> float:
@@ -93,6 +95,28 @@ def simulated_device(monkeypatch):
     monkeypatch.setattr(ForwardLedger, "record", charged)
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     monkeypatch.setattr(timing, "cpu_name", lambda: "simulated")  # the run is on the curve's own device
+
+
+def test_a_step_of_several_rows_is_never_priced_below_the_smallest_multi_row_point(tmp_path):
+    """Vanilla's 1-token step takes its own kernel path, so a curve of steps 1 and 64 (as an H100's: 8.26 and 9.19
+    ms at 512) prices an 11-token step at the 64-token cost, not by a line from the 1-token point, and a
+    projection counts such forwards as priced beyond the grid."""
+    path = tmp_path / "gpu.csv"
+    path.write_text("context,step_tokens,median_ms\n512,1,8.26\n512,64,9.19\n512,128,9.79\n"
+                    "4096,1,8.96\n4096,64,12.28\n4096,128,12.30\n")
+    curve = CostCurve.load(path)
+    assert curve.smallest_multi_row() == 64
+    assert curve.latency(1, 512) == 8.26 and curve.latency(11, 512) == curve.latency(2, 512) == 9.19
+    assert curve.latency(96, 512) == pytest.approx((9.19 + 9.79) / 2)
+    assert curve.latency(11, 2304) == pytest.approx((9.19 + 12.28) / 2)  # contexts still interpolate
+    assert curve.break_even_tau([11], 512) == pytest.approx(9.19 / 8.26)
+    pricer = Pricer(curve)  # 3 forwards of 11 tokens at context 512, then 2 of 64 (on the grid)
+    assert pricer.group_ms(["verify", 11, 0, 0, 1.0, 3, 3 * 512, 512, 512]) == pytest.approx(3 * 9.19)
+    pricer.group_ms(["verify", 64, 0, 0, 1.0, 2, 2 * 512, 512, 512])
+    assert pricer.beyond == 3 and pricer.beyond_example.startswith("11 tokens at context 512-512")
+    finer = tmp_path / "finer.csv"  # with a 2-token point, the small steps interpolate again
+    finer.write_text(path.read_text() + "512,2,8.40\n4096,2,9.10\n")
+    assert CostCurve.load(finer).latency(33, 512) == pytest.approx((8.40 + 9.19) / 2)
 
 
 @pytest.mark.parametrize("method", [["method=fafo_stream", "method.n=6", "method.k=3", "method.compress.local=16"],

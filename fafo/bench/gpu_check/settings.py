@@ -44,8 +44,10 @@ class Settings:
     decode_new: int = 64
     rounds: int = 3
     curve_contexts: tuple[int, ...] = (512, 4096, 2048)
-    # in order of value: vanilla's 1, FAFO's default 481, then the shapes methods use, the grid's ends last
-    curve_steps: tuple[int, ...] = (1, 481, 64, 128, 256, 512, 16, 120, 32, 8, 4, 2)
+    # in order of value: vanilla's 1, FAFO's default 481, 64; then 16 and 2 (the draftless methods' chains of a few
+    # tokens: without a multi-row point below 64 they are priced at 64's cost, fafo.bench.tools.cost_curve), the
+    # shapes methods use, the grid's ends last
+    curve_steps: tuple[int, ...] = (1, 481, 64, 16, 2, 128, 32, 8, 120, 256, 512, 4)
     # then forwards of several rows at once (bench.batch_size), at the first context only, after every step above
     curve_batches: tuple[int, ...] = (4, 16)
     curve_batch_steps: tuple[int, ...] = (1, 64)

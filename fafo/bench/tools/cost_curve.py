@@ -8,7 +8,14 @@ From it, for a method whose decode step runs forwards of ``t_1, t_2, ...`` token
 
 is the tau (tokens per step) at which the step pays for itself: the method is faster than vanilla exactly when
 its measured tau exceeds it, and its predicted speedup is ``tau / break_even_tau`` (attention over the context and
-the per-step host work aside). On a GPU a forward of tens of tokens costs little more than a 1-token one (memory
+the per-step host work aside).
+
+The 1-token point is vanilla's step, which takes its own kernel path (its token's KV is written first and one
+decoding kernel reads the whole cache); a step of several rows reads the prefix and the step's own keys in separate
+calls merged by their log-sum-exps, an extra cost per layer that a line from the 1-token point would spread over
+the rows. So a step of q >= 2 tokens is priced on the points of 2 tokens or more only, and between 1 and the
+smallest of those it takes that point's cost: an upper bound, since a step's cost does not fall as rows are added
+(a curve with a 2-token point prices every step on measured multi-row points). On a GPU a forward of tens of tokens costs little more than a 1-token one (memory
 bound), and FAFO's 481-token forward 1.8 of them on an H100 at 7B and 2.5 on an H200 (compute bound:
 ``results/device/h100.csv``, ``h200.csv``), so its break-even tau there is about 1.8 and 2.5; on a CPU every
 token costs and the break-even tau approaches the step size.
@@ -139,9 +146,18 @@ class CostCurve:
         contexts = sorted(table)
         at = []
         for c in contexts:
-            steps = sorted(table[c])
-            at.append(_interp([float(s) for s in steps], [table[c][s] for s in steps], float(tokens)))
+            steps, x = sorted(table[c]), float(tokens)
+            if tokens >= 2 and steps[-1] >= 2:  # a step of several rows is priced on the multi-row points only
+                steps = [s for s in steps if s >= 2]
+                x = max(x, steps[0])  # below the smallest of them: its cost (rows never make a step cheaper)
+            at.append(_interp([float(s) for s in steps], [table[c][s] for s in steps], x))
         return _interp([float(c) for c in contexts], at, float(context))
+
+    def smallest_multi_row(self) -> int | None:
+        """The smallest step of several rows measured at every context of batch 1 (None: the curve has none);
+        steps between 1 and it are priced at its cost (:meth:`latency`)."""
+        firsts = [min((s for s in steps if s >= 2), default=None) for steps in self.table.values()]
+        return None if not firsts or None in firsts else max(firsts)
 
     def break_even_tau(self, forward_tokens: tuple[int, ...] | list[int], context: int, batch: int = 1) -> float:
         """The tau at which a step of forwards of ``forward_tokens`` tokens each (per row, ``batch`` rows) costs as

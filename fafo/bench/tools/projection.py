@@ -67,15 +67,17 @@ class Pricer:
         self.curve = curve
         self.contexts = (min(curve.table), max(curve.table))
         self.max_step = min(max(steps) for steps in curve.table.values())  # every context has up to this step
+        self.min_rows = curve.smallest_multi_row() or 2  # steps of 2 tokens up to it are priced at its cost
         self.beyond = 0
         self.beyond_example = ""
 
     def _check(self, tokens: int, low: float, high: float, count: int) -> None:
         lo, hi = self.contexts
-        if tokens > self.max_step or low < lo or high > hi:
+        if tokens > self.max_step or 1 < tokens < self.min_rows or low < lo or high > hi:
             self.beyond += count
             self.beyond_example = self.beyond_example or (
-                f"{tokens} tokens at context {low:.0f}-{high:.0f} (curve: steps 1-{self.max_step}, contexts {lo}-{hi})")
+                f"{tokens} tokens at context {low:.0f}-{high:.0f} (curve: steps 1 and {self.min_rows}-{self.max_step}, "
+                f"contexts {lo}-{hi})")
 
     def group_ms(self, g: list) -> float:
         _, tokens, region_rows, region_len, share, count, prefix_sum, pmin, pmax = g
