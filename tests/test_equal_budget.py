@@ -27,7 +27,7 @@ def test_each_row_spends_its_budget(row):
 def test_sweep_through_the_cli_reports_tokens_per_forward_and_break_even_tau(tmp_path):
     curve = tmp_path / "curve.csv"  # latency = 10 ms + 0.1 ms per token, at two contexts
     curve.write_text("context,step_tokens,median_ms,device\n" + "".join(
-        f"{c},{s},{10 + s / 10},cpu\n" for c in (16, 4096) for s in (1, 64, 512)))
+        f"{c},{s},{10 + s / 10},cpu\n" for c in (16, 4096) for s in (1, 2, 64, 512)))  # 2: multi-row steps interpolate
     proc = run_cli("-m", "experiment=equal_budget", "model=tiny_llama", "task=builtin", "bench.max_new_tokens=8",
                    "bench.max_samples=1", "experiment/rows/equal_budget@_global_=fafo_stream-16,lookahead-16",
                    f"bench.cost_curve={curve}", f"bench.output_dir={tmp_path}/runs", "wandb.mode=disabled",
