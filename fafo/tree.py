@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fafo.engine.attention import AttentionPlan, causal_plan
+from fafo.engine.attention import AttentionPlan
 from fafo.engine.batching import StepInputs
 from fafo.engine.engine import Engine, upload
 from fafo.sampling import Sampling
@@ -148,14 +148,8 @@ class DraftTree:
 def tree_inputs(tree: DraftTree, N: int, size: int | None = None) -> StepInputs:
     """The target's forward over the tree (root at position/slot ``N``), as host values: node i's KV is written to
     slot ``N + i``. ``size``: the largest tree the method drafts; under static shapes the engine pads the step to
-    it (the caller's cache must have ``N + size`` slots).
-
-    A tree of its root alone (nothing drafted this step) is vanilla's step, as in the methods' official code (a
-    draft of length 0 is an ordinary decoding step): one token, no mask, not padded, so it takes the engine's
-    1-token path and compiled graph rather than a padded tree step of ``size`` rows."""
+    it (the caller's cache must have ``N + size`` slots)."""
     tokens, positions, mask = tree.inputs(N)  # host values: the engine uploads them in one copy
-    if len(tree) == 1:
-        return StepInputs(tokens, positions, [N], causal_plan(N), "last")  # vanilla's own step (and graph)
     plan = AttentionPlan(prefix=N, step_mask=mask.numpy())  # a host array: gathered on the host (Engine.forward)
     return StepInputs(tokens, positions, list(range(N, N + len(tree))), plan, "all", size)
 
@@ -163,8 +157,7 @@ def tree_inputs(tree: DraftTree, N: int, size: int | None = None) -> StepInputs:
 def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None) -> torch.Tensor:
     """One target forward over the tree (:func:`tree_inputs`); returns ``[len(tree), V]`` logits."""
     step = tree_inputs(tree, N, size)
-    return engine.forward(cache, step.tokens, step.positions, step.slots, step.plan, logits="all",
-                          pad_to=step.pad_to)[0]
+    return engine.forward(cache, step.tokens, step.positions, step.slots, step.plan, logits="all", pad_to=size)[0]
 
 
 def commit_path(cache, N: int, path: list[int], carry=None, engine: Engine | None = None):
