@@ -15,10 +15,10 @@ from typing import ClassVar
 
 
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
-from fafo.engine.batching import RowLogits, StepInputs
+from fafo.engine.batching import RowLogits, StepInputs, forward_one
 from fafo.engine.engine import Engine
 from fafo.sampling import GREEDY, Sampling
-from fafo.tree import DraftTree, commit_path, tree_inputs
+from fafo.tree import DraftTree, commit_path, drafter_inputs
 
 
 class DraftState:
@@ -63,6 +63,17 @@ class TreeDrafter(Decoder):
     @abstractmethod
     def start(self, engine: Engine, prompt_ids: list[int], eos_ids) -> DraftState:
         """A fresh drafter for one generation (run-wide state, e.g. Token Recycling's matrix, lives on self)."""
+
+    def warm_shapes(self, engine: Engine) -> None:
+        """A step has two shapes under static shapes, the padded tree and vanilla's step when nothing was drafted
+        (:func:`fafo.tree.drafter_inputs`), and a warm-up generation may take one only: one forward of each, at
+        slot 1 of the shared cache (whose contents the next generation's prefill replaces)."""
+        cache = engine.static_cache
+        if not engine.static_shapes or cache is None or cache.max_len < 1 + self.max_tree():
+            return
+        pair = DraftTree([0, 0], [-1, 0])  # padded to max_tree() rows, as every drafted tree
+        for tree in (DraftTree.root(0), pair):
+            forward_one(engine, cache, [drafter_inputs(tree, 1, self.max_tree())])
 
     @abstractmethod
     def max_tree(self) -> int:
@@ -109,7 +120,7 @@ class _TreeState(StepState):
 
     def inputs(self, remaining: int) -> list[StepInputs]:
         self.tree = self.drafter.draft(self.context, remaining - 1)
-        return [tree_inputs(self.tree, len(self.context) - 1, self.cfg.max_tree())]
+        return [drafter_inputs(self.tree, len(self.context) - 1, self.cfg.max_tree())]
 
     def outputs(self, remaining: int, logits: list[RowLogits]) -> Step:
         tree, out = self.tree, logits[0]

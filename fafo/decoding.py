@@ -258,6 +258,11 @@ class Decoder(ABC):
     def setup(self, engine: Engine) -> None:
         """Called once per run, before any generate (state that persists across samples lives here)."""
 
+    def warm_shapes(self, engine: Engine) -> None:
+        """Called after each warm-up generation on a compiled engine: run a forward of every step shape this method
+        can take under ``engine.static_shapes`` that a generation may not reach (its graphs then compile and record
+        before any timed sample). None beyond what generations take by default."""
+
     def engines(self, engine: Engine) -> list[Engine]:
         """The engines this method runs forwards on after :meth:`setup` with ``engine``: the target, then any
         draft model's (what a probe of the whole method must watch)."""

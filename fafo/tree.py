@@ -20,12 +20,12 @@ guesses (no draft distribution): at each node the children are tried with Lookah
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from fafo.engine.attention import AttentionPlan
+from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.batching import StepInputs
 from fafo.engine.engine import Engine, upload
 from fafo.sampling import Sampling
@@ -152,6 +152,17 @@ def tree_inputs(tree: DraftTree, N: int, size: int | None = None) -> StepInputs:
     tokens, positions, mask = tree.inputs(N)  # host values: the engine uploads them in one copy
     plan = AttentionPlan(prefix=N, step_mask=mask.numpy())  # a host array: gathered on the host (Engine.forward)
     return StepInputs(tokens, positions, list(range(N, N + len(tree))), plan, "all", size)
+
+
+def drafter_inputs(tree: DraftTree, N: int, size: int | None = None) -> StepInputs:
+    """:func:`tree_inputs`; for a tree of its root alone (nothing drafted this step), decoded alone, vanilla's step
+    instead (``alone``), as in the official code of the draftless methods, where an empty draft is an ordinary
+    decoding step: one token, no mask, not padded, so it takes the engine's 1-token path and vanilla's compiled
+    graph rather than a tree step of ``size`` rows. In a batch it stays a padded tree row like the others."""
+    step = tree_inputs(tree, N, size)
+    if len(tree) > 1:
+        return step
+    return replace(step, alone=StepInputs(tree.tokens, [N], [N], causal_plan(N), "last"))
 
 
 def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None) -> torch.Tensor:

@@ -37,7 +37,8 @@ def test_token_identical_to_vanilla_greedy(name, method, engine):
 
 @pytest.mark.parametrize("method", ["prompt_lookup", "token_recycling", "suffix_decoding", "sam_decoding"])
 def test_static_shapes_padding_is_token_identical(method, engine, monkeypatch):
-    """Under engine.static_shapes every tree is padded to max_tree() nodes (compiled steps): same tokens."""
+    """Under engine.static_shapes every tree is padded to max_tree() nodes (compiled steps), and a step that drafted
+    nothing is vanilla's 1-token step (its graph, not a padded tree): same tokens, two shapes at most."""
     eng = engine("llama_gqa")
     monkeypatch.setattr(eng, "static_shapes", True)
     m = _make(method, eng)
@@ -47,8 +48,28 @@ def test_static_shapes_padding_is_token_identical(method, engine, monkeypatch):
     monkeypatch.setattr(eng.model, "forward",
                         lambda tok, *a, **kw: calls.append(tok.shape[1]) or original(tok, *a, **kw))
     gen = m.generate(eng, eng.tokenizer(PROMPTS[2]).input_ids, 24)
-    assert len(calls) == gen.n_forwards + 1 and set(calls[1:]) == {m.max_tree()}  # one shape after the prefill
+    assert len(calls) == gen.n_forwards + 1 and m.max_tree() in calls[1:] and set(calls[1:]) <= {1, m.max_tree()}
+    drafted_nothing = sum(1 for n in gen.accept_lengths if n == 1)  # a 1-token step commits exactly one token
+    assert calls[1:].count(1) <= drafted_nothing
     assert m.extra_slots(24) >= m.max_tree()
+
+
+@pytest.mark.parametrize("method", ["prompt_lookup", "token_recycling", "suffix_decoding", "sam_decoding"])
+def test_warm_shapes_runs_both_step_shapes(method, engine, monkeypatch):
+    """A warm-up generation may take only one of the two shapes (nothing drafted, or always a draft): the runner's
+    warm-up then calls warm_shapes, one forward of each, so no timed sample compiles a graph."""
+    eng = engine("llama_gqa")
+    m = _make(method, eng)
+    m.generate(eng, eng.tokenizer(PROMPTS[0]).input_ids, 4)  # the shared cache exists
+    calls = []
+    original = eng.model.forward
+    monkeypatch.setattr(eng.model, "forward",
+                        lambda tok, *a, **kw: calls.append(tok.shape[1]) or original(tok, *a, **kw))
+    m.warm_shapes(eng)
+    assert calls == []  # without static shapes every step runs as it comes: nothing to warm
+    monkeypatch.setattr(eng, "static_shapes", True)
+    m.warm_shapes(eng)
+    assert calls == [1, m.max_tree()]
 
 
 def _self_loop(eng, text=PROMPTS[0], n=60):

@@ -231,6 +231,7 @@ class Meter:
                 with self.eager(eager):
                     decoder.generate(self.engine, prompt, tokens, self.eos, spec.sampling,
                                      spec.sampling.generator(0, spec.device))
+                    decoder.warm_shapes(self.engine)  # step shapes the generation did not take
                 self.clock.stop()
                 total += self.clock.total_s
                 self.memory.warm((id(decoder), eager))

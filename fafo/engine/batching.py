@@ -37,6 +37,8 @@ class StepInputs:
         plan: the attention plan (``prefix``, ``region_len``: this request's; ``step_mask`` ``[Q, Q]``).
         logits: rows whose logits come back: ``"all"``, ``"last"`` or indices.
         pad_to: the most tokens this kind of step has (the static shape under ``engine.static_shapes``).
+        alone: the forward to run instead when the request runs alone (batch 1), e.g. vanilla's 1-token step for a
+            tree method's step that drafted nothing; a batch runs this one, padded as the other rows.
         kind: what the forward is for (:mod:`fafo.engine.ledger`).
         host_mask, host_logits: ``plan.step_mask`` and ``logits`` on the host, where the decoder keeps them on the
             device: a batch stacks them with other requests' that differ (Lookahead's rows in other phases).
@@ -49,6 +51,7 @@ class StepInputs:
     logits: object = "all"
     pad_to: int | None = None
     kind: str = "verify"
+    alone: StepInputs | None = None
     host_mask: np.ndarray | None = None
     host_logits: np.ndarray | None = None
 
@@ -56,6 +59,7 @@ class StepInputs:
 def forward_one(engine, cache: KVCache, steps: list[StepInputs]) -> StepLogits:
     """The forwards of one request's decoding step, in order; with several (a draft, then a verification) every
     forward's tokens, positions and slots go to the device in one copy."""
+    steps = [s.alone or s for s in steps]
     if len(steps) > 1 and not (engine.static_shapes and any(s.pad_to for s in steps)):
         flat = engine.upload(*[v for s in steps for v in (s.tokens, s.positions, s.slots)])
         steps = [replace(s, tokens=flat[3 * i], positions=flat[3 * i + 1], slots=flat[3 * i + 2])

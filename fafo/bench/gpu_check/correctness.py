@@ -120,6 +120,7 @@ def run_case(model: GroupModel, name: str, settings) -> dict:
             rounds = 2 if compiled and settings.compile.cudagraphs else 1
             for r in range(rounds):
                 gen = method.generate(engine, model.prompts[0], max_new)
+                method.warm_shapes(engine)  # as the runner's warm-up: step shapes the generation did not take
                 if r == 0:
                     kinds.append(compare(model, 0, gen.tokens))
             graphs_warm = compile_stats()["graphs"]

@@ -93,6 +93,7 @@ def methods_stage(budget, result, settings, state, out: Path) -> None:
             with steps_as_the_runner(engine, method):
                 for _ in range(2 if settings.cuda else 1):  # compiles, then records CUDA graphs
                     method.generate(engine, prompt, new)
+                    method.warm_shapes(engine)
                 warm_s = time.perf_counter() - t0
                 t = step_times(method, engine, prompt, new)
             steps = method.forward_tokens()
