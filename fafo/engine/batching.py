@@ -38,7 +38,7 @@ class StepInputs:
         logits: rows whose logits come back: ``"all"``, ``"last"`` or indices.
         pad_to: the most tokens this kind of step has (the static shape under ``engine.static_shapes``).
         alone: the forward to run instead when the request runs alone (batch 1), e.g. vanilla's 1-token step for a
-            tree method's step that drafted nothing; a batch runs this one, padded as the other rows.
+            tree method's step that drafted nothing; a batch runs the step itself, padded as its other rows.
         kind: what the forward is for (:mod:`fafo.engine.ledger`).
         host_mask, host_logits: ``plan.step_mask`` and ``logits`` on the host, where the decoder keeps them on the
             device: a batch stacks them with other requests' that differ (Lookahead's rows in other phases).
