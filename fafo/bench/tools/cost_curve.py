@@ -15,10 +15,12 @@ decoding kernel reads the whole cache); a step of several rows reads the prefix 
 calls merged by their log-sum-exps, an extra cost per layer that a line from the 1-token point would spread over
 the rows. So a step of q >= 2 tokens is priced on the points of 2 tokens or more only, and between 1 and the
 smallest of those it takes that point's cost: an upper bound, since a step's cost does not fall as rows are added
-(a curve with a 2-token point prices every step on measured multi-row points). On a GPU a forward of tens of tokens costs little more than a 1-token one (memory
-bound), and FAFO's 481-token forward 1.8 of them on an H100 at 7B and 2.5 on an H200 (compute bound:
-``results/device/h100.csv``, ``h200.csv``), so its break-even tau there is about 1.8 and 2.5; on a CPU every
-token costs and the break-even tau approaches the step size.
+(a curve with a 2-token point prices every step on measured multi-row points).
+
+On a GPU a forward of tens of tokens costs little more than a 1-token one (memory bound), and FAFO's 481-token
+forward 1.8 of them on an H100 at 7B and 2.5 on an H200 (compute bound: ``results/device/h100.csv``,
+``h200.csv``), so its break-even tau there is about 1.8 and 2.5; on a CPU every token costs and the break-even tau
+approaches the step size.
 
 Under load (``bench.batch_size`` B, :mod:`fafo.batch`) a step runs each forward for B rows at once, so the curve
 that prices it is the one measured at B rows (``--curve --batch 1 4 16 64``: a ``batch`` column; a CSV without it
