@@ -65,15 +65,18 @@ class TreeDrafter(Decoder):
         """A fresh drafter for one generation (run-wide state, e.g. Token Recycling's matrix, lives on self)."""
 
     def warm_shapes(self, engine: Engine) -> None:
-        """A step has two shapes under static shapes, the padded tree and vanilla's step when nothing was drafted
-        (:func:`fafo.tree.drafter_inputs`), and a warm-up generation may take one only: one forward of each, at
-        slot 1 of the shared cache (whose contents the next generation's prefill replaces)."""
-        cache = engine.static_cache
-        if not engine.static_shapes or cache is None or cache.max_len < 1 + self.max_tree():
+        """A step has three shapes under static shapes: vanilla's step when nothing was drafted
+        (:func:`fafo.tree.drafter_inputs`), and the tree padded to ``max_tree()`` rows with a shallow or a deep
+        mask (the two widths of its key lists, :func:`fafo.engine.kernels.gather_width`); a warm-up generation may
+        take only some: one forward of each, after 8 slots of the shared cache (which the next prefill overwrites;
+        a compiled sdpa step reads a prefix of 2 slots or more as a live length, as real steps do)."""
+        cache, N, n = engine.static_cache, 8, self.max_tree()
+        if not engine.static_shapes or cache is None or cache.max_len < N + n + 2:
             return
         pair = DraftTree([0, 0], [-1, 0])  # padded to max_tree() rows, as every drafted tree
-        for tree in (DraftTree.root(0), pair):
-            forward_one(engine, cache, [drafter_inputs(tree, 1, self.max_tree())])
+        chain = DraftTree([0] * n, list(range(-1, n - 1)))  # every node on one path: the deepest mask
+        for tree in (DraftTree.root(0), pair, chain):
+            forward_one(engine, cache, [drafter_inputs(tree, N, n)])
 
     @abstractmethod
     def max_tree(self) -> int:

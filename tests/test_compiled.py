@@ -13,6 +13,7 @@ later generations on prompts of other lengths (and other acceptance) compile non
 import re
 
 import pytest
+import torch
 
 from baselines.lossy import LossyDecoder
 from baselines.token_recycling import TokenRecyclingDecoder
@@ -145,3 +146,46 @@ def test_compiled_flex_reads_a_long_prefix_in_chunks_exactly(method_name, engine
     compiled.cache(4096)
     check_compiled(method_name, engine("qwen2_gqa"), compiled, max_new=16)
     assert 8 in calls and set(calls) <= {1, 8}  # 4 heads: chunks of 512 slots; 1: prefill, vanilla's one token
+
+
+def test_a_static_step_mask_takes_one_of_two_widths():
+    """Under static shapes a step of Q queries gathers key lists of two widths only: the widest sparse one for every
+    tree that is sparse enough, Q otherwise (the dense kernel); each covers the busiest query."""
+    from fafo.engine.kernels import GATHER_MAX_DENSITY, gather_width
+
+    for Q in range(2, 600):
+        widths = {gather_width(keys, Q, static=True) for keys in range(1, Q + 1)}
+        assert len(widths) <= 2 and Q in widths
+        for keys in range(1, Q + 1):
+            free, static = gather_width(keys, Q), gather_width(keys, Q, static=True)
+            assert keys <= free <= static and (static == Q or static <= GATHER_MAX_DENSITY * Q)
+            assert (free <= GATHER_MAX_DENSITY * Q) == (static <= GATHER_MAX_DENSITY * Q)  # same kernel as eager
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_trees_of_every_depth_reuse_the_warmed_graphs(attention, engine, checkpoint, fresh_dynamo):
+    """After a warm-up generation and warm_shapes (as the runner's warm-up), a tree of any depth, 1 to max_tree - 1,
+    compiles nothing: under sdpa its key lists take one of two widths per step size and the warm-up steps read a
+    live prefix length as real steps do. The logits equal the eager engine's on the same cache contents."""
+    from baselines.prompt_lookup import PromptLookupDecoder
+    from fafo.engine.batching import forward_one
+    from fafo.tree import DraftTree, drafter_inputs
+
+    compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="aot_eager", attention=attention))
+    eager = engine("llama_gqa")
+    method = PromptLookupDecoder(num_tokens=12)
+    method.setup(compiled)
+    ids = compiled.tokenizer(WARMUP).input_ids
+    method.generate(compiled, ids, 8)
+    method.warm_shapes(compiled)
+    warm, n = compile_stats()["graphs"], method.max_tree()
+    eager_cache = eager.cache(CAPACITY)
+    for depth in range(1, n):
+        tree = DraftTree(list(range(5, 6 + depth)), list(range(-1, depth)))  # a chain of `depth` drafts
+        step = drafter_inputs(tree, len(ids), n)
+        for eng, cache in ((compiled, compiled.static_cache), (eager, eager_cache)):
+            eng.prefill(cache, ids)
+        got = forward_one(compiled, compiled.static_cache, [step])
+        want = forward_one(eager, eager_cache, [step])
+        assert compile_stats()["graphs"] == warm, f"a tree of depth {depth} compiled a graph"
+        assert torch.allclose(got.outs[0], want.outs[0], atol=1e-4), depth

@@ -140,7 +140,7 @@ class CompiledStep:
                 changes.update(region_block_mask=region.block_mask(n_queries - split),
                                dense_block_mask=prefix.block_mask(n_queries) if plan.dense_layers else None)
         if self.attention == "sdpa" and plan.step_mask is not None and plan.step_gather is None:
-            changes.update(step_gather=gathered_mask(plan.step_mask))
+            changes.update(step_gather=gathered_mask(plan.step_mask, static=True))
         return replace(plan, **changes)
 
     def _live_plan(self, cache: KVCache, plan: AttentionPlan) -> AttentionPlan:
@@ -154,7 +154,7 @@ class CompiledStep:
             changes.update(region_len=plan.region_capacity,
                            region_live=self._live_tensor("region", plan.region_len, capacity, cache))
         if plan.step_mask is not None and plan.step_gather is None:
-            changes.update(step_gather=gathered_mask(plan.step_mask))
+            changes.update(step_gather=gathered_mask(plan.step_mask, static=True))
         return replace(plan, **changes)
 
     def _live_tensor(self, kind: str, length: int, capacity: int, cache: KVCache) -> torch.Tensor:

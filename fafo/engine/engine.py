@@ -17,7 +17,7 @@ from fafo.engine.cache import Cache, KVCache
 from fafo.engine.compiled import CompiledStep, CompileOptions
 from fafo.engine.context import context_limit
 from fafo.engine.flex_masks import FlexMasks
-from fafo.engine.kernels import GatheredMask
+from fafo.engine.kernels import GatheredMask, gather_width
 from fafo.engine.ledger import ForwardLedger, model_call
 from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
 from fafo.engine.model import Transformer, plan_is_plain_causal
@@ -225,8 +225,8 @@ class Engine:
         elif appends_one_token_host(tokens, slots, plan):  # decided on host values: no device read
             plan = replace(plan, step_in_cache=True)
         mask, index, valid = plan.step_mask, None, None
-        if isinstance(mask, np.ndarray):
-            index, valid = host_gathered(mask)
+        if isinstance(mask, np.ndarray):  # a compiled sdpa step takes one of two widths (gather_width)
+            index, valid = host_gathered(mask, self.compiled is not None and self.compiled.attention == "sdpa")
         elif mask is not None and mask.device == self.device:
             mask = None  # already there
         rows = logits if isinstance(logits, (list, np.ndarray)) else None
@@ -291,14 +291,14 @@ def upload(values, device: torch.device, dtype=torch.long):
     return out
 
 
-def host_gathered(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def host_gathered(mask: np.ndarray, static: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A host ``[Q, Q]`` (or ``[B, Q, Q]``) step mask as per-query key lists ``(index, valid)``, both ``[Q, L]``
-    (``[B, Q, L]``): exactly :class:`~fafo.engine.kernels.GatheredMask`'s (L = the most keys a query sees, rounded
-    up to a power of two; visible keys first in key order, padding entries point at key 0), computed by numpy."""
+    (``[B, Q, L]``): exactly :class:`~fafo.engine.kernels.GatheredMask`'s (L:
+    :func:`~fafo.engine.kernels.gather_width`; visible keys first in key order, padding entries point at key 0),
+    computed by numpy."""
     counts = mask.sum(axis=-1)
     Q = mask.shape[-1]
-    width = max(1, int(counts.max()))
-    width = min(Q, 1 << (width - 1).bit_length())
+    width = gather_width(int(counts.max()), Q, static)
     order = np.argsort(~mask, axis=-1, kind="stable")[..., :width]
     valid = np.arange(width) < counts[..., None]
     return np.where(valid, order, 0), valid

@@ -112,19 +112,30 @@ def attention_lse(q, k, v, scale, length: torch.Tensor | None = None, causal: bo
     return out.float(), lse.float()
 
 
+def gather_width(most_keys: int, Q: int, static: bool = False) -> int:
+    """The key-list width ``L`` of a step mask of ``Q`` queries whose busiest query sees ``most_keys`` keys: that
+    count rounded up to a power of two (at most ``Q``). Under static shapes (a compiled step) only two widths per
+    ``Q``: the widest that is still sparse (a power of two) or ``Q`` (the dense kernel), so that trees of every depth
+    share two graphs instead of compiling one per depth."""
+    width = min(Q, 1 << (max(1, most_keys) - 1).bit_length())
+    if not static:
+        return width
+    widest_sparse = 1 << int(GATHER_MAX_DENSITY * Q).bit_length() >> 1  # 0 when no width is sparse
+    return widest_sparse if width <= widest_sparse else Q
+
+
 class GatheredMask:
     """A ``[Q, Q]`` step mask as per-query key lists: ``index`` [Q, L] long, ``valid`` [Q, L] bool (a ``[B, Q, Q]``
     mask, one per batch row: ``[B, Q, L]`` each).
 
-    ``L`` is the most keys any query sees, rounded up to a power of two (so trees of varying depth under
-    ``torch.compile`` produce few distinct shapes); padding entries point at key 0 and are invalid.
+    ``L``: :func:`gather_width` (``static``: the width a compiled step takes); padding entries point at key 0 and
+    are invalid.
     """
 
-    def __init__(self, mask: torch.Tensor):
+    def __init__(self, mask: torch.Tensor, static: bool = False):
         counts = mask.sum(dim=-1)
         Q = mask.shape[-1]
-        width = max(1, int(counts.max()))
-        width = min(Q, 1 << (width - 1).bit_length())
+        width = gather_width(int(counts.max()), Q, static)
         order = torch.sort(mask.to(torch.uint8), dim=-1, descending=True, stable=True).indices[..., :width]
         self.valid = torch.arange(width, device=mask.device) < counts[..., None]  # [(B,) Q, L]
         self.index = torch.where(self.valid, order, torch.zeros_like(order))  # [(B,) Q, L], visible keys first
@@ -136,7 +147,7 @@ class GatheredMask:
         return self.width <= GATHER_MAX_DENSITY * self.index.shape[-2]
 
 
-_gathered: dict[int, tuple] = {}
+_gathered: dict[tuple[int, bool], tuple] = {}
 
 
 def written(mask: torch.Tensor) -> int:
@@ -145,15 +156,15 @@ def written(mask: torch.Tensor) -> int:
     return 0 if mask.is_inference() else mask._version
 
 
-def gathered_mask(mask: torch.Tensor) -> GatheredMask:
+def gathered_mask(mask: torch.Tensor, static: bool = False) -> GatheredMask:
     """The :class:`GatheredMask` of ``mask``, computed once per mask tensor (and again if it is edited in place)."""
-    key = id(mask)
+    key = (id(mask), static)
     hit = _gathered.get(key)
     if hit is not None and hit[0]() is mask and hit[1] == written(mask):
         return hit[2]
     for k in [k for k, (ref, _, _) in _gathered.items() if ref() is None]:  # drop dead masks
         del _gathered[k]
-    gm = GatheredMask(mask)
+    gm = GatheredMask(mask, static)
     _gathered[key] = (weakref.ref(mask), written(mask), gm)
     return gm
 
