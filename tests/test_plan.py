@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 from transformers import AutoConfig
 
@@ -23,7 +22,7 @@ from fafo.engine.engine import cache_slots
 from fafo.engine.model import ModelArgs
 from fafo.fafo import FAFODecoder
 from tests.plan_hub import MODELS, config_json, text, write_data, write_hub
-from tests.helpers import CONF, ENV, PRESETS, sweep_jobs
+from tests.helpers import CONF, ENV, PRESETS, preset_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINED = {  # hub id -> the length its model card states
@@ -89,19 +88,14 @@ def test_engine_takes_the_rope_scaled_context(tmp_path):
 def test_every_paper_preset_plans_on_its_real_models(hub):
     _, paths = hub
     plans = {}
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        for preset in PRESETS:
-            base = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
-            for job in sweep_jobs(base):
-                overrides = [f"experiment={preset}", *job]
-                cfg = compose("config", overrides=overrides, return_hydra_config=True)
-                with open_dict(cfg):
-                    cfg.task.data_path = paths[cfg.task.name]
-                HydraConfig().set_config(cfg)
-                plan = assess(resolve(cfg, weights=False))
-                assert plan.fits, f"{preset} {job}: {plan.problems}"
-                assert plan.n_fit > 0 and 0 < plan.peak_gb <= 0.95 * plan.gpu_gb
-                plans[(preset, *job)] = plan
+    for preset in PRESETS:
+        for job, cfg in preset_jobs(preset):
+            with open_dict(cfg):
+                cfg.task.data_path = paths[cfg.task.name]
+            plan = assess(resolve(cfg, weights=False))
+            assert plan.fits, f"{preset} {job}: {plan.problems}"
+            assert plan.n_fit > 0 and 0 < plan.peak_gb <= 0.95 * plan.gpu_gb
+            plans[(preset, *job)] = plan
     assert len(plans) > 200
     longspec = [p for k, p in plans.items() if k[0] == "longspec_table1"]
     # LongSpec: 1200 < tokens <= context - 2000, dropped (not truncated) and counted

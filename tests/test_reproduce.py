@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 import fafo.bench  # noqa: F401  (registers the fafo_run_dir resolver used by hydra.run.dir)
@@ -18,7 +19,7 @@ from fafo.bench.records import SAMPLE_COLUMNS
 from fafo.bench.spec import build, method_node
 from fafo.decoding import Decoder
 
-from tests.helpers import CONF, PRESETS, REPO, compose_with, import_script, run_cli, sweep_jobs
+from tests.helpers import CONF, PRESETS, REPO, compose_with, import_script, preset_jobs, run_cli
 from tests.report_runs import paper_summary, synthetic_table2, synthetic_table11, write_paper_run
 
 PAPER = REPO / "results" / "paper"
@@ -86,13 +87,13 @@ def test_preset_composes_and_its_sweep_covers_the_published_table(preset, tmp_pa
     assert base.bench.reference_dir == "results/runs/_reference"  # one vanilla reference store for every table
     default_excluded = set(OmegaConf.load(CONF / "config.yaml").hydra.job.config.override_dirname.exclude_keys)
     assert default_excluded == set(base.hydra.job.config.override_dirname.exclude_keys)  # one source: config.yaml
-    jobs = sweep_jobs(base)
+    jobs = list(preset_jobs(preset))
     assert jobs, f"{preset} has no hydra.sweeper.params"
     paper = mt.load_paper(preset)
     axes = list(dict.fromkeys(r["axis"] for r in paper)) if paper else mt.TABLE_AXES.get(preset, [""])
     got, dirs = {}, set()
-    for i, job in enumerate(jobs):
-        cfg = compose_with(f"experiment={preset}", *job)
+    for i, (job, cfg) in enumerate(jobs):
+        HydraConfig().set_config(cfg)
         model, method, task, resolved = run_label(cfg)
         dirs.add(cfg.hydra.sweep.subdir)
         fake_run(tmp_path, i, model, method, task, resolved)
