@@ -76,6 +76,11 @@ class SwiftDecoder(Decoder):
     skip-set search. Defaults: the official argparse values (``conf/method/swift.yaml``);
     ``swift_script`` has the ``eval_llama.sh`` values (max_score 0.93, context_window 50).
 
+    Under ``bench.compile`` the verification forward (the whole model, the tree padded to :meth:`max_tree`) runs
+    compiled like every method's; the drafts and the search's scoring forwards skip layers of a set that changes
+    while decoding, and the engine runs every forward with ``skip`` eagerly (a compiled graph would guard on the
+    set: one graph per set, recompiles inside timed samples).
+
     Attributes:
         skip_ratio: r, fraction of the 2(L-2) attention/MLP sub-layers a searched set skips.
         opt_interval: optimise after steps whose index is a multiple of this.
@@ -114,7 +119,6 @@ class SwiftDecoder(Decoder):
     mlp_skip: list | None = None
     seed: int = 2024
     cross_request_state: ClassVar[tuple[str, ...]] = ("optimizer",)  # official: the search goes on across requests
-    eager_forwards: ClassVar[str] = "layer-skipped drafts whose layer set changes while decoding (a graph each)"
     batch_refusal: ClassVar[str] = "its layer-set search and layer-skipped drafts are one request's (not batched)"
 
     def __post_init__(self):

@@ -231,8 +231,9 @@ class Decoder(ABC):
 
     #: attributes holding what the method learns across requests (restored by :meth:`restore`)
     cross_request_state: ClassVar[tuple[str, ...]] = ()
-    #: why some of the method's forwards cannot run as compiled steps ("" when all can); with ``bench.compile``
-    #: the runner then times the method and its vanilla reference both eagerly, and the summary says why
+    #: why the method's forwards cannot run as compiled steps ("" when they can; forwards that skip layers run
+    #: eagerly regardless); with ``bench.compile`` the runner then times the method eagerly against the compiled
+    #: vanilla every method races, an eager vanilla timed beside it, and the summary says why
     eager_forwards: ClassVar[str] = ""
     #: why the method cannot decode several requests at once ("" when it can: it implements :meth:`new_state`
     #: with a :class:`StepState` split into inputs and outputs); checked before a model loads (fafo.batch)

@@ -45,7 +45,7 @@ def test_quick_cpu_check_passes_and_writes_its_report(tmp_path):
         assert c["recompiles"] == "0" and c["cudagraph_skips"] == "0", c
     by = {c["method"]: c for c in cases}
     assert int(by["token_recycling"]["max_rows"]) < 128 < int(by["token_recycling"]["rows_x_group"])
-    assert by["fafo_stream"]["max_rows"] == "481" and by["swift"]["compiled"] == "0"
+    assert by["fafo_stream"]["max_rows"] == "481" and by["swift"]["compiled"] == "1"
 
     curve = CostCurve.load(out / "cpu.csv")
     assert sorted(curve.table) == [64, 256] and all(sorted(s) == [1, 8, 64] for s in curve.table.values())

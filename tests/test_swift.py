@@ -314,3 +314,52 @@ def test_static_shapes_give_every_verification_one_shape(name, setting, sampling
             assert seen["verify"] == {(T, T, (T, T), T, "all")}
         else:  # the control: unpadded trees vary with the data (so the assertion above has power)
             assert len(seen["verify"]) > 1
+
+
+@pytest.mark.parametrize("attention", ["flex", "sdpa"])
+def test_compiled_verification_with_eager_drafts_is_token_identical_and_compiles_once(attention, deep, ckpt_root,
+                                                                                      fresh_dynamo):
+    """``bench.compile``: the verification forward runs compiled (one padded tree shape), the layer-skipped drafts
+    and the search's scoring eagerly while the search changes the set; tokens equal eager vanilla's, EOS and
+    max_new_tokens cuts included, and nothing compiles after the first generation."""
+    from fafo.engine.compiled import CompileOptions, compile_stats
+    from tests.compiled_cases import CAPACITY, SAMPLES, WARMUP
+
+    compiled = Engine.from_pretrained(str(tiny_checkpoint(DEEP["llama_gqa"], cache_dir=ckpt_root)))
+    compiled.enable_compile(CompileOptions(backend="aot_eager", attention=attention))
+    compiled.cache(CAPACITY)
+    eager = deep("llama_gqa")
+    method = SwiftDecoder(**DEEP_TREES)
+    method.setup(compiled)
+    kinds = []  # (skips layers, compiled graphs so far) per forward with a prefix
+    real = compiled.forward
+
+    def forward(cache, tokens, positions, slots, plan, *args, skip=None, **kwargs):
+        out = real(cache, tokens, positions, slots, plan, *args, skip=skip, **kwargs)
+        kinds.append(skip is not None)
+        return out
+
+    compiled.forward = forward
+    ids = compiled.tokenizer(WARMUP).input_ids
+    assert method.generate(compiled, ids, 24).tokens == VanillaDecoder().generate(eager, ids, 24).tokens
+    warm = compile_stats()["graphs"]
+    assert warm >= 1 and True in kinds and False in kinds  # verifications compiled, drafts eager
+    for text in SAMPLES:
+        ids = compiled.tokenizer(text).input_ids
+        ref = VanillaDecoder().generate(eager, ids, 24).tokens
+        assert method.generate(compiled, ids, 24).tokens == ref, text
+        eos = ref[len(ref) // 2]
+        assert method.generate(compiled, ids, 24, eos_ids=(eos,)).tokens == ref[: ref.index(eos) + 1]
+    assert method.optimizer.opt_iter > 0, "the search never ran"
+    assert compile_stats()["graphs"] == warm, "SWIFT recompiled after its first generation"
+
+
+def test_a_compiled_run_times_swift_compiled_against_the_same_vanilla(tmp_path):
+    """Its verification compiles, so under ``bench.compile`` the runner times SWIFT compiled, as every other
+    method, with no eager vanilla beside it and no note."""
+    from fafo.bench.spec import resolve
+    from tests.helpers import make_cfg
+
+    spec = resolve(make_cfg(tmp_path, "method=swift", "bench.compile=true", "bench.compile_backend=aot_eager",
+                            "bench.compile_attention=flex"), tmp_path / "run")
+    assert spec.compile is not None and not spec.method_eager and not spec.timing_note

@@ -14,8 +14,8 @@ Every generation is compared with eager vanilla greedy on the same weights and d
   sends every step of more than one row to the main template: :mod:`fafo.engine.flex_routing`); the compiled
   engine's cache is large enough (2048 slots) that those steps read their prefix in chunks.
 
-Methods whose forwards cannot run compiled (``Decoder.eager_forwards``: SWIFT's layer-skipped drafts) run eagerly,
-as the runner times them.
+Methods whose forwards cannot run compiled (``Decoder.eager_forwards``: QuantSpec's, over its own quantized caches) run
+eagerly, as the runner times them; forwards that skip layers (SWIFT's drafts) always run eagerly.
 
 Then, per model, a few methods decode the three prompts and the first again as **one batch** of four requests of
 ragged lengths (``bench.batch_size=4``, static batching, :func:`fafo.batch.decode_batch`): BlockMasks with a batch

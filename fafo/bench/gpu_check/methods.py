@@ -97,7 +97,7 @@ def selected(names) -> list[str]:
 @contextmanager
 def steps_as_the_runner(engine, method):
     """The engine as the runner runs ``method``: with its compiled steps, unless the method's forwards cannot run
-    compiled (``Decoder.eager_forwards``, e.g. SWIFT's layer-skipped drafts: the runner then times it eagerly);
+    compiled (``Decoder.eager_forwards``, e.g. QuantSpec's over its own caches: the runner then times it eagerly);
     the compiled steps are kept for the next method."""
     if not method.eager_forwards or engine.compiled is None:
         yield
