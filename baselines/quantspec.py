@@ -27,6 +27,9 @@ from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
 
+INT8_FORWARDS = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
+
+
 @dataclass
 class QuantSpecDecoder(Decoder):
     """QuantSpec, greedy (paper defaults: G = 128, gamma 6 of its best 4-6, 4-bit draft MLP weights).
@@ -44,7 +47,6 @@ class QuantSpecDecoder(Decoder):
         chunk_size: quantized tokens dequantized at a time in attention (rounded down to whole groups).
     """
 
-    eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
     batch_refusal: ClassVar[str] = "its INT8/INT4 caches and self-drafts are one request's (not batched)"
     gamma: int = at_least(1, 6)  # 0 only inside Int8KVReference (autoregressive on the INT8 cache)
     target: str = one_of(("int8kv", "fp16"), "int8kv", why="int8kv = the paper's INT8 verifier, fp16 = a "
@@ -63,6 +65,12 @@ class QuantSpecDecoder(Decoder):
                               f"= {self.gamma + 1} (a step may cross at most one group boundary)")
         if self.weight_group % 2:
             raise ConfigError(f"method.weight_group={self.weight_group} must be even (two codes per byte)")
+
+    @property
+    def eager_forwards(self) -> str:
+        """``fp16``: the verification reads the engine's static cache and runs compiled under ``bench.compile``
+        (the INT4 drafts over the planes run eagerly); ``int8kv``: every forward reads the quantized cache."""
+        return "" if self.target == "fp16" else INT8_FORWARDS
 
     def check_sampling(self, sampling: Sampling) -> None:
         if not sampling.greedy:
@@ -168,7 +176,9 @@ class _QuantSpecState(StepState):
                     drafts.append(t)
         feed = [self.cur] + drafts
         pos = list(range(N, N + len(feed)))
-        out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all", eager=True)
+        full = kv.full is not None  # the engine's cache: compiled steps apply, padded to one shape
+        out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all", eager=not full,
+                             pad_to=self.cfg.gamma + 1 if full else None)
         y = out[0].argmax(-1).tolist()
         a = next((i for i, (d, t) in enumerate(zip(drafts, y)) if d != t), len(drafts))  # accepted prefix
         return Step(drafts[:a] + [y[a]], len(drafts))
@@ -206,7 +216,6 @@ class Int8KVReference(Decoder):
         group_size, chunk_size: the method's (``G``: the same view at every position).
     """
 
-    eager_forwards: ClassVar[str] = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
     batch_refusal: ClassVar[str] = "its INT8/INT4 caches and self-drafts are one request's (not batched)"
     kv: str = one_of(("int8", "fp"), "int8", why="int8 = INT8-KV autoregressive, fp = vanilla")
     group_size: int = at_least(4, 128, why="the method's G, even and above its gamma + 1 >= 2")
@@ -223,6 +232,10 @@ class Int8KVReference(Decoder):
             from baselines.vanilla import VanillaDecoder
 
             self._inner = VanillaDecoder()
+
+    @property
+    def eager_forwards(self) -> str:
+        return INT8_FORWARDS if self.kv == "int8" else ""
 
     def check_sampling(self, sampling: Sampling) -> None:
         self._inner.check_sampling(sampling)

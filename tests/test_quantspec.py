@@ -304,3 +304,33 @@ def test_real_model_alpha_on_the_long_builtin_prompt():
     gen = QuantSpecDecoder(gamma=4, resident_weights=True).generate(eng, ids, 32)  # measured: 0.89 (gamma 6: 0.81)
     assert gen.extras["quantized_tokens"] >= len(ids) - 256 and gen.drafted >= 12
     assert gen.accepted / gen.drafted > 0.8, (gen.accepted, gen.drafted)
+
+
+
+@pytest.mark.parametrize("attention", ["flex", "sdpa"])
+def test_fp16_target_verifies_compiled_and_compiles_once(attention, engine, checkpoint, fresh_dynamo, monkeypatch):
+    """``target: fp16`` under ``bench.compile``: the verification reads the engine's static cache and runs compiled
+    (padded to gamma + 1 rows), the INT4 drafts eagerly; tokens equal eager vanilla's (EOS and max_new_tokens
+    cuts included) and nothing compiles after the first generation."""
+    from fafo.engine.compiled import CompileOptions
+    from tests.compiled_cases import METHODS, check_compiled, compiled_engine
+
+    monkeypatch.setitem(METHODS, "quantspec_fp16", lambda: QuantSpecDecoder(**SMALL, target="fp16"))
+    compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="aot_eager", attention=attention))
+    check_compiled("quantspec_fp16", engine("llama_gqa"), compiled, max_new=24)
+
+
+def test_a_compiled_run_times_only_the_int8_cache_eagerly(tmp_path):
+    """Under ``bench.compile`` the runner times ``quantspec_fp16`` compiled against the compiled vanilla, ``int8kv``
+    (its own INT8 cache) eagerly against it."""
+    from fafo.bench.spec import resolve
+    from tests.helpers import make_cfg
+
+    def spec(*overrides):
+        compile = ["bench.compile=true", "bench.compile_backend=aot_eager", "bench.compile_attention=flex"]
+        return resolve(make_cfg(tmp_path, *compile, *overrides), tmp_path / "run")
+
+    fp16 = spec("method=quantspec_fp16")
+    assert fp16.compile is not None and not fp16.method_eager and not fp16.timing_note
+    int8 = spec("method=quantspec")
+    assert int8.compile is not None and int8.method_eager

@@ -232,7 +232,7 @@ def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: in
         row[f"{key}_mean"], row[f"{key}_max"] = round(mean, 2), top
     inside = count_host_work(method, engine, prompt_ids, max_new_tokens, warmup=False, forwards=True)
     row["forward_ops"] = round(inside.per_step("forward_ops")[0], 1)
-    row["eager_forwards"] = bool(type(method).eager_forwards)  # its forwards cannot run compiled
+    row["eager_forwards"] = bool(method.eager_forwards)  # its forwards cannot run compiled
     row["exact"] = "" if reference is None else gen.tokens == reference
     row["top_ops"] = " ".join(f"{n.split('::')[-1]}:{c / max(len(probe.steps), 1):.1f}"
                               for n, c in probe.names.most_common(4))
