@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baselines.longspec_draft import dense_forward, new_draft, save_draft  # noqa: E402
 from baselines.vanilla import VanillaDecoder  # noqa: E402
+from fafo.batch import Request, decode_batch  # noqa: E402
 from fafo.engine.attention import causal_plan  # noqa: E402
 from fafo.engine.engine import Engine  # noqa: E402
 
@@ -58,10 +59,10 @@ def self_generations(engine: Engine, prompts: dict[str, list[int]], max_new: int
         path = Path(cache_dir) / f"longspec-gen-{key}.json"
         if path.is_file():
             return json.loads(path.read_text())
-    out = {}
-    for sid, ids in prompts.items():
-        gen = VanillaDecoder().generate(engine, ids, max_new, eos_ids=engine.eos_ids)
-        out[sid] = {"prompt": ids, "output": gen.tokens}
+    # one batch (fafo.batch: token-identical to decoding each prompt alone, and about twice as fast on a CPU)
+    requests = [Request(ids, max_new, tuple(engine.eos_ids)) for ids in prompts.values()]
+    gens = decode_batch(VanillaDecoder(), engine, requests, min(len(requests), 16)).generations if requests else []
+    out = {sid: {"prompt": ids, "output": g.tokens} for (sid, ids), g in zip(prompts.items(), gens)}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{random.randrange(1 << 30)}")

@@ -124,12 +124,12 @@ def test_every_demo_method_is_token_identical_on_the_real_model(real_engine):
     """The main job's methods at its budgets on real text: the chat prompt (the least accepted) and the structured
     one (the most); the main job itself adds code (its exact-match column)."""
     prompts = builtin_prompts(real_engine, ["chat-01", "struct-01"])
-    refs = [VanillaDecoder().generate(real_engine, p, 32, real_engine.eos_ids).tokens for p in prompts]
+    refs = [VanillaDecoder().generate(real_engine, p, 24, real_engine.eos_ids).tokens for p in prompts]
     for name in demo_cfg().compare.methods:
         method = demo_method(name)
         method.setup(real_engine)
         for p, ref in zip(prompts, refs):
-            got = method.generate(real_engine, p, 32, real_engine.eos_ids).tokens
+            got = method.generate(real_engine, p, 24, real_engine.eos_ids).tokens
             assert got == ref, f"{name} diverged from vanilla on the real model"
 
 
