@@ -25,7 +25,7 @@ from fafo.bounds import at_least, check_bounds
 from fafo.errors import ConfigError
 from fafo.extras import require
 from fafo.sampling import Sampling
-from fafo.tree import DraftTree, commit_path, greedy_tree_step, verify_tree
+from fafo.tree import DraftTree, commit_path, greedy_tree_step, verify_tree, warm_tree_steps
 
 CONFIDENCE_BINS = (0.95, 0.8, 0.5)  # official get_choices_list thresholds (strictly greater)
 SAMPLING_TREE_WIDTHS = (1, 3, 5, 10)  # official get_choices_list candidate_set when sampling
@@ -158,6 +158,11 @@ class SwiftDecoder(Decoder):
         greedy = 1 + self.max_step_draft * min(self.topk, max(self.tree_widths))
         samp = 1 + self.max_step_draft * min(self.topk, max(SAMPLING_TREE_WIDTHS))
         return {False: greedy, True: samp, None: max(greedy, samp)}[sampled]
+
+    def warm_shapes(self, engine: Engine) -> None:
+        """Its verification padded to :meth:`max_tree` with a shallow or a deep mask: a warm-up generation may draft
+        only one kind (:func:`fafo.tree.warm_tree_steps`)."""
+        warm_tree_steps(engine, [self.max_tree(False), self.max_tree(True)])
 
     def extra_slots(self, max_new_tokens: int) -> int:
         # the (padded) tree, >= the draft, is written to slots [N, N + max_tree) with N < prompt + max_new_tokens

@@ -15,10 +15,10 @@ from typing import ClassVar
 
 
 from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
-from fafo.engine.batching import RowLogits, StepInputs, forward_one
+from fafo.engine.batching import RowLogits, StepInputs
 from fafo.engine.engine import Engine
 from fafo.sampling import GREEDY, Sampling
-from fafo.tree import DraftTree, commit_path, drafter_inputs
+from fafo.tree import DraftTree, commit_path, drafter_inputs, warm_tree_steps
 
 
 class DraftState:
@@ -65,18 +65,9 @@ class TreeDrafter(Decoder):
         """A fresh drafter for one generation (run-wide state, e.g. Token Recycling's matrix, lives on self)."""
 
     def warm_shapes(self, engine: Engine) -> None:
-        """A step has three shapes under static shapes: vanilla's step when nothing was drafted
-        (:func:`fafo.tree.drafter_inputs`), and the tree padded to ``max_tree()`` rows with a shallow or a deep
-        mask (the two widths of its key lists, :func:`fafo.engine.kernels.gather_width`); a warm-up generation may
-        take only some: one forward of each, after 8 slots of the shared cache (which the next prefill overwrites;
-        a compiled sdpa step reads a prefix of 2 slots or more as a live length, as real steps do)."""
-        cache, N, n = engine.static_cache, 8, self.max_tree()
-        if not engine.static_shapes or cache is None or cache.max_len < N + n + 2:
-            return
-        pair = DraftTree([0, 0], [-1, 0])  # padded to max_tree() rows, as every drafted tree
-        chain = DraftTree([0] * n, list(range(-1, n - 1)))  # every node on one path: the deepest mask
-        for tree in (DraftTree.root(0), pair, chain):
-            forward_one(engine, cache, [drafter_inputs(tree, N, n)])
+        """Vanilla's step when nothing was drafted and the padded tree with a shallow or a deep mask
+        (:func:`fafo.tree.warm_tree_steps`)."""
+        warm_tree_steps(engine, [self.max_tree()], alone=True)
 
     @abstractmethod
     def max_tree(self) -> int:

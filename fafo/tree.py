@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fafo.engine.attention import AttentionPlan, causal_plan
-from fafo.engine.batching import StepInputs
+from fafo.engine.batching import StepInputs, forward_one
 from fafo.engine.engine import Engine, upload
 from fafo.sampling import Sampling
 
@@ -163,6 +163,23 @@ def drafter_inputs(tree: DraftTree, N: int, size: int | None = None) -> StepInpu
     if len(tree) > 1:
         return step
     return replace(step, alone=StepInputs(tree.tokens, [N], [N], causal_plan(N), "last"))
+
+
+def warm_tree_steps(engine: Engine, sizes, alone: bool = False) -> None:
+    """Under ``engine.static_shapes``, one forward of each step shape a tree method padded to ``size`` rows can take,
+    for each of ``sizes``: a shallow tree and a full-depth chain (the two widths of a compiled step's key lists,
+    :func:`fafo.engine.kernels.gather_width`) and, with ``alone``, vanilla's 1-token step (:func:`drafter_inputs`).
+    A warm-up generation may take only some; run after it, every graph compiles before a timed sample. They run
+    after 8 slots of the shared cache (the next prefill overwrites them; a compiled sdpa step reads a prefix of 2
+    slots or more as a live length, as real steps do)."""
+    cache, N = engine.static_cache, 8
+    for n in sorted(set(sizes)):
+        if not engine.static_shapes or cache is None or cache.max_len < N + n + 2:
+            return
+        pair = DraftTree([0, 0], [-1, 0])
+        chain = DraftTree([0] * n, list(range(-1, n - 1)))  # every node on one path: the deepest mask
+        for tree in ([DraftTree.root(0)] if alone else []) + [pair, chain]:
+            forward_one(engine, cache, [drafter_inputs(tree, N, n)])
 
 
 def verify_tree(engine: Engine, cache, tree: DraftTree, N: int, size: int | None = None) -> torch.Tensor:

@@ -162,30 +162,32 @@ def test_a_static_step_mask_takes_one_of_two_widths():
             assert (free <= GATHER_MAX_DENSITY * Q) == (static <= GATHER_MAX_DENSITY * Q)  # same kernel as eager
 
 
+@pytest.mark.parametrize("method_name", ["prompt_lookup", "swift"])
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
-def test_trees_of_every_depth_reuse_the_warmed_graphs(attention, engine, checkpoint, fresh_dynamo):
-    """After a warm-up generation and warm_shapes (as the runner's warm-up), a tree of any depth, 1 to max_tree - 1,
-    compiles nothing: under sdpa its key lists take one of two widths per step size and the warm-up steps read a
-    live prefix length as real steps do. The logits equal the eager engine's on the same cache contents."""
+def test_trees_of_every_depth_reuse_the_warmed_graphs(attention, method_name, engine, checkpoint, fresh_dynamo):
+    """After warm_shapes alone (the runner calls it after its warm-up generation, which may draft only shallow or
+    only deep trees), a tree of any depth, 1 to its padded size - 1, compiles nothing: under sdpa its key lists take
+    one of two widths per step size and the warm-up steps read a live prefix length as real steps do. The logits
+    equal the eager engine's on the same cache contents."""
     from baselines.prompt_lookup import PromptLookupDecoder
-    from fafo.engine.batching import forward_one
-    from fafo.tree import DraftTree, drafter_inputs
+    from baselines.swift import SwiftDecoder
+    from fafo.tree import DraftTree, verify_tree
 
     compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="aot_eager", attention=attention))
     eager = engine("llama_gqa")
-    method = PromptLookupDecoder(num_tokens=12)
+    method = PromptLookupDecoder(num_tokens=12) if method_name == "prompt_lookup" else \
+        SwiftDecoder(optimization=False, max_step_draft=6, topk=2)  # trees of 13 rows
     method.setup(compiled)
-    ids = compiled.tokenizer(WARMUP).input_ids
-    method.generate(compiled, ids, 8)
     method.warm_shapes(compiled)
-    warm, n = compile_stats()["graphs"], method.max_tree()
+    warm = compile_stats()["graphs"]
+    n = method.max_tree(False) if method_name == "swift" else method.max_tree()
+    ids = compiled.tokenizer(WARMUP).input_ids
     eager_cache = eager.cache(CAPACITY)
     for depth in range(1, n):
         tree = DraftTree(list(range(5, 6 + depth)), list(range(-1, depth)))  # a chain of `depth` drafts
-        step = drafter_inputs(tree, len(ids), n)
         for eng, cache in ((compiled, compiled.static_cache), (eager, eager_cache)):
             eng.prefill(cache, ids)
-        got = forward_one(compiled, compiled.static_cache, [step])
-        want = forward_one(eager, eager_cache, [step])
+        got = verify_tree(compiled, compiled.static_cache, tree, len(ids), n)
+        want = verify_tree(eager, eager_cache, tree, len(ids), n)
         assert compile_stats()["graphs"] == warm, f"a tree of depth {depth} compiled a graph"
-        assert torch.allclose(got.outs[0], want.outs[0], atol=1e-4), depth
+        assert torch.allclose(got, want, atol=1e-4), depth

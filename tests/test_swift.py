@@ -319,9 +319,10 @@ def test_static_shapes_give_every_verification_one_shape(name, setting, sampling
 @pytest.mark.parametrize("attention", ["flex", "sdpa"])
 def test_compiled_verification_with_eager_drafts_is_token_identical_and_compiles_once(attention, deep, ckpt_root,
                                                                                       fresh_dynamo):
-    """``bench.compile``: the verification forward runs compiled (one padded tree shape), the layer-skipped drafts
+    """``bench.compile``: the verification forward runs compiled (one padded tree size), the layer-skipped drafts
     and the search's scoring eagerly while the search changes the set; tokens equal eager vanilla's, EOS and
-    max_new_tokens cuts included, and nothing compiles after the first generation."""
+    max_new_tokens cuts included, and nothing compiles after the warm-up generation and ``warm_shapes`` (as the
+    runner's warm-up; trees of every depth: tests/test_compiled.py)."""
     from fafo.engine.compiled import CompileOptions, compile_stats
     from tests.compiled_cases import CAPACITY, SAMPLES, WARMUP
 
@@ -342,6 +343,7 @@ def test_compiled_verification_with_eager_drafts_is_token_identical_and_compiles
     compiled.forward = forward
     ids = compiled.tokenizer(WARMUP).input_ids
     assert method.generate(compiled, ids, 24).tokens == VanillaDecoder().generate(eager, ids, 24).tokens
+    method.warm_shapes(compiled)
     warm = compile_stats()["graphs"]
     assert warm >= 1 and True in kinds and False in kinds  # verifications compiled, drafts eager
     for text in SAMPLES:
