@@ -244,3 +244,18 @@ def test_the_flex_probe_checks_against_a_right_reference_and_needs_cuda(monkeypa
         assert torch.allclose(probe.reference(q, k, v, 0.25, mask).float(), expected, atol=1e-5)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert probe.main() == 2
+
+
+def test_the_tree_probe_runs_one_variant_per_process_and_refuses_an_unknown_one():
+    """``scripts/gpu_tree_probe.py`` (the CUDA path traced on the CPU here): a variant's cases in one line each, and
+    a variant it does not know is one line naming those it does, before a model is built."""
+    probe = [sys.executable, str(REPO / "scripts" / "gpu_tree_probe.py"), "prompt_lookup", "token_recycling"]
+    run = subprocess.run(probe, capture_output=True, text=True, cwd=REPO, env={**ENV, "VARIANT": "exactmask"},
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert [line.split(":")[0] for line in run.stdout.splitlines() if line.startswith("[")] == \
+        ["[exactmask g4] prompt_lookup", "[exactmask g4] token_recycling"]
+    assert run.stdout.count(": ok identical 3/3 recompiles 0") == 2
+    bad = subprocess.run(probe, capture_output=True, text=True, cwd=REPO, env={**ENV, "VARIANT": "nochunk"},
+                         timeout=120)
+    assert bad.returncode != 0 and "VARIANT='nochunk' is not one of control, nocg" in bad.stderr

@@ -16,8 +16,7 @@ from hydra import compose, initialize_config_dir
 from fafo.engine import attention
 from fafo.engine.attention import _flex_call
 from fafo.engine.block_masks import length_block_mask
-from fafo.engine.flex_routing import (FlexRoute, flex_route, is_power_of_2, lowered_kernel, next_power_of_2,
-                                      prefix_chunks)
+from fafo.engine.flex_routing import FlexRoute, flex_route, is_power_of_2, lowered_kernel, next_power_of_2
 from fafo.engine.kernels import reference_attention_lse
 from fafo.engine.torch_compat import main_template_option
 from tests.helpers import CONF, PRESETS, preset_jobs
@@ -189,23 +188,3 @@ def test_compiled_steps_are_routed_and_eager_cuda_calls_take_the_main_template(m
     monkeypatch.setattr(attention, "_compiled_flex", flex_attention)  # the wrapper, left uncompiled here
     _flex_call(q, k, v, bm, 0.25, compiled=True)
     assert issued == [(6, main_template_option()), (6, main_template_option())]
-
-
-@pytest.mark.parametrize("model", sorted(HEADS))
-def test_every_chunked_prefix_call_has_a_kernel(model):
-    """A step's prefix read in chunks (fafo.engine.flex_routing.prefix_chunks) is one call of Hq * C query heads
-    over Hkv * C KV heads with a mask per head: by torch's rule, the main template with a config, whatever the
-    step's rows and the cache's capacity."""
-    hq, hkv = HEADS[model]
-    seen = set()
-    for capacity in (2048, 4096, 32768, 131072):
-        for q in range(2, 2049):
-            chunks = prefix_chunks(q, hq, capacity)
-            if chunks == 1:
-                continue
-            seen.add(chunks)
-            route = flex_route(q, hq * chunks, hkv * chunks)
-            assert route.heads == hq * chunks
-            assert lowered_kernel(q, hq * chunks, hkv * chunks, 128, route.options, mask_heads=hq * chunks) == \
-                ("attention", True), (q, capacity, chunks)
-    assert seen and max(seen) >= 4

@@ -73,8 +73,6 @@ class AttentionPlan:
         prefix_live, region_live: compiled ``sdpa`` steps: tensors whose *length* is the live prefix / region
             (marked dynamic, so one graph reads exactly the filled part of the cache at every length); ``prefix``
             and ``region_len`` are then static capacities.
-        prefix_chunks, prefix_chunk_mask: compiled ``flex`` steps: the prefix is read in this many chunks, with
-            this BlockMask (:func:`fafo.engine.flex_routing.prefix_chunks`); 1: in one call.
     """
 
     prefix: int
@@ -95,15 +93,12 @@ class AttentionPlan:
     step_gather: GatheredMask | None = None
     prefix_live: torch.Tensor | None = None
     region_live: torch.Tensor | None = None
-    prefix_chunks: int = 1
-    prefix_chunk_mask: object | None = None
 
     def for_layer(self, layer: int) -> "AttentionPlan":
         """The plan as one layer sees it: in a dense layer the region queries read the whole prefix."""
         if self.region_from is None or layer not in self.dense_layers:
             return self
-        return replace(self, region_from=None, region_block_mask=None, prefix_block_mask=self.dense_block_mask,
-                       prefix_chunks=1, prefix_chunk_mask=None)
+        return replace(self, region_from=None, region_block_mask=None, prefix_block_mask=self.dense_block_mask)
 
 
 def causal_plan(prefix: int) -> AttentionPlan:
@@ -240,26 +235,6 @@ def _flex_call(q, k, v, block_mask, scale, compiled: bool):
     return out.float(), lse.float()
 
 
-def _chunked_flex_call(q, k, v, block_mask, chunks: int, scale, compiled: bool):
-    """:func:`_flex_call` over keys read in ``chunks`` chunks seen as KV heads (a view: ``[B, Hkv * C, S / C, D]``),
-    the queries repeated for each chunk (head ``(h * C + c) * G + g``), then the chunks merged by their
-    log-sum-exps. ``block_mask``: :meth:`fafo.engine.flex_masks.LiveLength.chunked_block_mask`."""
-    B, hq, Q, D = q.shape
-    hkv, S = k.shape[1], k.shape[2]
-    g, c = hq // hkv, chunks
-    qc = q.view(B, hkv, 1, g, Q, D).expand(B, hkv, c, g, Q, D).reshape(B, hkv * c * g, Q, D)
-    out, lse = _flex_call(qc, k.view(B, hkv * c, S // c, D), v.view(B, hkv * c, S // c, D), block_mask, scale,
-                          compiled)
-    out, lse = out.view(B, hkv, c, g, Q, D), lse.view(B, hkv, c, g, Q)
-    top = lse.amax(2, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # no key in any chunk: lse stays -inf
-    w = torch.exp(lse - top)  # [B, Hkv, C, G, Q]; 0 for a chunk with no live key
-    total = w.sum(2)
-    o = torch.where(w[..., None] > 0, out * w[..., None], torch.zeros_like(out)).sum(2)
-    o = o / total.clamp_min(torch.finfo(torch.float32).tiny)[..., None]
-    return o.reshape(B, hq, Q, D), (top.squeeze(2) + torch.log(total)).reshape(B, hq, Q)
-
-
 def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionPlan, scale: float):
     """FlexAttention backend (same contract as :func:`sdpa_attention`).
 
@@ -288,12 +263,7 @@ def flex_attention_backend(q, k_cache, v_cache, k_step, v_step, plan: AttentionP
         if bm is None and plan.prefix_lens is not None:
             bm = prefix_lens_block_mask(plan.prefix_lens[:split], plan.prefix)
         n_kv = plan.prefix
-        if plan.prefix_chunks > 1:
-            parts.append(_chunked_flex_call(q[:, :, :split], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv],
-                                            plan.prefix_chunk_mask, plan.prefix_chunks, scale, compiled))
-        else:
-            parts.append(_flex_call(q[:, :, :split], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv], bm, scale,
-                                    compiled))
+        parts.append(_flex_call(q[:, :, :split], k_cache[:, :, :n_kv], v_cache[:, :, :n_kv], bm, scale, compiled))
     if split < Q:
         bm = plan.region_block_mask  # None: every slot of the region is live
         n_kv = bm.seq_lengths[1] if bm is not None else plan.region_len  # the kernel never reads past it

@@ -54,28 +54,6 @@ def length_block_mask(length: torch.Tensor, n_queries: int, capacity: int) -> Bl
     return _partial(active, _below_length(length), n_queries, capacity)
 
 
-def _below_length_chunked(length: torch.Tensor, chunk_of_head: torch.Tensor, chunk_len: int):
-    def below_length_chunked(b, h, q_idx, kv_idx):
-        return kv_idx + chunk_of_head[h] * chunk_len < length[b]
-
-    return below_length_chunked
-
-
-def chunked_length_block_mask(length: torch.Tensor, n_queries: int, capacity: int, chunks: int,
-                              chunk_of_head: torch.Tensor) -> BlockMask:
-    """:func:`length_block_mask` for a prefix read in ``chunks`` chunks of ``capacity // chunks`` keys, one per
-    group of query heads (``chunk_of_head``: [H] long, the chunk each query head of the call reads; see
-    :func:`fafo.engine.flex_routing.prefix_chunks`): head h sees key ``kv_idx`` of its chunk when
-    ``kv_idx + chunk * chunk_len < length[b]``. A mask per head, every block partial; the caller keeps each head's
-    ``kv_num_blocks`` at its chunk's live blocks (:class:`fafo.engine.flex_masks.LiveLength`)."""
-    chunk_len = capacity // chunks
-    B, H, nq, nk = length.shape[0], chunk_of_head.shape[0], n_blocks(n_queries), n_blocks(chunk_len)
-    counts = torch.full((B, H, nq), nk, device=length.device, **_I32)
-    order = torch.arange(nk, device=length.device, **_I32).expand(B, H, nq, nk).contiguous()
-    return BlockMask.from_kv_blocks(counts, order, BLOCK_SIZE=BLOCK, seq_lengths=(n_queries, chunk_len),
-                                    mask_mod=_below_length_chunked(length, chunk_of_head, chunk_len))
-
-
 def _step(step_mask: torch.Tensor):
     if step_mask.dim() == 3:  # one per batch row
         def step_rows(b, h, q_idx, kv_idx):

@@ -36,7 +36,6 @@ from fafo.engine.attention import AttentionPlan
 from fafo.engine.block_masks import buffer_block_mask, causal_block_mask
 from fafo.engine.cache import KVCache
 from fafo.engine.flex_masks import LiveLength
-from fafo.engine.flex_routing import NOMINAL_SMS, prefix_chunks
 from fafo.engine.kernels import gathered_mask
 from fafo.engine.torch_compat import no_duck_shapes, raise_recompile_limit
 
@@ -82,8 +81,6 @@ class CompiledStep:
     def __init__(self, model, options: CompileOptions, device: torch.device):
         self.options = options
         self.attention = options.attention_for(device)
-        self.heads = (model.args.n_heads, model.args.n_kv_heads)  # query and KV heads: the prefix's chunking
-        self.sms = device_sms(device)
         raise_recompile_limit(32)  # past the limit dynamo would silently run eager: fail loudly instead
         self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False,
                                 fullgraph=True)  # a graph break would run part of a step eagerly: an error
@@ -129,13 +126,8 @@ class CompiledStep:
                 plan.region_len if plan.region_length is None else plan.region_length)
             changes.update(region_len=plan.region_capacity, region_length=region.length)
         if self.attention == "flex":
-            # the main template does not split the keys: a multi-row step reads a long prefix in chunks
-            chunks = prefix_chunks(split, self.heads[0], capacity, self.sms)
-            changes.update(prefix_block_mask=prefix.block_mask(split) if split and chunks == 1 else None,
+            changes.update(prefix_block_mask=prefix.block_mask(split) if split else None,
                            step_block_mask=self._step_block_mask(plan, n_queries, dev))
-            if chunks > 1:
-                changes.update(prefix_chunks=chunks,
-                               prefix_chunk_mask=prefix.chunked_block_mask(split, chunks, *self.heads))
             if plan.region_from is not None:
                 changes.update(region_block_mask=region.block_mask(n_queries - split),
                                dense_block_mask=prefix.block_mask(n_queries) if plan.dense_layers else None)
@@ -186,13 +178,6 @@ class CompiledStep:
         buf, bm = self._step_buffers[key]
         buf.copy_(plan.step_mask)
         return bm
-
-
-def device_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; elsewhere an H100's (the CPU traces the CUDA path's shapes)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return NOMINAL_SMS
 
 
 def reset_compiled_state() -> None:

@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from fafo.engine.attention import AttentionPlan
-from fafo.engine.block_masks import chunked_length_block_mask, length_block_mask, step_block_mask
+from fafo.engine.block_masks import length_block_mask, step_block_mask
 from fafo.engine.kernels import written
 
 
@@ -80,7 +80,6 @@ class LiveLength:
         self.capacity, self.value = capacity, 0
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
         self._masks: dict[int, object] = {}
-        self._chunked: dict[tuple, tuple] = {}  # (queries, chunks, heads, kv heads) -> (mask, each head's start)
 
     def set(self, length: int | torch.Tensor) -> "LiveLength":
         """The live length: an int (every row) or a ``[B]`` tensor on the device (each row's; copied in)."""
@@ -92,8 +91,6 @@ class LiveLength:
             self.length.fill_(length)
         for bm in self._masks.values():
             self._count(bm)
-        for bm, starts in self._chunked.values():
-            self._count_chunked(bm, starts)
         return self
 
     def _count(self, bm) -> None:
@@ -109,22 +106,3 @@ class LiveLength:
             bm = self._masks[n_queries] = length_block_mask(self.length, n_queries, self.capacity)
             self._count(bm)
         return self._masks[n_queries]
-
-    def chunked_block_mask(self, n_queries: int, chunks: int, hq: int, hkv: int):
-        """The BlockMask of ``n_queries`` queries in ``hq`` heads reading the capacity in ``chunks`` chunks, the
-        chunks seen as KV heads (:func:`fafo.engine.flex_routing.prefix_chunks`): query head ``(h * chunks + c) *
-        G + g`` reads chunk c of KV head h."""
-        key = (n_queries, chunks, hq, hkv)
-        if key not in self._chunked:
-            group = hq // hkv
-            chunk_of_head = (torch.arange(hkv * chunks * group, device=self.length.device) // group) % chunks
-            bm = chunked_length_block_mask(self.length, n_queries, self.capacity, chunks, chunk_of_head)
-            self._chunked[key] = (bm, chunk_of_head * (self.capacity // chunks))
-            self._count_chunked(*self._chunked[key])
-        return self._chunked[key][0]
-
-    def _count_chunked(self, bm, starts: torch.Tensor) -> None:
-        """``kv_num_blocks`` [B, H, QB] = the live key blocks of each row in each head's chunk."""
-        size, chunk_len = bm.BLOCK_SIZE[1], bm.seq_lengths[1]
-        live = (self.length[:, None] - starts[None]).clamp(0, chunk_len)  # [B, H]
-        bm.kv_num_blocks.copy_(((live + size - 1) // size)[:, :, None].expand_as(bm.kv_num_blocks))

@@ -34,10 +34,13 @@ each reading the whole cache alone, a slow vanilla that would inflate every spee
    matched. Copying q, k and v dense made the chain and Lookahead steps match on group 4 but not the two tree
    methods, and a causal 11-row step compiled alone (``scripts/gpu_flex_probe.py``) was wrong (relative error
    0.76-0.86 against float64) in every layout of q, k and v; the cause inside the template is not established.
-   Routed so, every case matched on an NVIDIA H100 (torch 2.11.0+cu130: 12 methods x groups 4, 7, 1, 3). The
-   cost: the main template does not split the keys, so a short step's prefix is read by Hq programs (32 on a 7B
-   model) instead of about 2 x SMs; on that H100 at 7B a 64- or 128-token step cost 2.2-3.3 ms more than a
-   1-token one at 4096 tokens of context and 0.2-1.5 ms more at 512, charged to the method, never to vanilla.
+   Routed so, every case matched on an NVIDIA H100 (torch 2.11.0+cu130: 12 methods x groups 4, 7, 1, 3) and an
+   H200. On that H200 (2026-11-27) the probe found the decoding template right for the same shapes in isolation;
+   the rule stays until a whole model routed to it is token-identical. The cost: the main template does not split
+   the keys, so a short step's prefix is read by Hq programs (32 on a 7B model) instead of about 2 x SMs; on that
+   H100 at 7B a 64- or 128-token step cost 2.2-3.3 ms more than a 1-token one at 4096 tokens of context and 0.2-1.5
+   ms more at 512, charged to the method, never to vanilla. (Reading the prefix in chunks seen as extra KV heads,
+   to give the template more programs, computed wrong attention on that H200 and was removed.)
 3. ``Q == 1``: the decoding template. A group that is not a power of two (Qwen2.5-7B: 28 / 4 = 7) is **padded**
    with zero query heads to ``G' = next_power_of_2(G)`` and the padded rows of the output dropped: its cost is
    ``(G' - G) / G`` more arithmetic in a kernel bound by reading the keys, the same key traffic, and copies of q
@@ -45,14 +48,6 @@ each reading the whole cache alone, a slow vanilla that would inflate every spee
    (``max(G', 16)``, which divides the engine's 128-blocks for every group up to 128), else the query block.
 4. Where neither fits (a query block that is not a power of two), the main template is forced
    (:func:`fafo.engine.torch_compat.main_template_option`).
-
-Because the main template does not split the keys, a compiled step of Q > 1 rows reads its **prefix** (the cache
-before the step, which every one of those rows sees whole) in chunks (:func:`prefix_chunks`): the cache is viewed
-as C chunks of capacity / C slots each, the chunks as extra KV heads of one call (``[B, Hkv * C, S / C, D]``, a
-view), the queries repeated per chunk, so the call has C times the programs, each reading one chunk; the C
-partial results are merged by their log-sum-exps (as flash-decoding merges its splits, and as the engine merges
-prefix and step parts). C grows in powers of two until the call has about two programs per SM, keeping chunks of
-at least :data:`MIN_CHUNK` slots, from a cache of :data:`MIN_CHUNKED` slots up.
 
 :func:`lowered_kernel` restates torch's decision for given kernel options, so tests check every route against it.
 """
@@ -66,9 +61,6 @@ import torch
 from fafo.engine.torch_compat import main_template_option
 
 SHORT_QUERY = 128  # _use_flex_decoding: query lengths below this may take the decoding kernel
-MIN_CHUNKED = 2048  # a compiled step's prefix is read in chunks from this cache capacity up
-MIN_CHUNK = 512  # slots per chunk at least (4 of the engine's 128-key blocks)
-NOMINAL_SMS = 132  # an H100's or H200's: the chunk count on a device that has no SMs (a CPU tracing the CUDA path)
 MAIN_CONFIG_BLOCK = 128  # the largest BLOCK_M / BLOCK_N among the main template's forward configs
 
 
@@ -141,21 +133,6 @@ def flex_route(q_len: int, hq: int, hkv: int, q_block: int = 128, static: bool =
     if is_power_of_2(q_block) and q_block >= 16 and q_block % group == 0:
         return FlexRoute("decoding", heads, {"BLOCK_M": q_block})
     return FlexRoute("attention", hq, main_template_option())
-
-
-def prefix_chunks(q_len: int, hq: int, capacity: int, sms: int = NOMINAL_SMS, block: int = 128) -> int:
-    """How many chunks a compiled step of ``q_len`` rows in ``hq`` query heads reads its ``capacity``-slot prefix
-    in (1: one call). The main template launches ``cdiv(q_len, block) * hq`` programs (rule 1, 2); the chunks
-    multiply them until there are ``2 * sms``, while each chunk keeps :data:`MIN_CHUNK` slots and a whole number
-    of blocks. A pure function of its arguments."""
-    if q_len < 2 or capacity < MIN_CHUNKED:
-        return 1
-    programs = -(-q_len // block) * hq
-    chunks = 1
-    while (programs * chunks < 2 * sms and capacity % (2 * chunks * block) == 0
-           and capacity // (2 * chunks) >= MIN_CHUNK):
-        chunks *= 2
-    return chunks
 
 
 def pad_query_groups(q: torch.Tensor, hkv: int, group: int) -> torch.Tensor:

@@ -11,8 +11,7 @@ Every generation is compared with eager vanilla greedy on the same weights and d
   (``tie``: the two tokens' float32 logits within 0.1; ``divergence``: a bug);
 * no graph compiled after the warm-up (``compile_stats``), no step refused by CUDA graphs (``cudagraph_skips``);
 * the largest step, in rows and rows x GQA group (what torch's choice of FlexAttention kernel reads; the engine
-  sends every step of more than one row to the main template: :mod:`fafo.engine.flex_routing`); the compiled
-  engine's cache is large enough (2048 slots) that those steps read their prefix in chunks.
+  sends every step of more than one row to the main template: :mod:`fafo.engine.flex_routing`).
 
 Methods whose forwards cannot run compiled (``Decoder.eager_forwards``: QuantSpec's, over its own quantized caches) run
 eagerly, as the runner times them; forwards that skip layers (SWIFT's drafts) always run eagerly.
@@ -36,7 +35,6 @@ from fafo.bench.gpu_check.methods import build_method, most_extra_slots, selecte
 from fafo.bench.mismatch import MismatchJudge
 from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
 from fafo.engine.engine import Engine
-from fafo.engine.flex_routing import MIN_CHUNKED
 from fafo.engine.loader import load_hf_config
 from fafo.engine.tiny import tiny_checkpoint
 
@@ -84,8 +82,7 @@ class GroupModel:
         reset_compiled_state()
         self.compiled.release()
         self.compiled.enable_compile(settings.compile)
-        # at least the capacity from which multi-row steps read their prefix in chunks, so that path is checked too
-        self.compiled.cache(max(self.slots, MIN_CHUNKED))
+        self.compiled.cache(self.slots)
 
 
 def compare(model: GroupModel, i: int, tokens: list[int]) -> tuple[str, str]:
