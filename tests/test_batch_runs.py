@@ -133,3 +133,16 @@ def test_batch_sweep_through_the_cli_and_its_plot(tmp_path):
                for e in data for p in e["points"])
     text = table(data)
     assert text.count("| prompt-lookup |") == 2 and "break-even batch" in text and "{" in text
+
+
+def test_a_compiled_batched_run_compiles_no_graph_while_timed(tmp_path):
+    """Compiled steps at bench.batch_size=4 over 6 samples (some two-turn): timed passes of 4, 2 and 1 active rows
+    (as batches shrink and the last samples come) find every graph compiled by the warm-up, which decodes a batch
+    per row bucket, and every request equals vanilla."""
+    run = tmp_path / "run"
+    Runner().run(resolve(make_cfg(tmp_path, *SETTINGS, "bench.batch_size=4", "bench.compile=true",
+                                  "bench.compile_backend=aot_eager"), run), report=False)
+    rows = read_rows(run)
+    assert {r["status"] for r in rows} == {"ok"} and all(r["exact_match"] == "True" for r in rows)
+    assert [r["compiles"] for r in rows] == ["0"] * len(rows)
+    assert min(len(s["rows"]) for p in read_steps(run) for s in p["steps"]) == 1  # a bucket of one row was timed

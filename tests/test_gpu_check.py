@@ -246,6 +246,22 @@ def test_the_flex_probe_checks_against_a_right_reference_and_needs_cuda(monkeypa
     assert probe.main() == 2
 
 
+def test_a_batch_case_warmed_on_every_row_bucket_does_not_recompile(tmp_path):
+    """Token Recycling's four requests on the group-7 model finish in another order in the compared batch than in a
+    warm-up of the same four (its matrix learnt meanwhile): the batch shrinks to one row, a bucket that warm-up never
+    ran, and the step compiled inside the comparison (seen on an H200 and on the CPU). Warmed as the runner warms
+    (a batch per row bucket: 4, 2, 1), nothing compiles afterwards and the tokens are vanilla's."""
+    from fafo.bench.gpu_check.correctness import GroupModel, run_batch_case
+    from fafo.engine.batching import bucket_fillers
+
+    assert bucket_fillers(4, 4) == [4, 2, 1] and bucket_fillers(3, 4) == [3, 2, 1]
+    assert bucket_fillers(6, 6) == [6, 4, 2, 1]
+    settings = settings_for("cpu", quick=False, groups=[7])
+    model = GroupModel(7, settings, tmp_path, ["token_recycling"])
+    row = run_batch_case(model, "token_recycling", settings)
+    assert (row["recompiles"], row["divergences"], row["status"]) == (0, 0, "ok"), row
+
+
 def test_the_tree_probe_runs_one_variant_per_process_and_refuses_an_unknown_one():
     """``scripts/gpu_tree_probe.py`` (the CUDA path traced on the CPU here): a variant's cases in one line each, and
     a variant it does not know is one line naming those it does, before a model is built."""

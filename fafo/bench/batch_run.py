@@ -25,6 +25,7 @@ import torch
 from fafo.batch import BatchResult, Request, decode_batch
 from fafo.bench.records import compact, first_mismatch, output_line, row_key
 from fafo.bench.timing import sync
+from fafo.engine.batching import bucket_fillers
 from fafo.engine.compiled import compile_stats, cudagraph_skips
 
 BATCH_STEPS = "batch_steps.jsonl"
@@ -191,8 +192,10 @@ def _passes(spec, meter, built, turn: int, repeat: int, steps_path: Path, row) -
 
 def warmup_batch(spec, meter) -> float:
     """``bench.warmup`` batched passes (at least one with compiled steps, two with CUDA graphs) of every decoder
-    over the first B samples' first prompts at ``bench.warmup_tokens``, excluded from all timings; cross-request
-    state is restored afterwards. Returns their seconds."""
+    over the first B samples' first prompts at ``bench.warmup_tokens``, excluded from all timings; with compiled
+    steps also over the first 2, 1, ... of them, one pass per row bucket (:func:`fafo.engine.batching.bucket_fillers`),
+    so that no timed pass compiles a graph when its batch shrinks. Cross-request state is restored afterwards.
+    Returns their seconds."""
     rounds = max(spec.bench.warmup, (2 if spec.compile.cudagraphs else 1) if spec.compile is not None else 0)
     if not rounds or not spec.samples:
         return 0.0
@@ -203,12 +206,15 @@ def warmup_batch(spec, meter) -> float:
     before = [d.snapshot() for d in decoders]
     runs = [(spec.method, spec.method_eager), (spec.reference, False)] + \
         ([(spec.reference, True)] if spec.method_eager else [])
+    # compiled steps: a batch of each bucket's size too (a shrinking batch's graphs, whatever order rows finish in)
+    sizes = bucket_fillers(len(prompts), spec.bench.batch_size) if spec.compile is not None else [len(prompts)]
     total = 0.0
     for _ in range(rounds):
         for decoder, eager in runs:
-            p = Pass(spec, meter, decoder, prompts, max_new, list(range(len(prompts))), eager=eager)
-            meter.memory.warm((id(decoder), eager))
-            total += p.wall_s
+            for n in sizes if not eager else sizes[:1]:
+                p = Pass(spec, meter, decoder, prompts[:n], max_new[:n], list(range(n)), eager=eager)
+                meter.memory.warm((id(decoder), eager))
+                total += p.wall_s
     for decoder, snapshot in zip(decoders, before):
         decoder.restore(snapshot)
     if cudagraph_skips():  # as at batch 1 (fafo.bench.timing.Meter.warmup): replay-free steps are not timed

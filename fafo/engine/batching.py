@@ -81,7 +81,15 @@ def batch_bucket(n: int, capacity: int) -> int:
 
 def bucket_count(capacity: int) -> int:
     """How many row counts compiled steps of a ``capacity``-row cache run (each its own graphs)."""
-    return len({batch_bucket(n, capacity) for n in range(1, capacity + 1)})
+    return len(bucket_fillers(capacity, capacity))
+
+
+def bucket_fillers(requests: int, capacity: int) -> list[int]:
+    """One request count per bucket that a batch of ``requests`` runs as it shrinks (its largest count in that
+    bucket), largest first: a warm-up that decodes batches of these sizes compiles every graph the batch can meet,
+    whichever order its requests finish in (``requests=4, capacity=4``: 4, 2, 1)."""
+    largest = {batch_bucket(n, capacity): n for n in range(1, requests + 1)}
+    return sorted(largest.values(), reverse=True)
 
 
 class StepLogits:

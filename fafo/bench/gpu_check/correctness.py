@@ -33,6 +33,7 @@ from types import SimpleNamespace
 from fafo.bench.gpu_check.report import markdown_table
 from fafo.bench.gpu_check.methods import build_method, most_extra_slots, selected, steps_as_the_runner
 from fafo.bench.mismatch import MismatchJudge
+from fafo.engine.batching import bucket_fillers
 from fafo.engine.compiled import compile_stats, cudagraph_skips, reset_compiled_state
 from fafo.engine.engine import Engine
 from fafo.engine.loader import load_hf_config
@@ -141,8 +142,9 @@ def run_case(model: GroupModel, name: str, settings) -> dict:
 
 
 def run_batch_case(model: GroupModel, name: str, settings) -> dict:
-    """``name`` decoding every prompt (and the first again) as one static batch on the compiled engine: warmed by
-    one batch (compiles, records), then a second whose requests are compared with eager batch-1 vanilla."""
+    """``name`` decoding every prompt (and the first again) as one static batch on the compiled engine: warmed as
+    the runner warms (a batch of each row bucket's size: compiles, records), then the batch whose requests are
+    compared with eager batch-1 vanilla."""
     from fafo.batch import Request, decode_batch
 
     t0 = time.perf_counter()
@@ -153,7 +155,8 @@ def run_batch_case(model: GroupModel, name: str, settings) -> dict:
     requests = [Request(model.prompts[i], settings.max_new) for i in order]
     skips0, graphs0 = cudagraph_skips(), compile_stats()["graphs"]
     with steps_as_the_runner(engine, method):
-        decode_batch(method, engine, requests, B)
+        for n in bucket_fillers(B, B):  # as the runner warms: every row bucket a shrinking batch runs
+            decode_batch(method, engine, requests[:n], B)
         graphs_warm = compile_stats()["graphs"]
         result = decode_batch(method, engine, requests, B)
     recompiles, skips = compile_stats()["graphs"] - graphs_warm, cudagraph_skips() - skips0
