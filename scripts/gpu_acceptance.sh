@@ -8,19 +8,23 @@
 # CLI), and warm-up processes for the timed stages (two for the methods), whose own timings are discarded: they
 # fill inductor's caches (FX graph, autotuning, Triton) so that phase 2 loads compiled graphs instead of building
 # them. Phase 2 (TIMED_S seconds) then runs preflight, decode, curve and methods in one process with the GPU to
-# itself: those are the numbers to report. Each process writes its own report under OUT (OUT/<name>/gpu_check.md,
-# OUT/<name>.log). On an H100 (16 cores, 80 GB) 200 and 210 s took 436 s in all with the install.
+# itself: those are the numbers to report. Phase 3 (HOST_S seconds), alone too, times every method's host work per
+# step on the same widths with 4 layers (--method-layers: host time does not grow with depth, and each step shape
+# compiles about 8x faster; phase 1 warms those graphs as well). Each process writes its own report under OUT
+# (OUT/<name>/gpu_check.md, OUT/<name>.log). On an H100 (16 cores, 80 GB) 200 and 210 s took 436 s in all with the
+# install; on an H200, 240 and 210 s took 480 s.
 #
-# Usage: scripts/gpu_acceptance.sh OUT [PARALLEL_S [TIMED_S]]      (defaults 200 and 220; PYTHON picks python3)
+# Usage: scripts/gpu_acceptance.sh OUT [PARALLEL_S [TIMED_S [HOST_S]]]  (defaults 200, 220, 60; PYTHON picks python3)
 set -uo pipefail
 
 if [ $# -lt 1 ] || [ "${1:0:1}" = "-" ]; then
-  echo "usage: $0 OUT [PARALLEL_S [TIMED_S]]" >&2
+  echo "usage: $0 OUT [PARALLEL_S [TIMED_S [HOST_S]]]" >&2
   exit 2
 fi
 out=$1
 parallel=${2:-200}
 timed=${3:-220}
+host=${4:-60}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 
@@ -48,6 +52,7 @@ check warm-methods "$parallel" --stages methods --budget-s 100000 \
   --methods vanilla fafo_stream prompt_lookup lookahead token_recycling suffix_decoding &
 check warm-methods2 "$parallel" --stages methods --budget-s 100000 \
   --methods sam_decoding fafo_quest fafo_snapkv fafo_2forward swift triforce_nodraft &
+check warm-host "$parallel" --stages methods --method-layers 4 --budget-s 100000 &
 wait
 
 # phase 2: the timed stages, alone on the GPU
@@ -56,7 +61,12 @@ timeout -k 10 $((timed + 60)) "$py" -m fafo.bench.gpu_check --out "$out/timed" \
   --stages preflight decode curve methods --budget-s "$(budget "$timed" 225)" >"$out/timed.log" 2>&1
 echo "[gpu_acceptance] timed: exit $? after $SECONDS s" >&2
 
-for name in group4 group7 group1 group3 cli timed; do  # each report's summary table
+# phase 3: every method's host time per step, alone on the GPU, on the 4-layer model phase 1 compiled for
+timeout -k 10 $((host + 30)) "$py" -m fafo.bench.gpu_check --out "$out/host" --stages methods --method-layers 4 \
+  --budget-s "$(budget "$host" 45)" >"$out/host.log" 2>&1
+echo "[gpu_acceptance] host: exit $? after $SECONDS s" >&2
+
+for name in group4 group7 group1 group3 cli timed host; do  # each report's summary table
   echo "== $name"
   sed -n '/^## Summary/,/^## 1\./p' "$out/$name/gpu_check.md" 2>/dev/null | grep "^|" | grep -v "| not selected |" \
     || tail -5 "$out/$name.log"

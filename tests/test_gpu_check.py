@@ -186,8 +186,9 @@ def test_an_interrupted_methods_stage_keeps_the_rows_it_measured(tmp_path, monke
 
 def test_the_acceptance_script_runs_the_untimed_stages_together_then_the_timed_ones_alone(tmp_path):
     """``scripts/gpu_acceptance.sh`` with a stand-in interpreter that records its arguments: the four correctness
-    groups, the command line and three compile warm-ups start together with the budgets asked for; the timed stages
-    start only once all of them have ended, and each report's summary is printed."""
+    groups, the command line and five compile warm-ups start together with the budgets asked for; the timed stages
+    start only once all of them have ended, then every method's host time on 4 layers, and each report's summary is
+    printed."""
     log = tmp_path / "calls.log"
     fake = tmp_path / "python"
     fake.write_text(f"""#!/usr/bin/env bash
@@ -199,23 +200,27 @@ printf '## Summary\\n| stage | status |\\n|---|---|\\n| x | ok |\\n| y | not sel
 echo "end $*" >>{log}
 """)
     fake.chmod(0o755)
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_acceptance.sh"), str(tmp_path / "out"), "200", "210"],
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_acceptance.sh"), str(tmp_path / "out"), "200", "210",
+                           "60"],
                           env={**ENV, "PYTHON": str(fake)}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = log.read_text().splitlines()
     starts = [line for line in lines if line.startswith("start")]
-    assert len(starts) == 10
+    assert len(starts) == 12
     for g in (4, 7, 1, 3):
         assert sum(f"--stages correctness --groups {g} --budget-s 573" in s for s in starts) == 1  # 200 s of 150
     assert sum("--stages cli --budget-s 1563" in s for s in starts) == 1
     warm = [s for s in starts if "/warm-" in s]
-    assert len(warm) == 4 and sum("--stages methods" in s for s in warm) == 2
+    assert len(warm) == 5 and sum("--stages methods" in s for s in warm) == 3
+    assert sum("--stages methods --method-layers 4" in s and "--methods" not in s for s in warm) == 1  # all, shallow
     halves = [set(s.split("--methods ")[1].split()) for s in warm if "--methods" in s]
     assert not halves[0] & halves[1] and halves[0] | halves[1] == set(METHODS)  # every method warmed, once
     timed = "--stages preflight decode curve methods --budget-s 401"  # 210 s for stages of 225 s by default
-    assert timed in lines[-2] and timed in lines[-1]  # started after every other process had ended
-    assert all(line.startswith("start") for line in lines[:9])  # the first nine ran side by side
-    assert proc.stdout.count("| x | ok |") == 6 and "not selected" not in proc.stdout
+    assert timed in lines[-4] and timed in lines[-3]  # started after every process of phase 1 had ended
+    host = "--stages methods --method-layers 4 --budget-s 573"  # 60 s for the methods stage's 45
+    assert host in lines[-2] and host in lines[-1]  # then alone too
+    assert all(line.startswith("start") for line in lines[:10])  # the first ten ran side by side
+    assert proc.stdout.count("| x | ok |") == 7 and "not selected" not in proc.stdout
 
 
 def test_the_big_cache_is_sized_alike_whichever_methods_are_selected():
@@ -275,3 +280,24 @@ def test_the_tree_probe_runs_one_variant_per_process_and_refuses_an_unknown_one(
     bad = subprocess.run(probe, capture_output=True, text=True, cwd=REPO, env={**ENV, "VARIANT": "nochunk"},
                          timeout=120)
     assert bad.returncode != 0 and "VARIANT='nochunk' is not one of control, nocg" in bad.stderr
+
+
+def test_the_methods_stage_on_fewer_layers_says_so_and_its_host_times_are_read(tmp_path):
+    """``--method-layers 2``: the methods stage builds the big shape's widths with 2 layers; each row says so, the
+    summary says which numbers stand for the whole model, and bench.cost_curve reads the host times from the file."""
+    from fafo.bench.tools.cost_curve import CostCurve, write_device_csv
+
+    cmd = [sys.executable, "-m", "fafo.bench.gpu_check", "--device", "cpu", "--out", str(tmp_path), "--stages",
+           "methods", "--methods", "vanilla", "prompt_lookup"]
+    run = subprocess.run(cmd + ["--method-layers", "2"], capture_output=True, text=True, cwd=REPO, env=ENV,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = list(csv.DictReader(open(tmp_path / "cpu.csv")))
+    assert [(r["method"], r["layers"]) for r in rows] == [("vanilla", "2"), ("prompt_lookup", "2")]
+    assert "on 2 layers: host times as on all, step times not" in (tmp_path / "gpu_check.md").read_text()
+    merged = write_device_csv(tmp_path / "merged.csv", [{"context": 64, "step_tokens": 1, "median_ms": 1.0}], rows,
+                              {})  # as such rows join a device file's curve
+    assert CostCurve.load(merged).host_ms("prompt_lookup") == float(rows[1]["host_ms"]) > 0
+    bad = subprocess.run(cmd + ["--method-layers", "0"], capture_output=True, text=True, cwd=REPO, env=ENV,
+                         timeout=120)
+    assert bad.returncode == 2 and "--method-layers must be >= 1" in bad.stderr

@@ -13,6 +13,8 @@ stops, and what it did not run is named):
    4096 context against the measured roofline and transformers' compiled static-cache ``generate``;
 4. ``curve`` and ``methods``: the compiled cost curve (1..512 tokens per forward at 512, 4096 and 2048 context)
    and each method's step and host time per step, written as ``DIR/<gpu>.csv`` (``bench.cost_curve`` reads it);
+   ``--method-layers N`` times the methods on the same widths with N layers (host times as on the whole model,
+   compiles several times faster);
 5. ``cli``: one comparison through ``python -m fafo.bench`` on a tiny model (vanilla, fafo_stream, prompt_lookup,
    lookahead; W&B off).
 

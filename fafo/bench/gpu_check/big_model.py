@@ -32,11 +32,15 @@ class CheckState:
             self.bandwidth = copy_bandwidth(device)
         return self.bandwidth
 
-    def big_engine(self, settings) -> Engine:
-        """The 7B-shaped engine, compiled, its cache allocated (built at the first call)."""
+    def big_engine(self, settings, layers: int | None = None) -> Engine:
+        """The 7B-shaped engine, compiled, its cache allocated (built at the first call); ``layers``: the same
+        widths with that many layers (a different depth than the engine held replaces it)."""
+        depth = {"num_hidden_layers": layers} if layers else {}
+        config = llama_config(settings.big_shape, **depth)
+        if self.engine is not None and self.engine.model.args.n_layers != config.num_hidden_layers:
+            self.release()
         if self.engine is None:
-            engine = random_engine(llama_config(settings.big_shape), settings.device, settings.dtype,
-                                   name=settings.big_shape)
+            engine = random_engine(config, settings.device, settings.dtype, name=settings.big_shape)
             engine.enable_compile(settings.compile)
             engine.cache(capacity(settings))
             self.engine = engine

@@ -29,8 +29,8 @@ from fafo.engine.compiled import reset_compiled_state
 
 CURVE_COLUMNS = ["batch", "context", "step_tokens", "median_ms", "min_ms", "first_call_s", "gb_per_s",
                  "roofline_fraction"]
-METHOD_COLUMNS = ["method", "forward_tokens", "steps", "tau", "step_ms", "host_ms", "wall_ms", "forwards_per_step",
-                  "max_rows", "first_call_s"]
+METHOD_COLUMNS = ["method", "layers", "forward_tokens", "steps", "tau", "step_ms", "host_ms", "wall_ms",
+                  "forwards_per_step", "max_rows", "first_call_s"]
 
 
 def curve_stage(budget, result, settings, state, out: Path) -> None:
@@ -81,7 +81,8 @@ def summarize_curve(result, state, settings, out: Path) -> None:
 
 
 def methods_stage(budget, result, settings, state, out: Path) -> None:
-    engine = state.big_engine(settings)
+    engine = state.big_engine(settings, settings.method_layers)
+    layers = engine.model.args.n_layers
     vocab = engine.model.args.vocab_size
     prompt = random_prompt(settings.method_prompt, vocab, period=64, seed=1)
     new = settings.method_new
@@ -98,7 +99,8 @@ def methods_stage(budget, result, settings, state, out: Path) -> None:
                 t = step_times(method, engine, prompt, new)
             steps = method.forward_tokens()
             state.method_rows.append({
-                "method": name, "forward_tokens": "+".join(map(str, steps)) if steps else "varies",
+                "method": name, "layers": layers,
+                "forward_tokens": "+".join(map(str, steps)) if steps else "varies",
                 "prompt_tokens": len(prompt), "new_tokens": new, "steps": t.steps, "tau": round(t.tau, 3),
                 "step_ms": round(t.step_ms, 4), "host_ms": round(t.host_ms, 4), "wall_ms": round(t.wall_ms, 4),
                 "forwards_per_step": round(t.forwards_per_step, 2), "max_rows": t.max_rows,
@@ -111,7 +113,8 @@ def methods_stage(budget, result, settings, state, out: Path) -> None:
         path = write_csv(state, settings, out)
         rows = state.method_rows
         worst = max(rows, key=lambda r: r["host_ms"] / max(r["wall_ms"], 1e-9), default=None)
-        result.summary = f"{len(rows)} methods in {path.name}" + (
+        shallow = f" (on {layers} layers: host times as on all, step times not)" if settings.method_layers else ""
+        result.summary = f"{len(rows)} methods in {path.name}{shallow}" + (
             f"; largest host share {worst['method']} {worst['host_ms']:.2f} of {worst['wall_ms']:.2f} ms per step"
             if worst else "")
         result.sections.append(markdown_table(METHOD_COLUMNS, rows))

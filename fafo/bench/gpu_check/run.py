@@ -30,6 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES), help="run only these stages")
     p.add_argument("--groups", type=int, nargs="+", choices=GROUPS, default=None, help="GQA groups of stage 2")
     p.add_argument("--methods", nargs="+", default=None, help="methods of stages 2 and 4 (conf/method names)")
+    p.add_argument("--method-layers", type=int, default=None,
+                   help="time stage 4 on the big model's widths with this many layers (default: all): host time per "
+                        "step is the same, compiles are faster")
     p.add_argument("--backend", default=None, help="torch.compile backend (default: inductor on CUDA, aot_eager on "
                                                    "CPU; inductor on CPU compiles sdpa steps, as the CPU runner)")
     args = p.parse_args(argv)
@@ -38,6 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                 f"(CUDA build: {torch.version.cuda or 'none'}); use --device cpu for the toy-size run")
     if args.budget_s is not None and args.budget_s <= 0:
         p.error("--budget-s must be > 0")
+    if args.method_layers is not None and args.method_layers < 1:
+        p.error("--method-layers must be >= 1")
     from fafo.bench.gpu_check.methods import METHODS
 
     unknown = [m for m in args.methods or [] if m not in METHODS]
@@ -76,7 +81,8 @@ def run_check(args: argparse.Namespace, argv: list[str]) -> list[StageResult]:
     transformers.utils.logging.disable_progress_bar()  # "Writing model shards" of every tiny model
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
     start = time.perf_counter()
-    settings = settings_for(args.device, args.quick, args.budget_s, args.backend, args.groups, args.methods)
+    settings = settings_for(args.device, args.quick, args.budget_s, args.backend, args.groups, args.methods,
+                            args.method_layers)
     args.out.mkdir(parents=True, exist_ok=True)
     functions, state = stage_functions(), CheckState()
     results, deadline = [], start

@@ -53,6 +53,9 @@ class Settings:
     curve_batch_steps: tuple[int, ...] = (1, 64)
     method_prompt: int = 512
     method_new: int = 64
+    # stage 4 on the big shape's widths with this many layers (None: all): a method's host time per step does not
+    # grow with the depth (tests/test_host_work.py), its compiles shrink with it
+    method_layers: int | None = None
     cli_samples: int = 2
     cli_new: int = 32
     budgets: dict[str, float] = field(default_factory=lambda: dict(BUDGETS))
@@ -68,9 +71,10 @@ class Settings:
 
 
 def settings_for(device: str, quick: bool, budget_s: float | None = None, backend: str | None = None,
-                 groups=None, methods=None) -> Settings:
+                 groups=None, methods=None, method_layers: int | None = None) -> Settings:
     """The check's settings on ``device``: CUDA's full sizes, a CPU's toy ones; ``quick`` trims either further.
-    ``budget_s`` scales every stage's budget so they sum to it; ``backend`` overrides the compile backend."""
+    ``budget_s`` scales every stage's budget so they sum to it; ``backend`` overrides the compile backend;
+    ``method_layers`` times stage 4 on that many layers of the big shape."""
     dev = torch.device(device)
     if dev.type == "cuda":
         options = CompileOptions(mode="reduce-overhead", backend=backend or "inductor", attention="auto")
@@ -93,6 +97,7 @@ def settings_for(device: str, quick: bool, budget_s: float | None = None, backen
         s.groups = tuple(groups)
     if methods:
         s.methods = s.timed_methods = tuple(methods)
+    s.method_layers = method_layers
     if budget_s:
         total = sum(BUDGETS.values())
         s.budgets = {k: v * budget_s / total for k, v in BUDGETS.items()}

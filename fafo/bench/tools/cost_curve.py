@@ -49,7 +49,7 @@ PROJECT = Path(__file__).resolve().parents[3]  # the checkout: relative curve pa
 COLUMNS = ("context", "step_tokens", "median_ms")  # and optionally "batch" (rows per forward; absent: 1)
 # results/device/<gpu>.csv: curve rows fill batch..roofline_fraction, method rows method..max_rows; both the rest
 DEVICE_COLUMNS = ["row", "batch", "context", "step_tokens", "median_ms", "min_ms", "repeats", "first_call_s",
-                  "bytes_read", "gb_per_s", "roofline_fraction", "method", "forward_tokens", "prompt_tokens",
+                  "bytes_read", "gb_per_s", "roofline_fraction", "method", "layers", "forward_tokens", "prompt_tokens",
                   "new_tokens", "steps", "tau", "step_ms", "host_ms", "wall_ms", "forwards_per_step", "max_rows",
                   "device_name", "dtype", "compile", "torch", "cuda"]
 METHOD_FIELDS = ("step_ms", "host_ms", "wall_ms", "tau", "steps", "forwards_per_step", "prompt_tokens")
