@@ -10,6 +10,9 @@ variants run side by side in one call of a short lease and the change that resto
     syncupload  host inputs copied to the device without pinned, non-blocking copies
     fp32        float32 weights and activations
     eagerflex   no compiled step: eager FlexAttention steps (their block masks from fafo.engine.flex_masks)
+    decoding    steps of 2-127 rows on FlexAttention's decoding template wherever it has a kernel (query rows x
+                group <= 128), instead of the main template (fafo.engine.flex_routing, rule 2): whether that
+                template, which splits the keys, is token-identical through a whole model
 
     VARIANT=nocg GROUP=4 python scripts/gpu_tree_probe.py [METHOD ...]     (CUDA; a CPU traces the CUDA path)
 
@@ -30,7 +33,7 @@ import numpy as np
 import torch
 
 METHODS = ["token_recycling", "swift", "fafo_2forward", "suffix_decoding", "sam_decoding", "prompt_lookup"]
-VARIANTS = ("control", "nocg", "exactmask", "syncupload", "fp32", "eagerflex")
+VARIANTS = ("control", "nocg", "exactmask", "syncupload", "fp32", "eagerflex", "decoding")
 
 
 def sync_upload(values, device, dtype=torch.long):
@@ -45,10 +48,25 @@ def sync_upload(values, device, dtype=torch.long):
     return out if moved else values
 
 
+def decoding_route(route):
+    """``fafo.engine.flex_routing.flex_route`` with rule 2 lifted: a static step of 2-127 rows takes the decoding
+    template (the group padded to a power of two, as rule 3 pads one-row steps) where its default BLOCK_M fits the
+    query block; elsewhere the engine's rule."""
+    from fafo.engine.flex_routing import SHORT_QUERY, FlexRoute, default_block_m, next_power_of_2
+
+    def lifted(q_len, hq, hkv, q_block=128, static=True):
+        group = next_power_of_2(hq // hkv)
+        if static and 1 < q_len < SHORT_QUERY and q_block % default_block_m(q_len, group) == 0:
+            return FlexRoute("decoding", hkv * group, {})
+        return route(q_len, hq, hkv, q_block, static)
+
+    return lifted
+
+
 def apply(variant: str, settings) -> None:
     """Change the compiled step as ``variant`` says (module attributes patched in this process only)."""
     from fafo import tree
-    from fafo.engine import block_masks, compiled, engine
+    from fafo.engine import attention, block_masks, compiled, engine
     from fafo.engine.compiled import CompileOptions
 
     if variant == "nocg":
@@ -66,6 +84,8 @@ def apply(variant: str, settings) -> None:
         engine.upload = tree.upload = sync_upload
     elif variant == "fp32":
         settings.dtype = "float32"
+    elif variant == "decoding":
+        attention.flex_route = decoding_route(attention.flex_route)
     elif variant not in VARIANTS:
         raise SystemExit(f"VARIANT={variant!r} is not one of {', '.join(VARIANTS)}")
 

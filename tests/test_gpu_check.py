@@ -271,11 +271,11 @@ def test_the_tree_probe_runs_one_variant_per_process_and_refuses_an_unknown_one(
     """``scripts/gpu_tree_probe.py`` (the CUDA path traced on the CPU here): a variant's cases in one line each, and
     a variant it does not know is one line naming those it does, before a model is built."""
     probe = [sys.executable, str(REPO / "scripts" / "gpu_tree_probe.py"), "prompt_lookup", "token_recycling"]
-    run = subprocess.run(probe, capture_output=True, text=True, cwd=REPO, env={**ENV, "VARIANT": "exactmask"},
+    run = subprocess.run(probe, capture_output=True, text=True, cwd=REPO, env={**ENV, "VARIANT": "decoding"},
                          timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert [line.split(":")[0] for line in run.stdout.splitlines() if line.startswith("[")] == \
-        ["[exactmask g4] prompt_lookup", "[exactmask g4] token_recycling"]
+        ["[decoding g4] prompt_lookup", "[decoding g4] token_recycling"]
     assert run.stdout.count(": ok identical 3/3 recompiles 0") == 2
     bad = subprocess.run(probe, capture_output=True, text=True, cwd=REPO, env={**ENV, "VARIANT": "nochunk"},
                          timeout=120)
@@ -301,3 +301,26 @@ def test_the_methods_stage_on_fewer_layers_says_so_and_its_host_times_are_read(t
     bad = subprocess.run(cmd + ["--method-layers", "0"], capture_output=True, text=True, cwd=REPO, env=ENV,
                          timeout=120)
     assert bad.returncode == 2 and "--method-layers must be >= 1" in bad.stderr
+
+
+def test_the_tree_probes_decoding_variant_routes_short_steps_to_a_decoding_kernel_that_exists():
+    """The probe's ``decoding`` variant lifts rule 2 only where torch's rule gives the decoding template a config
+    (query rows x padded group <= 128); every other call keeps the engine's route, and every route has a kernel."""
+    import importlib.util
+
+    from fafo.engine.flex_routing import flex_route, lowered_kernel, next_power_of_2
+
+    spec = importlib.util.spec_from_file_location("gpu_tree_probe", REPO / "scripts" / "gpu_tree_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    lifted = probe.decoding_route(flex_route)
+    for hq, hkv in ((32, 8), (28, 4), (8, 2), (4, 4), (7, 1)):
+        group = next_power_of_2(hq // hkv)
+        for q in range(1, 130):
+            route = lifted(q, hq, hkv)
+            kernel, ok = lowered_kernel(q, route.heads, hkv, 128, route.options)
+            assert ok and kernel == route.kernel, (hq, hkv, q)
+            if 1 < q < 128 and q * group <= 128:
+                assert route.kernel == "decoding" and route.heads == hkv * group
+            else:
+                assert route == flex_route(q, hq, hkv)
