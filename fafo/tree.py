@@ -173,12 +173,14 @@ def warm_tree_steps(engine: Engine, sizes, alone: bool = False) -> None:
     after 8 slots of the shared cache (the next prefill overwrites them; a compiled sdpa step reads a prefix of 2
     slots or more as a live length, as real steps do)."""
     cache, N = engine.static_cache, 8
+    if not engine.static_shapes or cache is None:
+        return
+    shallow = ([DraftTree.root(0)] if alone else []) + [DraftTree([0, 0], [-1, 0])]
     for n in sorted(set(sizes)):
-        if not engine.static_shapes or cache is None or cache.max_len < N + n + 2:
+        if cache.max_len < N + n + 2:  # the next, larger sizes do not fit either
             return
-        pair = DraftTree([0, 0], [-1, 0])
         chain = DraftTree([0] * n, list(range(-1, n - 1)))  # every node on one path: the deepest mask
-        for tree in ([DraftTree.root(0)] if alone else []) + [pair, chain]:
+        for tree in shallow + [chain]:
             forward_one(engine, cache, [drafter_inputs(tree, N, n)])
 
 
