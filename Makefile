@@ -36,12 +36,17 @@ install: $(VENV)/.installed
 run: install
 	$(PY) -m fafo.bench experiment=demo $(ARGS)
 
+# The suite on one worker per CPU (pytest-xdist; at most 4, tests/conftest.py): the tests are single-threaded.
+# TEST_WORKERS=0 runs it in this process. worksteal: the workers take each other's queued tests, so the minute-long
+# real-model tests do not all end up on one.
+TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) --dist worksteal
 test: install
-	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The fast tier for iterating: everything but the tests marked slow (subprocess CLI runs, compiles, training).
 test-fast: install
-	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 WANDB_MODE=disabled $(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The compat tier: the oldest supported stack (torch 2.11.0 + transformers 5.17.0) laid out as a GPU image is: the
 # stack and the image's common packages in a second environment, the pure-Python wheels it lacks (scripts/
@@ -54,16 +59,19 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STACK := torch==2.11.0 transformers==5.17.0
 IMAGE_PACKAGES := numpy pandas matplotlib tqdm pyyaml packaging requests jinja2 safetensors tokenizers \
 	huggingface-hub accelerate scipy scikit-learn colorama pyarrow pytest
+# the test runner's workers (make test-compat runs on them too): a tool of the suite, not part of the image
+TEST_TOOLS := pytest-xdist==3.8.0
 # the environment is rebuilt when the stack or the package list changes
-COMPAT_STAMP := $(COMPAT_VENV)/.stack-$(word 1,$(shell printf '%s' '$(COMPAT_STACK) $(IMAGE_PACKAGES)' | sha1sum))
+COMPAT_STAMP := $(COMPAT_VENV)/.stack-$(word 1,$(shell printf '%s' '$(COMPAT_STACK) $(IMAGE_PACKAGES) $(TEST_TOOLS)' | sha1sum))
 COMPAT_ENV = HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONPATH=$(CURDIR):$(abspath $(COMPAT_VENV))/site \
 	FAFO_COMPAT_PYTHON=$(abspath $(COMPAT_PY)) FAFO_GPU_WHEELS=$(abspath $(COMPAT_VENV))/wheels
 
 $(COMPAT_STAMP):
 	rm -rf $(COMPAT_VENV)
 	$(call make_venv,$(COMPAT_VENV))
-	$(COMPAT_PY) -m pip download -q -d $(COMPAT_DOWNLOADS) $(COMPAT_STACK) $(IMAGE_PACKAGES)
-	$(COMPAT_PY) -m pip install -q --no-index --find-links $(COMPAT_DOWNLOADS) $(COMPAT_STACK) $(IMAGE_PACKAGES)
+	$(COMPAT_PY) -m pip download -q -d $(COMPAT_DOWNLOADS) $(COMPAT_STACK) $(IMAGE_PACKAGES) $(TEST_TOOLS)
+	$(COMPAT_PY) -m pip install -q --no-index --find-links $(COMPAT_DOWNLOADS) $(COMPAT_STACK) $(IMAGE_PACKAGES) \
+		$(TEST_TOOLS)
 	@touch $@
 
 $(COMPAT_VENV)/.site: $(COMPAT_STAMP) scripts/gpu_wheels.sh constraints.txt
@@ -77,7 +85,7 @@ compat-env: $(COMPAT_VENV)/.site
 # The fast tier plus the slow tests marked compat (tests/conftest.py: compiled paths, the CLI, the wheel layout).
 test-compat: compat-env
 	@$(COMPAT_PY) -c "import torch, transformers; print(f'compat tier: torch {torch.__version__}, transformers {transformers.__version__}')"
-	$(COMPAT_ENV) $(COMPAT_PY) -m pytest -m "not slow or compat" $(PYTEST_ARGS)
+	$(COMPAT_ENV) $(COMPAT_PY) -m pytest $(XDIST) -m "not slow or compat" $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV) $(COMPAT_VENV)

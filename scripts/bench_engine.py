@@ -376,7 +376,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--scatter", nargs="+", choices=SCATTERS, default=["streaming"])
     g.add_argument("--no-compile", action="store_true", help="eager flex_attention / create_block_mask")
     g = p.add_argument_group("host (also --new-tokens, --repeats)")
-    g.add_argument("--layers", type=int, nargs="+", default=[32, 64])
+    g.add_argument("--layers", type=int, nargs="+", default=[32, 64],
+                   help="depths; each past the smallest is that model with identity layers appended (same steps)")
     g.add_argument("--methods", nargs="+", default=None, help="method configs (default: all of conf/method)")
     args = p.parse_args(argv)
     contexts, repeats, out = DEFAULTS[args.mode]

@@ -113,6 +113,18 @@ def engine(checkpoint):
     return get
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; the suite also runs without it, on one process
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (make test): one worker per usable CPU, at most 4 (each worker loads its own models and starts
+    its own CLI subprocesses). xdist's own count is psutil's physical cores (1 on a VM of 2 hyperthreads), blind to
+    a container's cpuset."""
+    from tests.helpers import usable_cpus
+
+    if env := os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(env)
+    return min(4, usable_cpus())
+
+
 def prompt_ids(engine_: Engine, text: str) -> list[int]:
     return engine_.tokenizer(text).input_ids
 

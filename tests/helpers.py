@@ -37,6 +37,17 @@ NOISE = ("Writing model shards", "warning: the machine is busy")  # stderr lines
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if "paper" in OmegaConf.load(p))
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, which a container's cpuset narrows; os.cpu_count does not)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cores_per_worker() -> int:
+    """This test process's share of the CPUs when ``pytest -n`` (pytest-xdist) runs the suite on several workers:
+    a test that runs the real model on every core would otherwise oversubscribe them (about 3x slower)."""
+    return max(1, usable_cpus() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 def import_script(name: str):
     """A module of ``scripts/`` (``make_tables``, ``plot``, ``generic_table``...), imported as the scripts import
     each other."""

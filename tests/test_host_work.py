@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fafo.bench.tools.host_work import HostWork, budget_overrides, build_method, count_host_work, host_model
+from fafo.bench.tools.host_work import (HostWork, budget_overrides, build_method, count_host_work, host_model,
+                                        identity_layers)
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
-from fafo.engine.model import Block
 from tests.helpers import make_cfg, read_rows
 from tests.lossless import PROMPTS
 from tests.methods import METHODS
@@ -26,21 +26,6 @@ LIMIT = 40  # the most any method may dispatch per step (docs/performance.md)
 # their skip sets cover different layers at another depth: the drafts, hence the steps, differ
 SAME_STEPS_EXCEPT = {"swift", "swift_script"}
 NEW_TOKENS = 40  # past SWIFT's first layer-set scoring (context_window + 2 tokens)
-
-
-def identity_layers(ckpt, extra: int) -> Engine:
-    """The model of ``ckpt`` with ``extra`` layers appended that change nothing (zero output projections): every
-    logit, hence every token and step, is the shallow model's, while the cache and every per-layer loop grow."""
-    eng = Engine.from_pretrained(str(ckpt))
-    args = eng.model.args
-    for i in range(extra):
-        block = Block(args, args.n_layers + i)
-        torch.nn.init.zeros_(block.self_attn.o_proj.weight)
-        torch.nn.init.zeros_(block.mlp.down_proj.weight)
-        eng.model.model.layers.append(block.to(eng.device))
-    args.n_layers += extra
-    eng.model.hf_config.num_hidden_layers = args.n_layers
-    return eng
 
 
 @pytest.fixture(scope="module")
@@ -118,4 +103,6 @@ def test_bench_engine_host_mode_writes_the_table(tmp_path, capsys):
                                                          ("fafo_stream", "3")]
     assert all(r["exact"] == "True" and float(r["host_ms"]) > 0 for r in rows)
     assert rows[0]["ops_max"] == rows[2]["ops_max"] == "1"
+    # the deeper model is the shallow one with identity layers: the same steps, so the same ops per step
+    assert [rows[1][k] for k in ("steps", "tau", "ops_mean")] == [rows[3][k] for k in ("steps", "tau", "ops_mean")]
     assert "| fafo_stream |" in capsys.readouterr().out

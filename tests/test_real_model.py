@@ -24,7 +24,7 @@ from fafo.bench.spec import build, method_node
 from fafo.engine.engine import Engine
 from fafo.engine.gguf import gguf_checkpoint, locate_gguf
 from fafo.errors import ConfigError
-from tests.helpers import CONF, REPO, run_cli
+from tests.helpers import CONF, REPO, cores_per_worker, run_cli
 
 pytestmark = pytest.mark.slow  # the embedded real model (SmolLM2-135M): the full tier (make test), not make test-fast
 
@@ -39,9 +39,10 @@ def demo_cfg(*overrides):
 
 @pytest.fixture(scope="module")
 def real_engine():
-    """The real model, run on every core while these tests last (conftest pins 1 thread for tiny models)."""
+    """The real model, run on this worker's cores while these tests last (conftest pins 1 thread for tiny
+    models)."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(cores_per_worker())
     yield Engine.from_pretrained(str(gguf_checkpoint(SMOLLM2)))
     torch.set_num_threads(threads)
 

@@ -304,7 +304,9 @@ def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt
                rounds: int = 5, cache_dir: Path | None = None) -> list[dict]:
     """The host table: per depth and method, ops / copies / reads per step (one probed generation after a
     warm-up) and host ms per step, the median of ``rounds`` generations interleaved across the methods (a
-    shared machine's load drifts: interleaving spreads it over every method alike)."""
+    shared machine's load drifts: interleaving spreads it over every method alike). A deeper model is the
+    shallowest one with identity layers appended (:func:`identity_layers`), so every depth decodes the same tokens
+    in the same steps and a difference between depths is per-layer work."""
     import tempfile
 
     from baselines.vanilla import VanillaDecoder
@@ -315,8 +317,9 @@ def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
         corpus.write_text(PROMPT * 8)
+        ckpt = host_model(min(layers), cache_dir)
         for n_layers in layers:
-            engine = Engine.from_pretrained(str(host_model(n_layers, cache_dir)))
+            engine = identity_layers(ckpt, n_layers - min(layers))
             ids = engine.tokenizer(PROMPT * (prompt_tokens // 10)).input_ids[:prompt_tokens]
             reference = VanillaDecoder().generate(engine, ids, new_tokens, engine.eos_ids).tokens
             methods, depth_rows = {}, {}
@@ -369,3 +372,21 @@ def host_model(layers: int, cache_dir: Path | None = None):
 
     return tiny_checkpoint({"family": "llama", "num_hidden_layers": layers, "num_attention_heads": 4,
                             "num_key_value_heads": 2, "seed": 3, "initializer_range": 0.05}, cache_dir=cache_dir)
+
+
+def identity_layers(ckpt, extra: int):
+    """The model of ``ckpt`` with ``extra`` layers appended that change nothing (zero output projections): every
+    logit, hence every token and step, is the shallow model's, while the cache and every per-layer loop grow."""
+    from fafo.engine.engine import Engine
+    from fafo.engine.model import Block
+
+    eng = Engine.from_pretrained(str(ckpt))
+    args = eng.model.args
+    for i in range(extra):
+        block = Block(args, args.n_layers + i)
+        torch.nn.init.zeros_(block.self_attn.o_proj.weight)
+        torch.nn.init.zeros_(block.mlp.down_proj.weight)
+        eng.model.model.layers.append(block.to(eng.device))
+    args.n_layers += extra
+    eng.model.hf_config.num_hidden_layers = args.n_layers
+    return eng
