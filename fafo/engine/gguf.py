@@ -86,7 +86,9 @@ def file_digest(file: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(h.hexdigest() + "\n")
+    part = memo.with_name(f".{memo.name}-{os.getpid()}")
+    part.write_text(h.hexdigest() + "\n")
+    part.replace(memo)  # atomic: a concurrent job never reads a half-written digest
     return h.hexdigest()
 
 

@@ -311,7 +311,6 @@ def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt
 
     from baselines.vanilla import VanillaDecoder
     from fafo.bench.timing import load_average
-    from fafo.engine.engine import Engine
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
