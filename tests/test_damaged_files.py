@@ -232,7 +232,6 @@ def test_a_damaged_gguf_file_is_one_line(tmp_path, monkeypatch, how):
     one_line(excinfo, "model.gguf_file=", "m.gguf")
 
 
-
 def test_a_gguf_files_digest_is_remembered_whole(tmp_path, monkeypatch):
     """The digest that names a GGUF file's conversion is written atomically (concurrent jobs, e.g. test workers,
     hash the same file) and then read instead of rehashing."""
@@ -246,6 +245,7 @@ def test_a_gguf_files_digest_is_remembered_whole(tmp_path, monkeypatch):
     (memo,) = (tmp_path / "cache" / "gguf" / "digests").iterdir()  # no partial file left beside it
     memo.write_text("remembered\n")
     assert file_digest(file) == "remembered"
+
 
 # ------------------------------------------------------------------------------------------- task data
 def _write_data(path):
