@@ -27,8 +27,6 @@ from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
 
-INT8_FORWARDS = "forwards over its own INT8/INT4 caches, not the static cache compiled steps read"
-
 
 @dataclass
 class QuantSpecDecoder(Decoder):
@@ -57,6 +55,7 @@ class QuantSpecDecoder(Decoder):
     resident_weights: bool = False
     chunk_size: int = at_least(1, 1024)
     _mlps: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _kept: tuple | None = field(default=None, init=False, repr=False, compare=False)  # (engine, QuantKVCache)
 
     def __post_init__(self):
         check_bounds(self, "method")
@@ -65,12 +64,6 @@ class QuantSpecDecoder(Decoder):
                               f"= {self.gamma + 1} (a step may cross at most one group boundary)")
         if self.weight_group % 2:
             raise ConfigError(f"method.weight_group={self.weight_group} must be even (two codes per byte)")
-
-    @property
-    def eager_forwards(self) -> str:
-        """``fp16``: the verification reads the engine's static cache and runs compiled under ``bench.compile``
-        (the INT4 drafts over the planes run eagerly); ``int8kv``: every forward reads the quantized cache."""
-        return "" if self.target == "fp16" else INT8_FORWARDS
 
     def check_sampling(self, sampling: Sampling) -> None:
         if not sampling.greedy:
@@ -109,12 +102,28 @@ class QuantSpecDecoder(Decoder):
         return self._mlps[1]
 
     def _new_cache(self, engine: Engine, capacity: int, full) -> QuantKVCache:
-        """A quantized cache for one generation, freed with it: the decoder timed next (the INT8 reference, or this
-        one) holds only its own cache."""
+        """The quantized cache of one generation. Eager: a new one, freed with the generation (the decoder timed
+        next, the INT8 reference or this one, holds only its own). Compiled: one cache kept across generations at
+        the static cache's size (compiled graphs are specialised to its shapes, CUDA graphs to its addresses), as
+        the engine keeps its own; the runner frees it when the run ends (:meth:`release`)."""
         a = engine.model.args
-        return QuantKVCache(a.n_layers, 1, a.n_kv_heads, a.head_dim, capacity, self.group_size, self.gamma + 1,
-                            engine.dtype, engine.device, lower=self.target == "int8kv", full=full,
-                            chunk=self.chunk_size)
+
+        def new(slots: int) -> QuantKVCache:
+            return QuantKVCache(a.n_layers, 1, a.n_kv_heads, a.head_dim, slots, self.group_size, self.gamma + 1,
+                                engine.dtype, engine.device, lower=self.target == "int8kv", full=full,
+                                chunk=self.chunk_size)
+
+        if engine.compiled is None:
+            return new(capacity)
+        if self._kept is None or self._kept[0] is not engine or not self._kept[1].fits(capacity, full):
+            self._kept = None  # free the old one first
+            static = engine.static_cache
+            with torch.inference_mode(False):  # written in place by every later generation
+                kv = new(max(capacity, static.max_len if static is not None else 0))
+            engine.keep_address(kv)
+            self._kept = (engine, kv)
+        self._kept[1].reset()
+        return self._kept[1]
 
     # ---------------------------------------------------------------- decoding
     @torch.inference_mode()
@@ -171,14 +180,13 @@ class _QuantSpecState(StepState):
                 t = self.cur
                 while len(drafts) < want and t not in self.eos_ids:
                     p = N + len(drafts)  # the draft writes its own KV to scratch slot p (verify rewrites it)
-                    out = engine.forward(kv, [t], [p], [p], causal_plan(p), logits="last", eager=True, kind="draft")
+                    out = engine.forward(kv, [t], [p], [p], causal_plan(p), logits="last", kind="draft")
                     t = int(out[0, -1].argmax())
                     drafts.append(t)
         feed = [self.cur] + drafts
         pos = list(range(N, N + len(feed)))
-        full = kv.full is not None  # the engine's cache: compiled steps apply, padded to one shape
-        out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all", eager=not full,
-                             pad_to=self.cfg.gamma + 1 if full else None)
+        out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all",
+                             pad_to=self.cfg.gamma + 1)  # one step shape under compiled steps
         y = out[0].argmax(-1).tolist()
         a = next((i for i, (d, t) in enumerate(zip(drafts, y)) if d != t), len(drafts))  # accepted prefix
         return Step(drafts[:a] + [y[a]], len(drafts))
@@ -232,10 +240,6 @@ class Int8KVReference(Decoder):
             from baselines.vanilla import VanillaDecoder
 
             self._inner = VanillaDecoder()
-
-    @property
-    def eager_forwards(self) -> str:
-        return INT8_FORWARDS if self.kv == "int8" else ""
 
     def check_sampling(self, sampling: Sampling) -> None:
         self._inner.check_sampling(sampling)

@@ -25,6 +25,7 @@ attention: docs/methods/quantspec.md.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -138,6 +139,29 @@ class QuantKVCache(Cache):
             self.k_buf, self.v_buf = floats(B, H, self.buf_len, D), floats(B, H, self.buf_len, D)
         self.nq = 0  # stored quantized tokens (a multiple of G)
         self.view = "int8" if lower else "int4"  # what attend() reads: the decoder flips it per forward
+        # compiled steps read the per-step quantities from tensors (static_plan): nq and the first query's position
+        self.nq_t = torch.zeros(1, dtype=torch.long, device=device)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a compiled step reads or writes (CUDA graphs keep their addresses); not the full cache."""
+        ts = self.k_hi + self.v_hi + self.k_min + self.k_scale + self.v_min + self.v_scale + [self.nq_t, self.position]
+        ts += (self.k_lo + self.v_lo) if self.lower else []
+        return ts + ((self.k_buf + self.v_buf) if self.full is None else [])
+
+    def fits(self, capacity: int, full) -> bool:
+        """Whether this cache can serve a generation of ``capacity`` positions over ``full`` (reuse across
+        generations: compiled steps keep its buffers' addresses and shapes)."""
+        return capacity <= self.capacity and full is self.full
+
+    def reset(self) -> None:
+        """Before a new generation on a reused cache: nothing stored (old planes are masked until rewritten)."""
+        self._set_nq(0)
+
+    def _set_nq(self, nq: int) -> None:
+        if nq != self.nq:
+            self.nq_t.fill_(nq)  # one op, only when a group is stored (every G tokens)
+        self.nq = nq
 
     @property
     def nbytes(self) -> int:
@@ -192,7 +216,7 @@ class QuantKVCache(Cache):
 
     def prefill_to(self, n_prompt: int) -> None:
         """Before a prefill of ``n_prompt`` tokens: its first ``nq(n_prompt)`` tokens are stored quantized."""
-        self.nq = quantized_count(n_prompt, self.group)
+        self._set_nq(quantized_count(n_prompt, self.group))
         if self.nq > self.max_quantized:
             raise RuntimeError(f"quantspec: a {n_prompt}-token prompt exceeds the cache capacity {self.capacity}")
 
@@ -212,7 +236,7 @@ class QuantKVCache(Cache):
                 if self.full is None:  # shift the buffer left by one group
                     for buf in (self.k_buf[layer], self.v_buf[layer]):
                         buf[:, :, :-G] = buf[:, :, G:].clone()
-            self.nq += G
+            self._set_nq(self.nq + G)
 
     # ------------------------------------------------------------------ reading
     def _dequant(self, layer: int, lo: int, hi: int, lower: bool):
@@ -236,36 +260,44 @@ class QuantKVCache(Cache):
         vh, vl, vmn, vsc = quantize(v, dim=3, lower=lower)
         return dequantize(kh, kl, kmn, ksc, self.dtype).view(B, H, n, D), dequantize(vh, vl, vmn, vsc, self.dtype)
 
+    def _check_step(self, P: int, Q: int) -> None:
+        """A step of ``Q`` queries from position ``P`` must find the planes in step with its positions and fit the
+        buffer (host values only)."""
+        G = self.group
+        if quantized_count(P, G) < self.nq or quantized_count(P + Q - 1, G) > self.nq + G:
+            raise RuntimeError(f"quantspec: stored planes ({self.nq}) out of step with positions {P}..{P + Q - 1}")
+        if self.full is None and P + Q - self.nq > self.buf_len:
+            raise RuntimeError(f"quantspec: buffer overflow ({P + Q - self.nq} > {self.buf_len} slots)")
+
     def attend(self, layer: int, q, k, v, slots, plan, scale: float, backend: str = "sdpa") -> torch.Tensor:
         """:meth:`fafo.engine.cache.Cache.attend` over the planes and the buffer (its own kernels: ``backend`` is
         not read).
 
         q: [B, Hq, Q, D] post-RoPE; k, v: [B, Hkv, Q, D]; the step is a causal chain: query ``i`` is at position
-        ``plan.prefix + i`` and sees positions ``[0, prefix + i]``. Returns [B, Hq, Q, D].
+        ``plan.prefix + i`` and sees positions ``[0, prefix + i]``. Returns [B, Hq, Q, D]. A compiled step's plan
+        (:meth:`static_plan`) carries the first position in ``prefix_length``: :meth:`_attend_static`.
         """
         if plan.prefix_lens is not None or plan.region_from is not None or plan.step_mask is not None:
             raise NotImplementedError("quantspec's cache serves causal chains only (no masks or regions)")
+        if plan.prefix_length is not None:
+            return self._attend_static(layer, q, k, v, slots, plan.prefix_length, scale)
         if slots is not None:
             self._write(layer, slots, plan.prefix, k, v)
         B, Hq, Q, D = q.shape
         Hkv, P, G = k.shape[1], plan.prefix, self.group
         if P == 0:  # prefill: full-precision causal attention over the prompt
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=Hq != Hkv)
-        lower = self.view == "int8"
-        if lower and not self.lower:
-            raise RuntimeError("quantspec: the INT8 view needs the lower planes")
+        lower = self._lower()
         qg = q.view(B, Hkv, Hq // Hkv, Q, D)
         pos = torch.arange(P, P + Q, device=q.device)
         nq_q = ((pos - G).div(G, rounding_mode="floor") * G).clamp_min(0)  # [Q] nq(p) per query
-        last_nq = quantized_count(P + Q - 1, G)  # nq_q on the host: the bounds below read no device value
-        if quantized_count(P, G) < self.nq or last_nq > self.nq + G:
-            raise RuntimeError(f"quantspec: stored planes ({self.nq}) out of step with positions {P}..{P + Q - 1}")
+        self._check_step(P, Q)
         acc = None
         for lo in range(0, self.nq, self.chunk):  # stored quantized tokens, seen by every query
             kc, vc = self._dequant(layer, lo, min(self.nq, lo + self.chunk), lower)
             acc = _merge(acc, reference_attention_lse(qg, kc, vc, None, scale))
         ahead = nq_q > self.nq  # [Q] queries that read the next group quantized too
-        any_ahead = last_nq > self.nq  # nq(p) grows with p
+        any_ahead = quantized_count(P + Q - 1, G) > self.nq  # nq(p) grows with p: on the host, no device read
         if any_ahead:
             kf, vf = self._fake(*self._fp(layer, self.nq, self.nq + G), lower)
             acc = _merge(acc, reference_attention_lse(qg, kf, vf, ahead[:, None].expand(Q, G), scale))
@@ -274,6 +306,65 @@ class QuantKVCache(Cache):
             mask = torch.arange(self.nq, P, device=q.device)[None, :] >= nq_q[:, None]  # [Q, P - nq]
             acc = _merge(acc, reference_attention_lse(qg, kb, vb, mask if any_ahead else None, scale))
         causal = torch.ones(Q, Q, dtype=torch.bool, device=q.device).tril()
+        acc = _merge(acc, reference_attention_lse(qg, k, v, causal, scale))
+        return acc[0].view(B, Hq, Q, D).to(q.dtype)
+
+    def _lower(self) -> bool:
+        lower = self.view == "int8"
+        if lower and not self.lower:
+            raise RuntimeError("quantspec: the INT8 view needs the lower planes")
+        return lower
+
+    # ------------------------------------------------------------------ compiled steps
+    def static_plan(self, plan, n_queries: int):
+        """The plan of a compiled decode step over this cache (:class:`fafo.engine.compiled.CompiledStep`): the
+        bounds checked on the host, the first query's position written to a ``[1]`` tensor passed as
+        ``prefix_length``, ``prefix`` a constant (the graph guards on it, so it must not change per step)."""
+        self._check_step(plan.prefix, n_queries)
+        self.position.fill_(plan.prefix)
+        return replace(plan, prefix=self.capacity, prefix_length=self.position, step_in_cache=False)
+
+    def _window(self, layer: int):
+        """Full-precision K, V of positions ``nq + [0, buf_len)``: the buffer itself, or (``target: fp16``) a
+        gather from the full cache, positions past its end clamped (they lie past every query and are masked)."""
+        if self.full is None:
+            return self.k_buf[layer], self.v_buf[layer]
+        keys, values = self.full.keys[layer], self.full.values[layer]
+        idx = (self.nq_t + torch.arange(self.buf_len, device=keys.device)).clamp_max(keys.shape[2] - 1)
+        return keys.index_select(2, idx), values.index_select(2, idx)
+
+    def _attend_static(self, layer: int, q, k, v, slots, position: torch.Tensor, scale: float) -> torch.Tensor:
+        """:meth:`attend` with static shapes (compiled steps, CUDA graphs): ``nq`` and the first query's position
+        are read from tensors, so one graph per step shape and view serves every step. The same parts merged in
+        the same order, each over a static key set masked to what the eager path slices: the stored planes over
+        the whole quantized capacity, dequantized at once rather than by ``chunk`` (an unrolled chunk loop would
+        grow the graph, and its compile time, with the capacity), masked past ``nq``; the next group quantized on the fly (masked for queries
+        not ahead), the full-precision window ``nq + [0, buf_len)`` (masked to ``[nq(p), P)``), the step itself."""
+        B, Hq, Q, D = q.shape
+        Hkv, G, dev = k.shape[1], self.group, q.device
+        nq = self.nq_t  # [1]
+        if slots is not None:
+            if self.full is not None:
+                self.full.write(layer, slots, k, v)
+            else:  # a decode step writes at or past nq: buffer slot = position - nq
+                self.k_buf[layer].index_copy_(2, slots - nq, k)
+                self.v_buf[layer].index_copy_(2, slots - nq, v)
+        lower = self._lower()
+        qg = q.view(B, Hkv, Hq // Hkv, Q, D)
+        pos = position + torch.arange(Q, device=dev)  # [Q]
+        nq_q = ((pos - G).div(G, rounding_mode="floor") * G).clamp_min(0)  # [Q] nq(p) per query
+        acc = None
+        if self.max_quantized:  # one dequantization of the whole capacity: a graph of its depth only
+            kc, vc = self._dequant(layer, 0, self.max_quantized, lower)
+            stored = (torch.arange(self.max_quantized, device=dev) < nq)[None, :]  # [1, T]
+            acc = reference_attention_lse(qg, kc, vc, stored, scale)
+        kw, vw = self._window(layer)  # [B, Hkv, buf_len, D] at positions nq + j
+        kf, vf = self._fake(kw[:, :, :G], vw[:, :, :G], lower)
+        acc = _merge(acc, reference_attention_lse(qg, kf, vf, (nq_q > nq)[:, None].expand(Q, G), scale))
+        kpos = nq + torch.arange(self.buf_len, device=dev)  # [buf_len]
+        visible = (kpos[None, :] < position) & (kpos[None, :] >= nq_q[:, None])  # [Q, buf_len]
+        acc = _merge(acc, reference_attention_lse(qg, kw, vw, visible, scale))
+        causal = torch.ones(Q, Q, dtype=torch.bool, device=dev).tril()
         acc = _merge(acc, reference_attention_lse(qg, k, v, causal, scale))
         return acc[0].view(B, Hq, Q, D).to(q.dtype)
 

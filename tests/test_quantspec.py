@@ -307,22 +307,60 @@ def test_real_model_alpha_on_the_long_builtin_prompt():
 
 
 
-@pytest.mark.parametrize("attention", ["flex", "sdpa"])
-def test_fp16_target_verifies_compiled_and_compiles_once(attention, engine, checkpoint, fresh_dynamo, monkeypatch):
-    """``target: fp16`` under ``bench.compile``: the verification reads the engine's static cache and runs compiled
-    (padded to gamma + 1 rows), the INT4 drafts eagerly; tokens equal eager vanilla's (EOS and max_new_tokens
-    cuts included) and nothing compiles after the first generation."""
+@pytest.mark.parametrize("model", ["llama_gqa", "qwen2_gqa"])
+def test_int8_target_compiled_equals_eager_and_compiles_once(model, engine, checkpoint, fresh_dynamo):
+    """``target: int8kv`` under ``bench.compile``: the INT4 drafts and the INT8 verifications run compiled over the
+    quantized cache (its stored length and the step's position in tensors, :meth:`QuantKVCache.static_plan`), with
+    tokens equal to the eager decoder's on prompts that cross group boundaries while decoding (EOS and max_new_tokens
+    cuts included); two graphs (draft, verification) in the first generation and none after; the INT8 reference
+    (gamma 0: one-token verifications) the same."""
+    from torch._dynamo.utils import counters
+
+    from fafo.engine.compiled import CompileOptions, compile_stats
+    from tests.compiled_cases import SAMPLES, WARMUP, compiled_engine
+
+    compiled = compiled_engine(checkpoint, model, CompileOptions(backend="aot_eager"))
+    eager = engine(model)
+    for make in (lambda: QuantSpecDecoder(**SMALL), lambda: Int8KVReference(group_size=16, chunk_size=32)):
+        method, before = make(), compile_stats()["graphs"]
+        ids = compiled.tokenizer(WARMUP).input_ids
+        assert method.generate(compiled, ids, 24).tokens == make().generate(eager, ids, 24).tokens
+        warm = compile_stats()["graphs"]
+        assert warm - before == (2 if isinstance(method, QuantSpecDecoder) else 1)
+        for text in SAMPLES:
+            ids = compiled.tokenizer(text).input_ids
+            ref = make().generate(eager, ids, 40).tokens
+            gen = method.generate(compiled, ids, 40)
+            assert gen.tokens == ref, f"{type(method).__name__} diverged on {text!r}"
+            assert gen.extras["quantized_tokens"] > 0  # the planes are read, not only the buffer
+            eos = ref[len(ref) // 2]
+            assert method.generate(compiled, ids, 40, eos_ids=(eos,)).tokens == ref[: ref.index(eos) + 1]
+            assert method.generate(compiled, ids, 3).tokens == ref[:3]
+        assert compile_stats()["graphs"] == warm, "recompiled after the first generation"
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_compiled_steps_keep_one_quantized_cache_at_the_static_size(engine, checkpoint, fresh_dynamo):
+    """Compiled: one quantized cache serves every generation (CUDA graphs read it at fixed addresses), sized by
+    the engine's static cache so that no later sample reallocates it; eager: a new one per generation."""
     from fafo.engine.compiled import CompileOptions
-    from tests.compiled_cases import METHODS, check_compiled, compiled_engine
+    from tests.compiled_cases import CAPACITY, compiled_engine
 
-    monkeypatch.setitem(METHODS, "quantspec_fp16", lambda: QuantSpecDecoder(**SMALL, target="fp16"))
-    compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="aot_eager", attention=attention))
-    check_compiled("quantspec_fp16", engine("llama_gqa"), compiled, max_new=24)
+    compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="aot_eager"))
+    method = QuantSpecDecoder(**SMALL)
+    first = method._new_cache(compiled, 40, None)
+    assert first.capacity == compiled.static_cache.max_len >= CAPACITY
+    assert method._new_cache(compiled, 300, None) is first and first.nq == 0 and int(first.nq_t) == 0
+    eager = engine("llama_gqa")
+    assert method._new_cache(eager, 40, None) is not method._new_cache(eager, 40, None)
+    method.release()
+    assert method._kept is None
 
 
-def test_a_compiled_run_times_only_the_int8_cache_eagerly(tmp_path):
-    """Under ``bench.compile`` the runner times ``quantspec_fp16`` compiled against the compiled vanilla, ``int8kv``
-    (its own INT8 cache) eagerly against it."""
+def test_a_compiled_run_races_both_targets_compiled(tmp_path, monkeypatch):
+    """Under ``bench.compile`` the runner times QuantSpec compiled (either target) against the compiled vanilla;
+    a method that declares forwards that cannot compile (``Decoder.eager_forwards``) is timed eagerly, with the
+    eager vanilla beside it and a note."""
     from fafo.bench.spec import resolve
     from tests.helpers import make_cfg
 
@@ -330,7 +368,10 @@ def test_a_compiled_run_times_only_the_int8_cache_eagerly(tmp_path):
         compile = ["bench.compile=true", "bench.compile_backend=aot_eager", "bench.compile_attention=flex"]
         return resolve(make_cfg(tmp_path, *compile, *overrides), tmp_path / "run")
 
-    fp16 = spec("method=quantspec_fp16")
-    assert fp16.compile is not None and not fp16.method_eager and not fp16.timing_note
-    int8 = spec("method=quantspec")
-    assert int8.compile is not None and int8.method_eager
+    for name in ("quantspec_fp16", "quantspec"):
+        run = spec(f"method={name}")
+        assert run.compile is not None and not run.method_eager and not run.timing_note
+    # as a user's method could declare
+    monkeypatch.setattr(QuantSpecDecoder, "eager_forwards", "forwards over a cache of its own", raising=False)
+    run = spec("method=quantspec")
+    assert run.method_eager and "a cache of its own" in run.timing_note

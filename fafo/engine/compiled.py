@@ -21,6 +21,9 @@ on (the gpt-fast recipe, adapted to block-sparse attention):
   compiles a fixed set of graphs and every later sample, of any length, reuses them as long as the cache is not
   reallocated (the runner sizes it once, before warm-up).
 
+A method's own cache plans its compiled steps itself: QuantSpec's quantized cache reads its stored length and the
+step's position from tensors and its planes over their static capacity, masked (``baselines/quantspec_cache.py``).
+
 Prefill (``plan.prefix == 0``) runs eagerly on the configured backend: it happens once per turn, is compute
 bound, and its length varies. Forwards that skip layers (SWIFT's drafts and layer-set search) also run eagerly:
 their layer set changes while SWIFT decodes and each new set would recompile inside a timed sample.
@@ -34,7 +37,7 @@ import torch
 
 from fafo.engine.attention import AttentionPlan
 from fafo.engine.block_masks import buffer_block_mask, causal_block_mask
-from fafo.engine.cache import KVCache
+from fafo.engine.cache import Cache, KVCache
 from fafo.engine.flex_masks import LiveLength
 from fafo.engine.kernels import gathered_mask
 from fafo.engine.torch_compat import no_duck_shapes, raise_recompile_limit
@@ -93,7 +96,7 @@ class CompiledStep:
         self._causal: dict[tuple, object] = {}
         self._step_buffers: dict[tuple, tuple[torch.Tensor, object]] = {}
 
-    def __call__(self, tokens, positions, cache: KVCache, slots, plan: AttentionPlan, logits="all", skip=None):
+    def __call__(self, tokens, positions, cache: Cache, slots, plan: AttentionPlan, logits="all", skip=None):
         plan = self.static_plan(cache, plan, tokens.shape[1])
         if self.options.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -104,8 +107,13 @@ class CompiledStep:
             out = out.clone()
         return out
 
-    def static_plan(self, cache: KVCache, plan: AttentionPlan, n_queries: int) -> AttentionPlan:
-        """The plan with every per-step quantity moved into tensors (the compiled graph guards on the rest)."""
+    def static_plan(self, cache: Cache, plan: AttentionPlan, n_queries: int) -> AttentionPlan:
+        """The plan with every per-step quantity moved into tensors (the compiled graph guards on the rest). A
+        method's own cache (QuantSpec's) plans its compiled steps itself (``cache.static_plan``)."""
+        if not isinstance(cache, KVCache):
+            if not hasattr(cache, "static_plan"):
+                raise TypeError(f"{type(cache).__name__} has no static_plan: its steps cannot run compiled")
+            return cache.static_plan(plan, n_queries)
         if plan.prefix_lens is not None:
             raise ValueError("compiled steps do not support per-query prefix_lens; run with bench.compile=false")
         dev, capacity = cache.keys[0].device, cache.max_len

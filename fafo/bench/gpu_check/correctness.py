@@ -13,8 +13,10 @@ Every generation is compared with eager vanilla greedy on the same weights and d
 * the largest step, in rows and rows x GQA group (what torch's choice of FlexAttention kernel reads; the engine
   sends every step of more than one row to the main template: :mod:`fafo.engine.flex_routing`).
 
-Methods whose forwards cannot run compiled (``Decoder.eager_forwards``: QuantSpec's, over its own quantized caches) run
-eagerly, as the runner times them; forwards that skip layers (SWIFT's drafts) always run eagerly.
+Methods whose forwards cannot run compiled (``Decoder.eager_forwards``, none of the built-in ones) run eagerly, as the
+runner times them; forwards that skip layers (SWIFT's drafts) always run eagerly. QuantSpec runs with its fp16
+verifier (lossless against vanilla): its INT4 drafts read the quantized cache through the compiled path the INT8
+verifier also takes (``QuantKVCache.static_plan``).
 
 Then, per model, a few methods decode the three prompts and the first again as **one batch** of four requests of
 ragged lengths (``bench.batch_size=4``, static batching, :func:`fafo.batch.decode_batch`): BlockMasks with a batch

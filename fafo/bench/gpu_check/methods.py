@@ -40,6 +40,14 @@ def _swift(small: bool):
     return SwiftDecoder(bayes=find_spec("bayes_opt") is not None)  # else random layer-set search only
 
 
+def _quantspec(small: bool):
+    from baselines.quantspec import QuantSpecDecoder
+
+    # the fp16 verifier: lossless against vanilla, so its tokens can be compared; its INT4 drafts read the
+    # quantized cache through the same compiled path as the INT8 verifier's (groups of 32 quantize short prompts)
+    return QuantSpecDecoder(target="fp16", group_size=32 if small else 128)
+
+
 def _simple(module: str, cls: str):
     def build(small: bool):
         import importlib
@@ -63,6 +71,7 @@ METHODS = {
     "fafo_2forward": lambda small: _fafo(small, "stream", fused=False),
     "swift": _swift,
     "triforce_nodraft": _triforce,
+    "quantspec_fp16": _quantspec,
 }
 
 
@@ -97,7 +106,7 @@ def selected(names) -> list[str]:
 @contextmanager
 def steps_as_the_runner(engine, method):
     """The engine as the runner runs ``method``: with its compiled steps, unless the method's forwards cannot run
-    compiled (``Decoder.eager_forwards``, e.g. QuantSpec's over its own caches: the runner then times it eagerly);
+    compiled (``Decoder.eager_forwards``, which a user's method may declare: the runner then times it eagerly);
     the compiled steps are kept for the next method."""
     if not method.eager_forwards or engine.compiled is None:
         yield
