@@ -108,6 +108,13 @@ class LongSpecDecoder(Decoder):
         ring = WindowCache(self.window, a.n_kv_heads, a.head_dim, engine.dtype, engine.device)
         self._loaded = (engine, layer, ring)
 
+    def held_bytes(self) -> int:
+        """The draft layer's weights and its window cache."""
+        if self._loaded is None:
+            return 0
+        _, layer, ring = self._loaded
+        return sum(p.numel() * p.element_size() for p in layer.parameters()) + ring.nbytes
+
     @property
     def layer(self):
         return self._loaded[1]

@@ -125,6 +125,11 @@ class QuantSpecDecoder(Decoder):
         self._kept[1].reset()
         return self._kept[1]
 
+    def held_bytes(self) -> int:
+        """The 4-bit draft MLPs and, under compiled steps, the quantized cache kept for the next generation."""
+        mlps = sum(m.nbytes for m in self._mlps[1]) if self._mlps is not None and self._mlps[1] else 0
+        return mlps + (self._kept[1].nbytes if self._kept is not None else 0)
+
     # ---------------------------------------------------------------- decoding
     @torch.inference_mode()
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
@@ -243,6 +248,9 @@ class Int8KVReference(Decoder):
 
     def check_sampling(self, sampling: Sampling) -> None:
         self._inner.check_sampling(sampling)
+
+    def held_bytes(self) -> int:
+        return self._inner.held_bytes()
 
     def extra_slots(self, max_new_tokens: int) -> int:
         return self._inner.extra_slots(max_new_tokens)

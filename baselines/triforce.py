@@ -141,6 +141,14 @@ class TriForceDecoder(Decoder):
         draft = self._loaded[1].engine if self.draft is not None and self._loaded is not None else None
         return [engine] + ([draft] if draft is not None else [])
 
+    def held_bytes(self) -> int:
+        """The draft model (weights, its static cache, the streaming cache) and the retrieval cache's buffers."""
+        held = self._rkv[1].nbytes if self._rkv is not None else 0
+        if self._loaded is not None and self._loaded[1] is not None:
+            draft = self._loaded[1]
+            held += draft.nbytes + draft.engine.cache_nbytes  # its weights and caches
+        return held
+
     def _retrieval_kv(self, engine: Engine, n: int):
         """The retrieval cache's buffers, reused across generations on the same target (like ``engine.cache``)."""
         if self._rkv is None or self._rkv[0] is not engine or self._rkv[1].max_len < n:

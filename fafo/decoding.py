@@ -264,6 +264,12 @@ class Decoder(ABC):
         can take under ``engine.static_shapes`` that a generation may not reach (its graphs then compile and record
         before any timed sample). None beyond what generations take by default."""
 
+    def held_bytes(self) -> int:
+        """Device bytes this decoder keeps allocated between its generations (draft weights, caches it reuses):
+        the runner leaves them out of the *other* decoder's CUDA peak memory, which decodes while they sit there
+        (:class:`fafo.bench.timing.PeakMemory`). None by default."""
+        return 0
+
     def engines(self, engine: Engine) -> list[Engine]:
         """The engines this method runs forwards on after :meth:`setup` with ``engine``: the target, then any
         draft model's (what a probe of the whole method must watch)."""

@@ -170,3 +170,66 @@ def test_cuda_peak_of_a_generation_counts_its_own_compiled_steps_only(monkeypatc
     generation("vanilla", 600, warm=True)  # vanilla's: 100 MB of intermediates
     assert generation("method", 500) == 900 and generation("vanilla", 500) == 600  # replays: 500 MB live
     assert generation("vanilla", 700) == 700  # a longer prompt's eager prefill beyond the warm-up peak counts
+
+
+def test_cuda_peak_leaves_out_what_the_other_decoder_holds(monkeypatch):
+    """A method that keeps a draft model or a reused cache allocated between its generations (``held_bytes``)
+    has them on the device while vanilla decodes: they come off vanilla's CUDA peak (warm-up and timed), not off
+    the method's own."""
+    import torch
+
+    from fafo.bench.timing import PeakMemory
+
+    allocated = {"peak": 0}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: allocated.update(peak=0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated["peak"])
+    memory, mb = PeakMemory(torch.device("cuda")), 2**20
+    held = 300 * mb  # e.g. QuantSpec's kept quantized cache and 4-bit MLPs
+
+    def generation(key, peak_mb, others, warm=False):
+        memory.reset()
+        allocated["peak"] = peak_mb * mb
+        if warm:
+            memory.warm(key, others)
+        return memory.peak_mb(None, {}, key, others)
+
+    assert generation("method", 1000, 0, warm=True) == 1000  # its own held bytes stay in its peak
+    assert generation("vanilla", 900, held, warm=True) == 600  # 600 MB of vanilla's own + the method's 300
+    assert generation("vanilla", 850, held) == 600 and generation("vanilla", 1000, held) == 700
+    assert generation("method", 950, 0) == 1000
+
+
+def test_decoders_report_what_they_keep_between_generations(engine, checkpoint, fresh_dynamo):
+    """``held_bytes``: QuantSpec's 4-bit MLPs (and, compiled, its kept quantized cache), LongSpec's draft layer;
+    vanilla nothing; the meter charges each decoder's to the other one only."""
+    from types import SimpleNamespace
+
+    from baselines.longspec import LongSpecDecoder
+    from baselines.quantspec import QuantSpecDecoder
+    from baselines.triforce import TriForceDecoder
+    from baselines.vanilla import VanillaDecoder
+    from fafo.bench.timing import Meter
+    from fafo.engine.compiled import CompileOptions
+    from tests.compiled_cases import compiled_engine
+    from tests.methods import DRAFT_SPEC, TRIFORCE_SMALL
+
+    eng = engine("llama_gqa")
+    ids = eng.tokenizer("hello there, general").input_ids
+    quant = QuantSpecDecoder(group_size=16, gamma=2, weight_group=32)
+    assert quant.held_bytes() == 0
+    quant.generate(eng, ids, 4)
+    mlps = sum(m.nbytes for m in quant._mlps[1])
+    assert quant.held_bytes() == mlps > 0  # eager: the quantized cache was freed with its generation
+    compiled = compiled_engine(checkpoint, "llama_gqa", CompileOptions(backend="aot_eager"))
+    quant.generate(compiled, ids, 4)
+    assert quant.held_bytes() == sum(m.nbytes for m in quant._mlps[1]) + quant._kept[1].nbytes > mlps
+    longspec = LongSpecDecoder(draft={"path": None, "random_seed": 0})
+    longspec.setup(eng)
+    assert longspec.held_bytes() > 0
+    triforce = TriForceDecoder(**TRIFORCE_SMALL, draft={"tiny": DRAFT_SPEC})
+    triforce.setup(eng)
+    assert triforce.held_bytes() >= triforce._loaded[1].engine.weights_nbytes > 0
+    vanilla = VanillaDecoder()
+    meter = Meter.__new__(Meter)
+    meter.spec = SimpleNamespace(method=quant, reference=vanilla)
+    assert meter.others_held(vanilla) == quant.held_bytes() and meter.others_held(quant) == 0

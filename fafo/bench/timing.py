@@ -72,6 +72,9 @@ class PeakMemory:
     pool's free part is shared by every decoder that recorded into it (adding it to both the method's and vanilla's
     peaks gives vanilla the method's intermediates and understates the overhead). The warm-up generations, in
     which each of the decoder's steps allocated its intermediates for real, hold exactly its own.
+    Within a run the method and its reference alternate, so what one keeps allocated between its generations (a
+    draft model, the caches its compiled steps reuse: :meth:`Decoder.held_bytes`) sits on the device while the
+    other decodes; it is subtracted from the other's peaks, so that vanilla's peak is vanilla's alone.
 
     CPU (no allocator statistics): weights + the static cache + the buffers the method reports in
     ``Generation.extras["buffer_bytes"]``; transient activations are not seen there.
@@ -85,16 +88,20 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def warm(self, key) -> None:
-        """After one warm-up generation (begun by :meth:`reset`) of the decoder ``key`` names: keep its peak."""
+    def warm(self, key, others: int = 0) -> None:
+        """After one warm-up generation (begun by :meth:`reset`) of the decoder ``key`` names: keep its peak
+        (less ``others``: the bytes the other decoder of the run holds meanwhile, :meth:`Decoder.held_bytes`)."""
         if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - others
             self.warm_bytes[key] = max(self.warm_bytes.get(key, 0), peak)
 
-    def peak_mb(self, engine, extras: dict, key=None) -> float:
-        """The peak of the generation since :meth:`reset`, by the decoder ``key`` names (its warm-up peak kept)."""
+    def peak_mb(self, engine, extras: dict, key=None, others: int = 0) -> float:
+        """The peak of the generation since :meth:`reset`, by the decoder ``key`` names (its warm-up peak kept),
+        less ``others`` on CUDA: what the run's other decoder keeps allocated between its own generations (a
+        draft model, a cache reused by compiled steps), which is not this decoder's memory."""
         if self.device.type == "cuda":
-            return max(torch.cuda.max_memory_allocated(self.device), self.warm_bytes.get(key, 0)) / 2**20
+            peak = torch.cuda.max_memory_allocated(self.device) - others
+            return max(peak, self.warm_bytes.get(key, 0)) / 2**20
         return (engine.weights_nbytes + engine.cache_nbytes + int(extras.get("buffer_bytes", 0))) / 2**20
 
 
@@ -202,7 +209,12 @@ class Meter:
         finally:
             self.engine.ledger.log = None
         times = {"prefill_s": self.clock.prefill_s, "decode_s": self.clock.decode_s, "total_s": self.clock.total_s}
-        return gen, times, compact(log), self.memory.peak_mb(self.engine, gen.extras, (id(decoder), eager))
+        peak = self.memory.peak_mb(self.engine, gen.extras, (id(decoder), eager), self.others_held(decoder))
+        return gen, times, compact(log), peak
+
+    def others_held(self, decoder) -> int:
+        """Bytes the run's other decoder keeps allocated while ``decoder`` decodes (:meth:`Decoder.held_bytes`)."""
+        return sum(d.held_bytes() for d in (self.spec.method, self.spec.reference) if d is not decoder)
 
     def eager(self, eager: bool):
         """Decode steps eager inside (``eager``) on an engine whose steps are compiled."""
@@ -234,7 +246,7 @@ class Meter:
                     decoder.warm_shapes(self.engine)  # step shapes the generation did not take
                 self.clock.stop()
                 total += self.clock.total_s
-                self.memory.warm((id(decoder), eager))
+                self.memory.warm((id(decoder), eager), self.others_held(decoder))
         for decoder, snapshot in zip(decoders, before):
             decoder.restore(snapshot)
         if cudagraph_skips():  # each skipped graph would run without replay inside every timed sample
