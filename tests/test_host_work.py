@@ -101,8 +101,43 @@ def test_bench_engine_host_mode_writes_the_table(tmp_path, capsys):
     rows = list(csv.DictReader(open(out)))
     assert [(r["method"], r["layers"]) for r in rows] == [("vanilla", "2"), ("fafo_stream", "2"), ("vanilla", "3"),
                                                          ("fafo_stream", "3")]
-    assert all(r["exact"] == "True" and float(r["host_ms"]) > 0 for r in rows)
+    assert all(r["exact"] == "True" and float(r["host_ms"]) > 0 and float(r["host_ms_replayed"]) > 0 for r in rows)
     assert rows[0]["ops_max"] == rows[2]["ops_max"] == "1"
     # the deeper model is the shallow one with identity layers: the same steps, so the same ops per step
     assert [rows[1][k] for k in ("steps", "tau", "ops_mean")] == [rows[3][k] for k in ("steps", "tau", "ops_mean")]
     assert "| fafo_stream |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["fafo_stream", "token_recycling", "triforce"])  # region, tree, draft model
+def test_a_replayed_generation_takes_the_same_steps_without_running_the_model(name, engine):
+    """The replay serves every model call's recorded outputs (target, draft model) in order: the same tokens and
+    steps, every output served once, and almost no time inside model calls; a replay that needs more calls than
+    were recorded (a longer generation) is refused."""
+    from fafo.bench.tools.replayed_forwards import ReplayedForwards, live_and_replayed
+    from fafo.engine.ledger import MODEL_TIME
+    from tests.methods import METHODS
+
+    eng, method = engine("llama_gqa"), METHODS[name].small()
+    ids = eng.tokenizer(PROMPTS[0] * 3).input_ids
+    method.setup(eng)
+    snapshot = method.snapshot()
+    probe = ReplayedForwards()
+    before = MODEL_TIME.seconds
+    with probe.recording():
+        live = method.generate(eng, ids, 16)
+    method.restore(snapshot)
+    live_model_s, calls = MODEL_TIME.seconds - before, len(probe.outputs)
+    assert calls > len(live.accept_lengths)  # the prefill and every step's forwards
+    before = MODEL_TIME.seconds
+    with probe.replaying():
+        replayed = method.generate(eng, ids, 16)
+    method.restore(snapshot)
+    assert replayed.tokens == live.tokens and replayed.accept_lengths == live.accept_lengths
+    assert probe.served == calls and MODEL_TIME.seconds - before < 0.2 * live_model_s
+    assert all(x > 0 for x in live_and_replayed(method, eng, ids, 16, snapshot))
+    from baselines.vanilla import VanillaDecoder
+
+    with probe.recording():
+        VanillaDecoder().generate(eng, ids, 8)
+    with pytest.raises(RuntimeError, match="more model calls"), probe.replaying():
+        VanillaDecoder().generate(eng, ids, 9)

@@ -241,7 +241,7 @@ def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: in
 
 # ---------------------------------------------------------------------------------------------- the host table
 COLUMNS = ["method", "layers", "steps", "new_tokens", "tau", "ops_mean", "ops_max", "h2d_mean", "h2d_max",
-           "d2h_mean", "d2h_max", "host_ms", "host_ms_runs", "forward_ops", "eager_forwards", "exact", "top_ops",
+           "d2h_mean", "d2h_max", "host_ms", "host_ms_runs", "host_ms_replayed", "host_ms_replayed_runs", "forward_ops", "eager_forwards", "exact", "top_ops",
            "threads", "load", "torch"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and the lazy dog sleeps in the sun all day long. "
 # a preset's budgets below the prompt, so that every step selects, swaps and evicts (the presets' own budgets
@@ -304,13 +304,16 @@ def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt
                rounds: int = 5, cache_dir: Path | None = None) -> list[dict]:
     """The host table: per depth and method, ops / copies / reads per step (one probed generation after a
     warm-up) and host ms per step, the median of ``rounds`` generations interleaved across the methods (a
-    shared machine's load drifts: interleaving spreads it over every method alike). A deeper model is the
+    shared machine's load drifts: interleaving spreads it over every method alike), each generation followed by
+    its replay (``host_ms_replayed``: :mod:`fafo.bench.tools.replayed_forwards`, the host work without the cache
+    misses the forwards cause on a CPU). A deeper model is the
     shallowest one with identity layers appended (:func:`identity_layers`), so every depth decodes the same tokens
     in the same steps and a difference between depths is per-layer work."""
     import tempfile
 
     from baselines.vanilla import VanillaDecoder
     from fafo.bench.timing import load_average
+    from fafo.bench.tools.replayed_forwards import live_and_replayed
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -328,14 +331,13 @@ def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt
                 methods[name] = (m, m.snapshot())
             times = {name: [] for name in names}
             for _ in range(rounds):
-                for name, (m, snapshot) in methods.items():
-                    gen = m.generate(engine, ids, new_tokens, engine.eos_ids)
-                    times[name].append(gen.host_ms_per_step)
-                    m.restore(snapshot)
+                for name, (m, snapshot) in methods.items():  # live, then the same generation replayed
+                    times[name].append(live_and_replayed(m, engine, ids, new_tokens, snapshot))
             for name in names:
-                row = depth_rows[name]
-                row.update(host_ms=round(statistics.median(times[name]), 3),
-                           host_ms_runs=" ".join(f"{x:.3f}" for x in times[name]),
+                row, live, replayed = depth_rows[name], *zip(*times[name])
+                row.update(host_ms=round(statistics.median(live), 3), host_ms_runs=" ".join(f"{x:.3f}" for x in live),
+                           host_ms_replayed=round(statistics.median(replayed), 3),
+                           host_ms_replayed_runs=" ".join(f"{x:.3f}" for x in replayed),
                            threads=torch.get_num_threads(), load=load_average(), torch=torch.__version__)
                 rows.append(row)
             for m, _ in methods.values():
@@ -353,14 +355,16 @@ def report(args, rows: list[dict]) -> None:
     """Print the table as markdown: one line per method, ops/copies/reads and host ms at each depth."""
     layers = sorted({r["layers"] for r in rows})
     by = {(r["method"], r["layers"]): r for r in rows}
-    head = ["method"] + [f"{c} @{n}" for n in layers for c in ("ops/step (max)", "H2D", "D2H", "host ms")]
+    head = ["method"] + [f"{c} @{n}" for n in layers
+                         for c in ("ops/step (max)", "H2D", "D2H", "host ms", "host ms replayed")]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name in dict.fromkeys(r["method"] for r in rows):
         cells = [name]
         for n in layers:
             r = by.get((name, n))
-            cells += ["-"] * 4 if r is None else [f"{r['ops_mean']:.0f} ({r['ops_max']})", f"{r['h2d_mean']:.1f}",
-                                                  f"{r['d2h_mean']:.1f}", f"{r['host_ms']:.2f}"]
+            cells += ["-"] * 5 if r is None else [f"{r['ops_mean']:.0f} ({r['ops_max']})", f"{r['h2d_mean']:.1f}",
+                                                  f"{r['d2h_mean']:.1f}", f"{r['host_ms']:.2f}",
+                                                  f"{r['host_ms_replayed']:.2f}"]
         print("| " + " | ".join(cells) + " |")
 
 
