@@ -27,7 +27,6 @@ from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 
 
-
 @dataclass
 class QuantSpecDecoder(Decoder):
     """QuantSpec, greedy (paper defaults: G = 128, gamma 6 of its best 4-6, 4-bit draft MLP weights).

@@ -338,8 +338,9 @@ class QuantKVCache(Cache):
         are read from tensors, so one graph per step shape and view serves every step. The same parts merged in
         the same order, each over a static key set masked to what the eager path slices: the stored planes over
         the whole quantized capacity, dequantized at once rather than by ``chunk`` (an unrolled chunk loop would
-        grow the graph, and its compile time, with the capacity), masked past ``nq``; the next group quantized on the fly (masked for queries
-        not ahead), the full-precision window ``nq + [0, buf_len)`` (masked to ``[nq(p), P)``), the step itself."""
+        grow the graph, and its compile time, with the capacity), masked past ``nq``; the next group quantized on
+        the fly (masked for queries not ahead); the full-precision window ``nq + [0, buf_len)`` (masked to
+        ``[nq(p), P)``); the step itself."""
         B, Hq, Q, D = q.shape
         Hkv, G, dev = k.shape[1], self.group, q.device
         nq = self.nq_t  # [1]

@@ -241,8 +241,8 @@ def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: in
 
 # ---------------------------------------------------------------------------------------------- the host table
 COLUMNS = ["method", "layers", "steps", "new_tokens", "tau", "ops_mean", "ops_max", "h2d_mean", "h2d_max",
-           "d2h_mean", "d2h_max", "host_ms", "host_ms_runs", "host_ms_replayed", "host_ms_replayed_runs", "forward_ops", "eager_forwards", "exact", "top_ops",
-           "threads", "load", "torch"]
+           "d2h_mean", "d2h_max", "host_ms", "host_ms_runs", "host_ms_replayed", "host_ms_replayed_runs",
+           "forward_ops", "eager_forwards", "exact", "top_ops", "threads", "load", "torch"]
 PROMPT = "The quick brown fox jumps over the lazy dog, and the lazy dog sleeps in the sun all day long. "
 # a preset's budgets below the prompt, so that every step selects, swaps and evicts (the presets' own budgets
 # exceed the table's short prompts and would leave the compressed region static)
