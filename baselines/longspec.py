@@ -278,6 +278,5 @@ class _LongSpecState(StepState):
         return self.draft_forwards, sum(p.numel() for p in self.layer.parameters())
 
     def extras(self) -> dict:
-        ring, layer = self.ring, self.layer
-        return {"draft_window_entries": int((ring.pos >= 0).sum()),
-                "buffer_bytes": ring.nbytes + sum(p.numel() * p.element_size() for p in layer.parameters())}
+        return {"draft_window_entries": int((self.ring.pos >= 0).sum()),
+                "buffer_bytes": self.cfg.held_bytes()}  # the draft layer's weights and its window ring

@@ -124,10 +124,13 @@ class QuantSpecDecoder(Decoder):
         self._kept[1].reset()
         return self._kept[1]
 
+    def weight_bytes(self) -> int:
+        """Bytes of the 4-bit draft MLPs (0 before they are built, or without them)."""
+        return sum(m.nbytes for m in self._mlps[1]) if self._mlps is not None and self._mlps[1] else 0
+
     def held_bytes(self) -> int:
         """The 4-bit draft MLPs and, under compiled steps, the quantized cache kept for the next generation."""
-        mlps = sum(m.nbytes for m in self._mlps[1]) if self._mlps is not None and self._mlps[1] else 0
-        return mlps + (self._kept[1].nbytes if self._kept is not None else 0)
+        return self.weight_bytes() + (self._kept[1].nbytes if self._kept is not None else 0)
 
     # ---------------------------------------------------------------- decoding
     @torch.inference_mode()
@@ -203,8 +206,7 @@ class _QuantSpecState(StepState):
         self.fp_tokens.append(self.N - self.kv.nq)
 
     def extras(self) -> dict:
-        kv, mlps = self.kv, self.mlps
-        weight_bytes = sum(m.nbytes for m in mlps) if mlps is not None else 0
+        kv, weight_bytes = self.kv, self.cfg.weight_bytes()
         full_bytes = kv.full.nbytes if kv.full is not None else 0
         return {
             "quantized_tokens": kv.nq,
