@@ -78,8 +78,8 @@ class SwiftDecoder(Decoder):
 
     Under ``bench.compile`` the verification forward (the whole model, the tree padded to :meth:`max_tree`) runs
     compiled like every method's; the drafts and the search's scoring forwards skip layers of a set that changes
-    while decoding, and the engine runs every forward with ``skip`` eagerly (a compiled graph would guard on the
-    set: one graph per set, recompiles inside timed samples).
+    while decoding, and run compiled a graph per sub-layer, shared by every layer and every set
+    (:mod:`fafo.engine.skipping_step`; a whole-model graph would guard on the set).
 
     Attributes:
         skip_ratio: r, fraction of the 2(L-2) attention/MLP sub-layers a searched set skips.
@@ -161,8 +161,18 @@ class SwiftDecoder(Decoder):
 
     def warm_shapes(self, engine: Engine) -> None:
         """Its verification padded to :meth:`max_tree` with a shallow or a deep mask: a warm-up generation may draft
-        only one kind (:func:`fafo.tree.warm_tree_steps`)."""
+        only one kind (:func:`fafo.tree.warm_tree_steps`); a draft and, with the search on, a scoring forward (a
+        warm-up generation shorter than ``context_window + 2`` tokens scores nothing). At slot 8 of the shared
+        cache, as the trees (the next prefill overwrites it)."""
         warm_tree_steps(engine, [self.max_tree(False), self.max_tree(True)])
+        cache, N, n = engine.static_cache, 8, self.context_window + 1
+        if not engine.static_shapes or cache is None:
+            return
+        skip = self.optimizer.skip
+        engine.forward(cache, [0], [N], [N], causal_plan(N), logits="last", skip=skip, kind="draft")
+        if self.optimization and self.max_opt_iter and cache.max_len >= N + n + 2:
+            engine.forward(cache, [0] * n, torch.arange(N, N + n, device=engine.device), None, causal_plan(N),
+                           logits="all", skip=skip, kind="aux")
 
     def extra_slots(self, max_new_tokens: int) -> int:
         # the (padded) tree, >= the draft, is written to slots [N, N + max_tree) with N < prompt + max_new_tokens

@@ -98,20 +98,15 @@ class KVCache(Cache):
         return self.kv.numel() * self.kv.element_size()
 
     def attend(self, layer, q, k, v, slots, plan, scale, backend):
-        if slots is not None:  # the first len(slots) tokens of the step are kept; the rest stay scratch
-            n = slots.shape[-1]
-            self.write(layer, slots, k[:, :, :n], v[:, :, :n])
-        return attend(backend, q, self.keys[layer], self.values[layer], k, v, plan, scale)
+        return self.layer(layer).attend(layer, q, k, v, slots, plan, scale, backend)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots: [Q] long (the same slots in every row) or [B, Q] (each row's own); k, v: [B, Hkv, Q, D]."""
-        if slots.dim() == 1:
-            self.keys[layer].index_copy_(2, slots, k)
-            self.values[layer].index_copy_(2, slots, v)
-            return
-        index = slots[:, None, :, None].expand(k.shape)
-        self.keys[layer].scatter_(2, index, k)
-        self.values[layer].scatter_(2, index, v)
+        self.layer(layer).write(slots, k, v)
+
+    def layer(self, i: int) -> "LayerKV":
+        """Layer ``i``'s keys and values as a cache of their own (views: writes land in this cache)."""
+        return LayerKV(self.keys[i], self.values[i])
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy the entries of slots ``src`` to slots ``dst`` in every layer and head (src, dst: [N] long).
@@ -154,3 +149,31 @@ class KVCache(Cache):
     def copy_from(self, other: "KVCache", src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy ``other``'s entries at slots ``src`` to this cache's slots ``dst`` in every layer (same model)."""
         self.kv.index_copy_(SLOT_DIM, dst, other.kv.index_select(SLOT_DIM, src))
+
+
+class LayerKV(Cache):
+    """One layer of a :class:`KVCache`: its keys and values ``[B, H_kv, S, D]``, and the layer index a model passes
+    ignored. A compiled sub-layer takes it as an input, so one graph serves every layer
+    (:mod:`fafo.engine.skipping_step`): the graph reads tensors, never the index it would guard on."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    def attend(self, layer, q, k, v, slots, plan, scale, backend):
+        if slots is not None:  # the first len(slots) tokens of the step are kept; the rest stay scratch
+            n = slots.shape[-1]
+            self.write(slots, k[:, :, :n], v[:, :, :n])
+        return attend(backend, q, self.keys, self.values, k, v, plan, scale)
+
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if slots.dim() == 1:
+            self.keys.index_copy_(2, slots, k)
+            self.values.index_copy_(2, slots, v)
+            return
+        index = slots[:, None, :, None].expand(k.shape)
+        self.keys.scatter_(2, index, k)
+        self.values.scatter_(2, index, v)

@@ -25,8 +25,9 @@ A method's own cache plans its compiled steps itself: QuantSpec's quantized cach
 step's position from tensors and its planes over their static capacity, masked (``baselines/quantspec_cache.py``).
 
 Prefill (``plan.prefix == 0``) runs eagerly on the configured backend: it happens once per turn, is compute
-bound, and its length varies. Forwards that skip layers (SWIFT's drafts and layer-set search) also run eagerly:
-their layer set changes while SWIFT decodes and each new set would recompile inside a timed sample.
+bound, and its length varies. Forwards that skip layers (SWIFT's drafts and layer-set search) take the same static
+plan through a graph per sub-layer instead of one per model (:mod:`fafo.engine.skipping_step`): their layer set
+changes while SWIFT decodes, and a whole-model graph would recompile for each set.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from fafo.engine.block_masks import buffer_block_mask, causal_block_mask
 from fafo.engine.cache import Cache, KVCache
 from fafo.engine.flex_masks import LiveLength
 from fafo.engine.kernels import gathered_mask
+from fafo.engine.skipping_step import SkippingStep
 from fafo.engine.torch_compat import no_duck_shapes, raise_recompile_limit
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -82,11 +84,12 @@ class CompiledStep:
     """
 
     def __init__(self, model, options: CompileOptions, device: torch.device):
-        self.options = options
+        self.options, self.model = options, model
         self.attention = options.attention_for(device)
         raise_recompile_limit(32)  # past the limit dynamo would silently run eager: fail loudly instead
         self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False,
                                 fullgraph=True)  # a graph break would run part of a step eagerly: an error
+        self.skip_fn = SkippingStep(options.mode, options.backend)  # forwards that skip layers
         # live lengths as dynamic sizes (sdpa, no CUDA graphs: those would record one graph per length)
         self.live_lengths = self.attention == "sdpa" and not options.cudagraphs
         if self.live_lengths:  # the prefix and the region may be equal: two symbols, not one
@@ -98,6 +101,8 @@ class CompiledStep:
 
     def __call__(self, tokens, positions, cache: Cache, slots, plan: AttentionPlan, logits="all", skip=None):
         plan = self.static_plan(cache, plan, tokens.shape[1])
+        if skip is not None:  # no CUDA graphs there: outputs are the caller's
+            return self.skip_fn(self.model, tokens, positions, cache, slots, plan, self.attention, logits, skip)
         if self.options.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         out = self.fn(tokens, positions, cache, slots, plan, self.attention, logits, skip)

@@ -116,6 +116,7 @@ class Engine:
         self.compiled = CompiledStep(self.model, options or CompileOptions(), self.device)
         # the compiled graph alone is the model call: what CompiledStep prepares around it is host work
         self.compiled.fn = functools.partial(model_call, self.compiled.fn, device=self.device)
+        self.compiled.skip_fn = functools.partial(model_call, self.compiled.skip_fn, device=self.device)
         self.static_shapes = True
         self._cache = None  # reallocated (with static addresses for CUDA graphs) at the next request
 
@@ -203,9 +204,9 @@ class Engine:
         per-query key lists (:class:`~fafo.engine.kernels.GatheredMask`) are then computed on the host too and
         travel with the step's inputs in one copy: nothing is read back from the device to size them.
 
-        Decode steps (``plan.prefix > 0``) without layer skipping run compiled when :meth:`enable_compile` was
-        called; prefill, layer-skipping forwards and ``eager=True`` ones (e.g. a chunked prefill, whose lengths
-        vary) run eagerly.
+        Decode steps (``plan.prefix > 0``) run compiled when :meth:`enable_compile` was called (layer-skipping
+        ones a graph per sub-layer: :mod:`fafo.engine.skipping_step`); prefill and ``eager=True`` forwards (e.g. a
+        chunked prefill, whose lengths vary) run eagerly.
 
         A batched step (several requests, one per cache row: :func:`fafo.engine.batching.forward_rows` builds it)
         passes ``[B, Q]`` host tokens, positions and slots, and each row's prefix (and region) length as host
@@ -247,8 +248,8 @@ class Engine:
         region_rows = tokens.shape[-1] - plan.region_from if plan.region_from is not None else 0
         share = 1 - (len(skip[0]) + len(skip[1])) / (2 * self.model.args.n_layers) if skip is not None else 1.0
         self.ledger.record(kind, tokens.shape[-1], prefix, region_rows, plan.region_len, share, tokens.shape[0])
-        if self.compiled is not None and plan.prefix > 0 and skip is None and not eager:
-            out = self.compiled(tokens, positions, cache, slots, plan, logits)  # times its graph (enable_compile)
+        if self.compiled is not None and plan.prefix > 0 and not eager:
+            out = self.compiled(tokens, positions, cache, slots, plan, logits, skip)  # times its graphs
         else:
             if self.backend == "flex":  # the block masks the plan implies, built once (fafo.engine.flex_masks)
                 self._flex = self._flex or FlexMasks(self.device)

@@ -133,10 +133,18 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, cache, slots, plan, backend, skip_attn=False, skip_mlp=False, queries=None):
         if not skip_attn:
-            x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slots, plan, backend, queries)
+            x = self.attention_part(x, cos, sin, cache, slots, plan, backend, queries)
         if not skip_mlp:
-            x = x + self.mlp(self.post_attention_layernorm(x))
+            x = self.mlp_part(x)
         return x
+
+    def attention_part(self, x, cos, sin, cache, slots, plan, backend, queries=None):
+        """The attention sub-layer with its norm and residual (what a skipped attention layer leaves out)."""
+        return x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slots, plan, backend, queries)
+
+    def mlp_part(self, x):
+        """The MLP sub-layer with its norm and residual."""
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Backbone(nn.Module):
@@ -206,14 +214,23 @@ class Transformer(nn.Module):
             [B, Q', V] logits (``Q'`` = rows asked for), or [B, Q, dim] hidden states for ``logits="none"``; with
             ``plan.capture_rows`` the pair (that, {layer: [B, H_q, R, D] post-RoPE queries of those rows}).
         """
-        if positions.dim() == 1:
-            positions = positions[None].expand(tokens.shape[0], -1)
-        x = self.model.embed_tokens(tokens)
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        x, cos, sin = self.embed(tokens, positions)
         skip_attn, skip_mlp = skip or (frozenset(), frozenset())
         queries = {} if plan.capture_rows is not None else None
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, cache, slots, plan, backend, i in skip_attn, i in skip_mlp, queries)
+        out = self.project(x, logits)
+        return out if queries is None else (out, queries)
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The step's input: embeddings [B, Q, dim] and the rotary cos, sin of its positions ([Q] or [B, Q])."""
+        if positions.dim() == 1:
+            positions = positions[None].expand(tokens.shape[0], -1)
+        x = self.model.embed_tokens(tokens)
+        return (x, *self.rotary.cos_sin(positions, x.dtype))
+
+    def project(self, x: torch.Tensor, logits: str | torch.Tensor) -> torch.Tensor:
+        """The last layer's output [B, Q, dim] -> the logits rows asked for (see :meth:`forward`)."""
         if isinstance(logits, str):
             if logits == "last":
                 x = x[:, -1:]
@@ -221,8 +238,7 @@ class Transformer(nn.Module):
             x = x[:, logits]
         else:  # [B, R]: each row's own logits rows
             x = x.gather(1, logits[..., None].expand(-1, -1, x.shape[-1]))
-        out = self.model.norm(x) if isinstance(logits, str) and logits == "none" else self.lm_head(self.model.norm(x))
-        return out if queries is None else (out, queries)
+        return self.model.norm(x) if isinstance(logits, str) and logits == "none" else self.lm_head(self.model.norm(x))
 
 
 def plan_is_plain_causal(plan: AttentionPlan) -> bool:

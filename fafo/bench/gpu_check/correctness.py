@@ -14,7 +14,8 @@ Every generation is compared with eager vanilla greedy on the same weights and d
   sends every step of more than one row to the main template: :mod:`fafo.engine.flex_routing`).
 
 Methods whose forwards cannot run compiled (``Decoder.eager_forwards``, none of the built-in ones) run eagerly, as the
-runner times them; forwards that skip layers (SWIFT's drafts) always run eagerly. QuantSpec runs with its fp16
+runner times them; forwards that skip layers (SWIFT's drafts) run a compiled graph per sub-layer without CUDA
+graphs (:mod:`fafo.engine.skipping_step`). QuantSpec runs with its fp16
 verifier (lossless against vanilla): its INT4 drafts read the quantized cache through the compiled path the INT8
 verifier also takes (``QuantKVCache.static_plan``).
 

@@ -389,7 +389,8 @@ def identity_layers(ckpt, extra: int):
         block = Block(args, args.n_layers + i)
         torch.nn.init.zeros_(block.self_attn.o_proj.weight)
         torch.nn.init.zeros_(block.mlp.down_proj.weight)
-        eng.model.model.layers.append(block.to(eng.device))
+        dtype = eng.model.lm_head.weight.dtype
+        eng.model.model.layers.append(block.to(eng.device, dtype).eval().requires_grad_(False))  # as loaded ones
     args.n_layers += extra
     eng.model.hf_config.num_hidden_layers = args.n_layers
     return eng
