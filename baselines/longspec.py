@@ -52,6 +52,7 @@ class LongSpecDecoder(Decoder):
     window: int = at_least(1, 512)
     _loaded: tuple | None = field(default=None, init=False, repr=False, compare=False)
     _consts: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # device constants
+    _compiled: tuple | None = field(default=None, init=False, repr=False, compare=False)  # (engine's step, fns)
 
     def __post_init__(self):
         check_bounds(self, "method")
@@ -127,76 +128,81 @@ class LongSpecDecoder(Decoder):
         return decode(engine, state, max_new_tokens, eos_ids, clock)
 
     # ------------------------------------------------------------------------------------------------ drafting
-    def _embed(self, engine: Engine, ids, positions: torch.Tensor):
-        """Token embeddings and rotary of ``ids`` (host values or a device tensor) at ``positions``."""
-        x = engine.model.model.embed_tokens(engine.tensor(ids)[None])  # [1, Q, dim]
-        cos, sin = engine.model.rotary.cos_sin(positions[None], x.dtype)
-        return x, cos, sin
+    def _functions(self, engine: Engine) -> tuple:
+        """(rows, level): :func:`draft_rows` and :func:`draft_level`, compiled when the engine's steps are (a graph
+        per shape; no CUDA graphs, as the engine's layer-skipping steps: a level's outputs are read by the next
+        levels, which a CUDA-graph replay would overwrite), else as they are."""
+        if engine.compiled is None:
+            return draft_rows, draft_level
+        key = id(engine.compiled)
+        if self._compiled is None or self._compiled[0] != key:
+            options = engine.compiled.options
+            mode = "default" if options.mode == "reduce-overhead" else options.mode
+            self._compiled = (key, *(torch.compile(f, mode=mode, backend=options.backend, dynamic=False,
+                                                   fullgraph=True) for f in (draft_rows, draft_level)))
+        return self._compiled[1:]
 
-    def _rows(self, engine: Engine, layer, ids, positions: torch.Tensor):
-        """Draft rows of tokens: (embeddings, cos, sin, self-attention k, v), one model call."""
-        x, cos, sin = self._embed(engine, ids, positions)
-        return (x, cos, sin, *layer.self_kv(x, cos, sin))
+    @property
+    def catch_rows(self) -> int:
+        """The most catch-up tokens a round feeds (the accepted path and the bonus token): compiled rounds pad to it."""
+        return len(self.shape) + 1
 
     def _commit(self, engine: Engine, ring: WindowCache, ids, first_pos: int) -> None:
         if len(ids):
             pos = torch.arange(first_pos, first_pos + len(ids), device=engine.device)
             ids = engine.tensor(ids)  # host ids: one copy
-            *_, k, v = model_call(self._rows, engine, self.layer, ids, pos, device=engine.device)
+            *_, k, v = model_call(draft_rows, engine.model, self.layer, ids, pos, device=engine.device)
             ring.append(k, v, pos)
-
-    @staticmethod
-    def _logp(engine: Engine, h: torch.Tensor) -> torch.Tensor:
-        """Draft log-probabilities of hidden rows: [1, n, dim] -> [n, V] float32."""
-        return torch.log_softmax(engine.model.lm_head(h)[0].float(), dim=-1)
-
-    def _forward(self, engine: Engine, layer, rows, keys_k, keys_v, masks, tk, tv) -> torch.Tensor:
-        """One draft forward (the layer over every key it may see, then the LM head): [n, V] log-probabilities.
-        ``keys_k``, ``keys_v``, ``masks``: the key blocks (ring, catch-up, each tree level) and their visibility."""
-        h = layer(*rows, torch.cat(keys_k, 2), torch.cat(keys_v, 2), torch.cat(masks, 1), tk, tv)
-        return self._logp(engine, h)
 
     def _draft_tree(self, engine: Engine, layer, ring: WindowCache, cache, catch: list[int], N: int,
                     catch_ids: torch.Tensor | None = None):
         """Build the round's beam tree: one draft forward per level, the beam kept on the device (every level's
-        shape is known on the host), read back once at the end. Returns (tree, catch-up k, v and positions)."""
-        dev = engine.device
-        c_pos = torch.arange(N - len(catch) + 1, N + 1, device=dev)  # the root is the last catch-up token
-        catch_ids = engine.tensor(catch) if catch_ids is None else catch_ids  # on the device
-        x, cos, sin, ck, cv = model_call(self._rows, engine, layer, catch_ids, c_pos, device=dev)  # [1, Hkv, C, D]
+        shape is known on the host), read back once at the end. Returns (tree, catch-up k, v and positions).
+
+        Under compiled steps the catch-up rows are padded to :attr:`catch_rows` (``catch_ids`` comes padded; the
+        padding's keys are hidden by a position of -1) and the target's KV is read at a dynamic length, so a round
+        compiles nothing new after the first."""
+        dev, (rows_fn, level_fn) = engine.device, self._functions(engine)
+        C = len(catch)
+        padded = self.catch_rows if engine.compiled is not None else C
+        c_pos = torch.arange(N - C + 1, N - C + 1 + padded, device=dev)  # the root is the last catch-up token
+        catch_ids = engine.tensor(catch + [0] * (padded - C)) if catch_ids is None else catch_ids  # on the device
+        x, cos, sin, ck, cv = model_call(rows_fn, engine.model, layer, catch_ids, c_pos, device=dev)  # [1, Hkv, C, D]
         tk, tv = cache.keys[-1][:, :, :N], cache.values[-1][:, :, :N]  # the target's last layer, in place
-        keys_k, keys_v, fixed_pos = [ring.k, ck], [ring.v, cv], torch.cat([ring.pos, c_pos])
+        if engine.compiled is not None and N >= 2:  # one graph for every length
+            for t in (tk, tv):
+                torch._dynamo.mark_dynamic(t, 2, min=2, max=cache.max_len)
+        shown = c_pos if padded == C else c_pos.masked_fill(self._const("depths", dev, padded) >= C, -1)  # padding
+        keys_k, keys_v, fixed_pos = [ring.k, ck], [ring.v, cv], torch.cat([ring.pos, shown])
         # the ring and catch-up keys a query at depth d (position N + d) sees by the window rule alone
-        depths = self._const("depths", dev)
+        depths = self._const("depths", dev, len(self.shape) + 1)
         level_pos = depths + N  # [levels + 1]: the position of the root, then of each level's nodes
         oldest = (depths + (N - self.window)).clamp_(min=0)  # the oldest position each level's queries see
         fixed = fixed_pos >= oldest[:, None]  # [levels + 1, K_fixed] (empty ring slots hold position -1)
-        rows, masks = (x[:, -1:], cos[:, :, -1:], sin[:, :, -1:]), [fixed[:1]]
+        rows, masks = (x[:, C - 1 : C], cos[:, :, C - 1 : C], sin[:, :, C - 1 : C]), [fixed[:1]]
         scores, picks, ancestors, sizes = self._const("zero", dev), [], None, []
         for depth, width in enumerate(self.shape, start=1):
-            logp = model_call(self._forward, engine, layer, rows, keys_k, keys_v, masks, tk, tv, device=dev)
-            V = logp.shape[-1]
-            top = (scores[:, None] + logp).reshape(-1).topk(min(width, scores.numel() * V))  # [n, V] beams
-            picks.append(top.indices)
-            sizes.append(top.indices.numel())
-            scores = top.values
+            scores, picked, parents, toks = model_call(level_fn, engine.model, layer, rows, keys_k, keys_v, masks,
+                                                       tk, tv, scores, width, device=dev)
+            picks.append(picked)
+            sizes.append(picked.numel())
             if depth == len(self.shape):
                 break  # the last level is verified, never run through the draft
-            parents, toks = top.indices // V, top.indices % V
             # the next draft forward, over this level's nodes: window keys + catch-up + their tree ancestors
-            rows = model_call(self._rows, engine, layer, toks, level_pos[depth].expand(len(toks)), device=dev)
+            rows = model_call(rows_fn, engine.model, layer, toks, level_pos[depth].expand(len(toks)), device=dev)
             keys_k.append(rows[3])
             keys_v.append(rows[4])
             rows = rows[:3]
             ancestors = self._ancestors(ancestors, parents, sizes, dev)  # [n, tree nodes so far]
             masks = [fixed[depth].expand(len(toks), -1), ancestors]
-        return self._tree(catch[-1], torch.cat(picks).tolist(), V), ck, cv, c_pos  # the round's one tree read
+        tree = self._tree(catch[-1], torch.cat(picks).tolist(), engine.model.args.vocab_size)  # the one tree read
+        return tree, ck[:, :, :C], cv[:, :, :C], c_pos[:C]
 
     def _const(self, name: str, dev, n: int = 0) -> torch.Tensor:
-        """A constant on the device, built once: ``depths`` 0..levels, a float ``zero`` [1], ``eye`` [n, n]."""
+        """A constant on the device, built once: ``depths`` 0..n-1, a float ``zero`` [1], ``eye`` [n, n]."""
         key = (name, n, str(dev))
         if key not in self._consts:
-            self._consts[key] = {"depths": lambda: torch.arange(len(self.shape) + 1, device=dev),
+            self._consts[key] = {"depths": lambda: torch.arange(n, device=dev),
                                  "zero": lambda: torch.zeros(1, device=dev),
                                  "eye": lambda: torch.eye(n, dtype=torch.bool, device=dev)}[name]()
         return self._consts[key]
@@ -267,7 +273,8 @@ class _LongSpecState(StepState):
     def commit(self, step: Step) -> None:
         """The accepted path's KV move and the next round's catch-up tokens: one copy to the device."""
         new = step.tokens
-        self.catch_ids = commit_path(self.cache, self.N, step.rows, carry=new, engine=self.engine)
+        pad = [0] * (self.cfg.catch_rows - len(new)) if self.engine.compiled is not None else []
+        self.catch_ids = commit_path(self.cache, self.N, step.rows, carry=new + pad, engine=self.engine)
         self.N += len(new)
         self.catch = new
         self.committed += new
@@ -280,3 +287,26 @@ class _LongSpecState(StepState):
     def extras(self) -> dict:
         return {"draft_window_entries": int((self.ring.pos >= 0).sum()),
                 "buffer_bytes": self.cfg.held_bytes()}  # the draft layer's weights and its window ring
+
+
+def draft_rows(model, layer, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Draft rows of tokens ``ids`` [Q] at ``positions`` [Q]: (embeddings, cos, sin, self-attention k, v)."""
+    x, cos, sin = model.embed(ids[None], positions)
+    return (x, cos, sin, *layer.self_kv(x, cos, sin))
+
+
+def draft_level(model, layer, rows, keys_k, keys_v, masks, tk, tv, scores: torch.Tensor, width: int):
+    """One draft forward over a level's rows (:func:`draft_logp`: the layer over every key they may see, then the
+    LM head, no final norm, as the release) and the beam's next level: the ``width`` best (beam score + log-probability) over
+    (parent beam, token) pairs. ``keys_k``, ``keys_v``, ``masks``: the key blocks (ring, catch-up, each tree level)
+    and their visibility. Returns (scores, flat indices, parent beams, tokens), each ``[width]``."""
+    logp = draft_logp(model, layer, rows, keys_k, keys_v, masks, tk, tv)
+    V = logp.shape[-1]
+    top = (scores[:, None] + logp).reshape(-1).topk(min(width, scores.numel() * V))
+    return top.values, top.indices, top.indices // V, top.indices % V
+
+
+def draft_logp(model, layer, rows, keys_k, keys_v, masks, tk, tv) -> torch.Tensor:
+    """The draft's log-probabilities ``[n, V]`` (float32) of a level's rows (see :func:`draft_level`)."""
+    h = layer(*rows, torch.cat(keys_k, 2), torch.cat(keys_v, 2), torch.cat(masks, 1), tk, tv)
+    return torch.log_softmax(model.lm_head(h)[0].float(), dim=-1)

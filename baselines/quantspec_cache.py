@@ -414,9 +414,10 @@ class Int4MLP(nn.Module):
 
     def __init__(self, mlp: nn.Module, group: int, resident: bool = False):
         super().__init__()
-        self.gate_proj = Int4Linear(mlp.gate_proj.weight, group, resident)
-        self.up_proj = Int4Linear(mlp.up_proj.weight, group, resident)
-        self.down_proj = Int4Linear(mlp.down_proj.weight, group, resident)
+        gate, up, down = mlp.weights()  # fused or not
+        self.gate_proj = Int4Linear(gate, group, resident)
+        self.up_proj = Int4Linear(up, group, resident)
+        self.down_proj = Int4Linear(down, group, resident)
 
     @property
     def nbytes(self) -> int:

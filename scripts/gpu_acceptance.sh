@@ -51,7 +51,7 @@ check warm-curve "$parallel" --stages curve --budget-s 100000 &
 check warm-methods "$parallel" --stages methods --budget-s 100000 \
   --methods vanilla fafo_stream prompt_lookup lookahead token_recycling suffix_decoding &
 check warm-methods2 "$parallel" --stages methods --budget-s 100000 \
-  --methods sam_decoding fafo_quest fafo_snapkv fafo_2forward swift triforce_nodraft quantspec_fp16 &
+  --methods sam_decoding fafo_quest fafo_snapkv fafo_2forward swift triforce_nodraft quantspec_fp16 longspec &
 check warm-host "$parallel" --stages methods --method-layers 4 --budget-s 100000 &
 wait
 

@@ -36,7 +36,7 @@ def test_quick_cpu_check_passes_and_writes_its_report(tmp_path):
 
     rows = list(csv.DictReader(open(out / "correctness.csv")))
     cases = [c for c in rows if c["batch"] == "1"]
-    assert len(cases) == 13 and {c["group"] for c in rows} == {"4"}  # --quick on CPU: group 4, every method
+    assert len(cases) == 14 and {c["group"] for c in rows} == {"4"}  # --quick on CPU: group 4, every method
     batched = [c for c in rows if c["batch"] == "4"]  # and two of them decoding four requests as one batch
     assert [c["method"] for c in batched] == ["vanilla", "token_recycling"]
     assert all(c["status"] == "ok" and c["identical"] == c["generations"] == "4" for c in batched), batched
@@ -47,6 +47,7 @@ def test_quick_cpu_check_passes_and_writes_its_report(tmp_path):
     assert int(by["token_recycling"]["max_rows"]) < 128 < int(by["token_recycling"]["rows_x_group"])
     assert by["fafo_stream"]["max_rows"] == "481" and by["swift"]["compiled"] == "1"
     assert by["quantspec_fp16"]["compiled"] == "1" and by["quantspec_fp16"]["graphs"] != "0"  # its INT4 drafts too
+    assert by["longspec"]["compiled"] == "1" and int(by["longspec"]["graphs"]) > 1  # its draft's graphs too
 
     curve = CostCurve.load(out / "cpu.csv")
     assert sorted(curve.table) == [64, 256] and all(sorted(s) == [1, 8, 64] for s in curve.table.values())

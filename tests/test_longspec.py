@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from baselines import longspec
 from baselines.longspec import LongSpecDecoder
 from baselines.longspec_draft import WindowCache, dense_forward, load_draft, new_draft, save_draft
+from baselines.vanilla import VanillaDecoder
 from fafo.engine.attention import AttentionPlan, attend
 from fafo.engine.engine import Engine
 from fafo.engine.tiny import tiny_checkpoint
@@ -148,6 +150,42 @@ def test_static_shapes_give_the_same_tokens(engine, trained):
     assert got.tokens == want.tokens and got.accept_lengths == want.accept_lengths
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+@pytest.mark.parametrize("mode", ["tree", "chain"])
+def test_compiled_draft_and_verification_equal_eager_and_compile_once(mode, attention, engine, trained, checkpoint,
+                                                                      fresh_dynamo):
+    """``bench.compile``: the draft's rows and levels run as compiled graphs (catch-up padded, the target's KV read
+    at a dynamic length), the verification as the engine's; tokens equal eager vanilla's (EOS cut included), the
+    accepted lengths equal the eager LongSpec's (the same draft), and nothing compiles after the first generation
+    while the context grows and the catch-up length varies."""
+    from fafo.engine.compiled import CompileOptions, compile_stats
+    from tests.compiled_cases import CAPACITY, SAMPLES, WARMUP
+
+    eager = engine("llama_gqa")
+    compiled = Engine.from_pretrained(str(checkpoint("llama_gqa")))
+    compiled.enable_compile(CompileOptions(backend="aot_eager", attention=attention))
+    compiled.cache(CAPACITY)
+    kw = dict(draft={"path": str(trained("llama_gqa"))}, window=16, mode=mode, tree_shape=[3, 4, 4], gamma=3)
+    method, reference = LongSpecDecoder(**kw), LongSpecDecoder(**kw)
+    ids = compiled.tokenizer(WARMUP).input_ids
+    assert method.generate(compiled, ids, 24).tokens == VanillaDecoder().generate(eager, ids, 24).tokens
+    warm, lengths, calls = compile_stats()["graphs"], set(), []
+    key, *fns = method._compiled  # the compiled functions the rounds run: counted
+    method._compiled = (key, *[lambda *a, _f=f: calls.append(1) or _f(*a) for f in fns])
+    for text in SAMPLES:
+        ids = compiled.tokenizer(text).input_ids
+        ref = VanillaDecoder().generate(eager, ids, 24).tokens
+        got, want = method.generate(compiled, ids, 24), reference.generate(eager, ids, 24)
+        assert got.tokens == ref == want.tokens, text
+        assert got.accept_lengths == want.accept_lengths, text
+        lengths.update(got.accept_lengths)
+        eos = ref[len(ref) // 2]
+        assert method.generate(compiled, ids, 24, eos_ids=(eos,)).tokens == ref[: ref.index(eos) + 1]
+    assert len(lengths) > 1, "every round accepted as many tokens: the padding was never exercised"
+    assert compile_stats()["graphs"] == warm, "LongSpec recompiled after its first generation"
+    assert warm > 0 and len(calls) > 3 * len(SAMPLES)
+
+
 # ------------------------------------------------------------------------------------------------ the draft itself
 @pytest.mark.slow
 def test_draft_rows_equal_the_dense_reference_and_window_stays_bounded(engine, trained, monkeypatch):
@@ -169,8 +207,8 @@ def test_draft_rows_equal_the_dense_reference_and_window_stays_bounded(engine, t
     ring.reset()
     method._commit(eng, ring, ids[P - window:], P - window)
     trace = []  # the round's draft log-probabilities per run level
-    logp = method._logp
-    monkeypatch.setattr(method, "_logp", lambda *a: trace.append(logp(*a)) or trace[-1])
+    logp = longspec.draft_logp
+    monkeypatch.setattr(longspec, "draft_logp", lambda *a: trace.append(logp(*a)) or trace[-1])
     tree, *_ = method._draft_tree(eng, method.layer, ring, cache, [cur], P)
     root_logp, level1_logp = trace
     layer, model = method.layer, eng.model

@@ -59,6 +59,9 @@ class Engine:
             hyperparameters (trees, guess sets and verification windows padded to their maximum: ``pad_to`` of
             :meth:`forward`), so compiled steps never recompile; set when steps are compiled (``bench.compile``).
         ledger: every forward of this engine's weights by kind (:mod:`fafo.engine.ledger`).
+        fuse_projections: each layer's q/k/v and gate/up projections as one matrix each
+            (:meth:`Transformer.fuse_projections`): ``None`` = on a GPU (fewer, wider matrix products per decode
+            step); off on the CPU, where the token-exact suites run on the checkpoint's own matrices.
     """
 
     model: Transformer
@@ -72,27 +75,35 @@ class Engine:
     _cache: KVCache | None = field(default=None, repr=False)
     ledger: ForwardLedger = field(default_factory=ForwardLedger, repr=False)
     _flex: FlexMasks | None = field(default=None, repr=False)
+    fuse_projections: bool | None = None
+
+    def __post_init__(self):
+        if self.fuse_projections is None:
+            self.fuse_projections = self.device.type == "cuda"
+        if self.fuse_projections:
+            self.model.fuse_projections()
 
     @classmethod
     def from_pretrained(cls, path: str, *, device="cpu", dtype="float32", backend="sdpa",
-                        revision: str | None = None, max_len: int | None = None, name: str = "") -> "Engine":
+                        revision: str | None = None, max_len: int | None = None, name: str = "",
+                        fuse_projections: bool | None = None) -> "Engine":
         """Load a hub id or a local checkpoint directory."""
         check_backend(backend)
         parse_dtype(dtype) if isinstance(dtype, str) else dtype
         ckpt = resolve_checkpoint(path, revision)
         config = load_hf_config(ckpt)
         return cls.load(ckpt, config, load_tokenizer(ckpt), device=device, dtype=dtype, backend=backend,
-                        max_len=max_len, name=name or path)
+                        max_len=max_len, name=name or path, fuse_projections=fuse_projections)
 
     @classmethod
     def load(cls, ckpt, config, tokenizer, *, device="cpu", dtype="float32", backend="sdpa",
-             max_len: int | None = None, name: str = "") -> "Engine":
+             max_len: int | None = None, name: str = "", fuse_projections: bool | None = None) -> "Engine":
         """Load the weights of an already resolved checkpoint directory (config and tokenizer read)."""
         torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
         model = load_model(ckpt, config, torch_dtype, torch.device(device))
         context, _ = context_limit(config, max_len)  # rope scaling, max_sequence_length, sliding window
         return cls(model, tokenizer, check_backend(backend), eos_token_ids(ckpt, config, tokenizer), context,
-                   name or str(ckpt))
+                   name or str(ckpt), fuse_projections=fuse_projections)
 
     @property
     def device(self) -> torch.device:

@@ -88,23 +88,47 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def fuse_linears(parts: list[nn.Linear]) -> nn.Linear:
+    """One linear layer whose output is the parts' outputs side by side (weights and biases concatenated along the
+    output axis): one matrix product where there were several, over the same input."""
+    bias = parts[0].bias is not None
+    w = parts[0].weight
+    fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=bias, device="meta")
+    fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=w.requires_grad)
+    if bias:
+        fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=w.requires_grad)
+    return fused
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         self.layer, self.args = layer, args
         h, hkv, d = args.n_heads, args.n_kv_heads, args.head_dim
+        self.widths = (h * d, hkv * d, hkv * d)
         self.q_proj = nn.Linear(args.dim, h * d, bias=args.qkv_bias)
         self.k_proj = nn.Linear(args.dim, hkv * d, bias=args.qkv_bias)
         self.v_proj = nn.Linear(args.dim, hkv * d, bias=args.qkv_bias)
         self.o_proj = nn.Linear(h * d, args.dim, bias=False)
+        self.qkv_proj = None  # q, k and v in one matrix (fuse)
         self.scale = d**-0.5
+
+    def fuse(self) -> None:
+        """q, k and v projected by one ``[Hq D + 2 Hkv D, dim]`` matrix (gpt-fast's ``wqkv``)."""
+        if self.qkv_proj is None:
+            self.qkv_proj = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+            del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, cos, sin, cache: Cache, slots, plan: AttentionPlan, backend: str, queries: dict | None):
         B, Q, _ = x.shape
         d = self.args.head_dim
-        q = self.q_proj(x).view(B, Q, -1, d).transpose(1, 2)  # [B, Hq, Q, D]
-        k = self.k_proj(x).view(B, Q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
-        v = self.v_proj(x).view(B, Q, -1, d).transpose(1, 2)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, Q, -1, d).transpose(1, 2)  # [B, Hq, Q, D]
+        k = k.view(B, Q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
+        v = v.view(B, Q, -1, d).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if queries is not None:  # the forward returns them (plan.capture_rows)
             queries[self.layer] = q[:, :, plan.capture_rows]
@@ -118,8 +142,24 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
         self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=False)
+        self.gate_up_proj = None  # gate and up in one matrix (fuse)
+
+    def fuse(self) -> None:
+        """gate and up projected by one ``[2 I, dim]`` matrix (gpt-fast's ``w1``/``w3`` as one)."""
+        if self.gate_up_proj is None:
+            self.gate_up_proj = fuse_linears([self.gate_proj, self.up_proj])
+            del self.gate_proj, self.up_proj
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gate, up and down weights ``[I, dim], [I, dim], [dim, I]``, fused or not (views)."""
+        gate, up = (self.gate_up_proj.weight.chunk(2) if self.gate_up_proj is not None
+                    else (self.gate_proj.weight, self.up_proj.weight))
+        return gate, up, self.down_proj.weight
 
     def forward(self, x):
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -177,6 +217,33 @@ class Transformer(nn.Module):
 
     def setup_rotary(self, device) -> None:
         self.rotary = Rotary(self.hf_config, self.args.head_dim, device)
+
+    def fuse_projections(self) -> None:
+        """Every layer's q/k/v and gate/up projections as one matrix each (:func:`fuse_linears`): per layer four
+        matrix products instead of seven, the fused ones wider (the engine does this on CUDA). Under transformers'
+        names the weights are then read from :meth:`hf_state_dict`."""
+        for block in self.model.layers:
+            block.self_attn.fuse()
+            block.mlp.fuse()
+
+    @property
+    def fused(self) -> bool:
+        return self.model.layers[0].self_attn.qkv_proj is not None
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The parameters under transformers' names; fused projections as views of their parts (no copy)."""
+        out = {}
+        for name, t in self.state_dict().items():
+            if ".qkv_proj." in name:
+                widths = self.model.layers[0].self_attn.widths
+                for part, view in zip(("q_proj", "k_proj", "v_proj"), t.split(widths)):
+                    out[name.replace("qkv_proj", part)] = view
+            elif ".gate_up_proj." in name:
+                for part, view in zip(("gate_proj", "up_proj"), t.chunk(2)):
+                    out[name.replace("gate_up_proj", part)] = view
+            else:
+                out[name] = t
+        return out
 
     def new_cache(self, max_len: int, batch: int = 1) -> KVCache:
         p = self.lm_head.weight

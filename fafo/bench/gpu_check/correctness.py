@@ -15,9 +15,11 @@ Every generation is compared with eager vanilla greedy on the same weights and d
 
 Methods whose forwards cannot run compiled (``Decoder.eager_forwards``, none of the built-in ones) run eagerly, as the
 runner times them; forwards that skip layers (SWIFT's drafts) run a compiled graph per sub-layer without CUDA
-graphs (:mod:`fafo.engine.skipping_step`). QuantSpec runs with its fp16
-verifier (lossless against vanilla): its INT4 drafts read the quantized cache through the compiled path the INT8
-verifier also takes (``QuantKVCache.static_plan``).
+graphs (:mod:`fafo.engine.skipping_step`). QuantSpec runs with its fp16 verifier (lossless against vanilla): its
+INT4 drafts read the quantized cache through the compiled path the INT8 verifier also takes
+(``QuantKVCache.static_plan``). LongSpec, the one method with a trained draft, runs with a random draft: its tokens
+are the target's whatever it drafts, and its draft layer's rows and levels run as compiled graphs (without CUDA
+graphs) beside the verification's.
 
 Then, per model, a few methods decode the three prompts and the first again as **one batch** of four requests of
 ragged lengths (``bench.batch_size=4``, static batching, :func:`fafo.batch.decode_batch`): BlockMasks with a batch

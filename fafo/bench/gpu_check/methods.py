@@ -48,6 +48,14 @@ def _quantspec(small: bool):
     return QuantSpecDecoder(target="fp16", group_size=32 if small else 128)
 
 
+def _longspec(small: bool):
+    from baselines.longspec import LongSpecDecoder
+
+    # a random draft (no trained one is on the node): the tokens are the target's whatever it drafts, and its
+    # draft rows and levels run as compiled graphs beside the target's verification (the preset's beam tree)
+    return LongSpecDecoder(draft={"path": None, "random_seed": 0})
+
+
 def _simple(module: str, cls: str):
     def build(small: bool):
         import importlib
@@ -72,6 +80,7 @@ METHODS = {
     "swift": _swift,
     "triforce_nodraft": _triforce,
     "quantspec_fp16": _quantspec,
+    "longspec": _longspec,
 }
 
 

@@ -81,7 +81,7 @@ def transformers_twin(engine: Engine, attn_implementation: str = "sdpa"):
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=engine.dtype,
                                                            attn_implementation=attn_implementation)
-    missing, unexpected = hf.load_state_dict(engine.model.state_dict(), strict=False, assign=True)
+    missing, unexpected = hf.load_state_dict(engine.model.hf_state_dict(), strict=False, assign=True)
     missing = [m for m in missing if not (m == "lm_head.weight" and engine.model.args.tie_embeddings)]
     if missing or unexpected:
         raise RuntimeError(f"transformers twin: parameter names differ (missing {missing[:3]}, "
