@@ -137,9 +137,8 @@ class LongSpecDecoder(Decoder):
         key = id(engine.compiled)
         if self._compiled is None or self._compiled[0] != key:
             options = engine.compiled.options
-            mode = "default" if options.mode == "reduce-overhead" else options.mode
-            self._compiled = (key, *(torch.compile(f, mode=mode, backend=options.backend, dynamic=False,
-                                                   fullgraph=True) for f in (draft_rows, draft_level)))
+            self._compiled = (key, *(torch.compile(f, mode=options.mode_without_cudagraphs, backend=options.backend,
+                                                   dynamic=False, fullgraph=True) for f in (draft_rows, draft_level)))
         return self._compiled[1:]
 
     @property
@@ -297,9 +296,10 @@ def draft_rows(model, layer, ids: torch.Tensor, positions: torch.Tensor) -> tupl
 
 def draft_level(model, layer, rows, keys_k, keys_v, masks, tk, tv, scores: torch.Tensor, width: int):
     """One draft forward over a level's rows (:func:`draft_logp`: the layer over every key they may see, then the
-    LM head, no final norm, as the release) and the beam's next level: the ``width`` best (beam score + log-probability) over
-    (parent beam, token) pairs. ``keys_k``, ``keys_v``, ``masks``: the key blocks (ring, catch-up, each tree level)
-    and their visibility. Returns (scores, flat indices, parent beams, tokens), each ``[width]``."""
+    LM head, no final norm, as the release) and the beam's next level: the ``width`` best (beam score +
+    log-probability) over (parent beam, token) pairs. ``keys_k``, ``keys_v``, ``masks``: the key blocks (ring,
+    catch-up, each tree level) and their visibility. Returns (scores, flat indices, parent beams, tokens), each
+    ``[width]``."""
     logp = draft_logp(model, layer, rows, keys_k, keys_v, masks, tk, tv)
     V = logp.shape[-1]
     top = (scores[:, None] + logp).reshape(-1).topk(min(width, scores.numel() * V))

@@ -58,7 +58,7 @@ from fafo.bench.tools.engine_timing import (AttentionTimer, bytes_per_forward, c
 from fafo.bench.tools.fumble_attention import FUMBLE_COLUMNS, SCATTERS, fumble  # noqa: E402
 from fafo.bench.tools.random_model import SHAPES, llama_config, random_engine, transformers_twin  # noqa: E402
 from fafo.bench.timing import load_average, sync  # noqa: E402
-from fafo.engine.compiled import COMPILE_MODES, CompileOptions, compile_stats  # noqa: E402
+from fafo.engine.compiled import COMPILE_MODES, WITHOUT_CUDAGRAPHS, CompileOptions, compile_stats  # noqa: E402
 from fafo.engine.engine import DTYPES, Engine  # noqa: E402
 
 MODES = ("roofline", "vs-hf", "fafo-step", "fumble", "host")
@@ -390,8 +390,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.out = args.out or Path("results/bench") / out
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
     args.shape = args.shape or default_shape(args)
-    if args.compile in ("reduce-overhead",) and not args.device.startswith("cuda"):
-        p.error("--compile reduce-overhead replays CUDA graphs and needs --device cuda")
+    if args.compile in WITHOUT_CUDAGRAPHS and not args.device.startswith("cuda"):
+        p.error(f"--compile {args.compile} replays CUDA graphs and needs --device cuda")
     for name in ("heads", "kv_heads", "head_dim", "streams", "k", "budget"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

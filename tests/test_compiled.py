@@ -18,7 +18,7 @@ import torch
 from baselines.lossy import LossyDecoder
 from baselines.token_recycling import TokenRecyclingDecoder
 from fafo.engine.attention import causal_plan
-from fafo.engine.compiled import CompileOptions, compile_stats
+from fafo.engine.compiled import COMPILE_MODES, CompileOptions, compile_stats
 from fafo.engine.engine import Engine
 from fafo.engine.tiny import tiny_checkpoint
 from fafo.bench.runner import Runner
@@ -115,6 +115,7 @@ def test_runner_compiles_in_warmup_only(overrides, tmp_path, fresh_dynamo):
 @pytest.mark.parametrize("overrides,message", [
     (["bench.compile=maybe"], "bench.compile='maybe'"),
     (["bench.compile=true", "bench.compile_mode=reduce-overhead"], "needs a CUDA device"),
+    (["bench.compile=true", "bench.compile_mode=max-autotune"], "use bench.compile_mode=max-autotune-no-cudagraphs"),
     (["bench.compile=true", "bench.compile_mode=fastest"], "(a torch.compile mode)"),
     (["bench.compile=true", "bench.compile_attention=flex"], "bench.compile_backend=aot_eager"),
 ])
@@ -183,3 +184,17 @@ def test_trees_of_every_depth_reuse_the_warmed_graphs(attention, method_name, en
         want = verify_tree(eager, eager_cache, tree, len(ids), n)
         assert compile_stats()["graphs"] == warm, f"a tree of depth {depth} compiled a graph"
         assert torch.allclose(got, want, atol=1e-4), depth
+
+
+@pytest.mark.parametrize("mode", COMPILE_MODES)
+def test_the_modes_that_replay_cuda_graphs_are_torchs(mode):
+    """Which compile modes replay CUDA graphs (outputs cloned, static addresses, two warm-up rounds), and each one's
+    twin without them (SWIFT's and LongSpec's per-layer and per-level graphs), read from torch's own table:
+    ``torch._inductor.list_mode_options`` (the ``triton.cudagraphs`` option), on the torch this suite runs."""
+    from torch._inductor import list_mode_options
+
+    options = CompileOptions(mode=mode)
+    assert options.cudagraphs == bool(list_mode_options(mode).get("triton.cudagraphs"))
+    plain = list_mode_options(options.mode_without_cudagraphs)
+    assert not plain.get("triton.cudagraphs")
+    assert plain == {k: v for k, v in list_mode_options(mode).items() if k != "triton.cudagraphs"}

@@ -84,3 +84,20 @@ def test_the_transformers_twin_of_a_fused_engine_reads_the_same_tensors():
     ours = eng.forward(cache, ids[0].tolist(), [0, 1, 2, 3], [0, 1, 2, 3], causal_plan(0))
     with torch.no_grad():
         torch.testing.assert_close(ours, hf(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_an_engine_fuses_on_cuda_only_unless_told(checkpoint, monkeypatch):
+    """The rule of ``Engine(fuse_projections=None)``: fused where the model's device is CUDA (the device faked here:
+    only the rule is read), not on the CPU; an explicit value wins."""
+    from fafo.engine.loader import load_hf_config, load_model, load_tokenizer
+
+    path = checkpoint("llama_gqa")
+    config = load_hf_config(path)
+
+    def build(device: str, fuse):
+        monkeypatch.setattr(Engine, "device", property(lambda self: torch.device(device)))
+        model = load_model(path, config, torch.float32, torch.device("cpu"))
+        return Engine(model, load_tokenizer(path), fuse_projections=fuse).model.fused
+
+    assert build("cuda", None) and not build("cpu", None)
+    assert not build("cuda", False) and build("cpu", True)

@@ -105,10 +105,10 @@ def resolve_compile(bench: Bench, device: torch.device) -> CompileOptions | None
         return None
     mode = bench.compile_mode if bench.compile_mode != "auto" else \
         "reduce-overhead" if device.type == "cuda" else "default"
-    if mode == "reduce-overhead" and device.type != "cuda":
-        raise ConfigError("bench.compile_mode=reduce-overhead replays CUDA graphs and needs a CUDA device; "
-                          "use bench.compile_mode=default on CPU")
     options = CompileOptions(mode=mode, backend=bench.compile_backend, attention=bench.compile_attention)
+    if options.cudagraphs and device.type != "cuda":
+        raise ConfigError(f"bench.compile_mode={mode} replays CUDA graphs and needs a CUDA device; use "
+                          f"bench.compile_mode={options.mode_without_cudagraphs} on CPU")
     if options.backend == "inductor" and device.type == "cpu" and options.attention_for(device) == "flex":
         raise ConfigError("bench.compile_attention=flex cannot be compiled by inductor on CPU (no FlexAttention "
                           "log-sum-exp output there); use bench.compile_attention=auto or "

@@ -45,6 +45,9 @@ from fafo.engine.skipping_step import SkippingStep
 from fafo.engine.torch_compat import no_duck_shapes, raise_recompile_limit
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# the modes that turn CUDA graphs on, each with its twin without them (torch/_inductor/__init__.py,
+# list_mode_options: "reduce-overhead" and "max-autotune" set "triton.cudagraphs", torch 2.11 and 2.13)
+WITHOUT_CUDAGRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
 @dataclass
@@ -52,7 +55,7 @@ class CompileOptions:
     """How decode steps are compiled.
 
     Attributes:
-        mode: a ``torch.compile`` mode; ``reduce-overhead`` replays CUDA graphs (CUDA only).
+        mode: a ``torch.compile`` mode; ``reduce-overhead`` and ``max-autotune`` replay CUDA graphs (CUDA only).
         backend: a ``torch.compile`` backend (``inductor``; ``aot_eager`` traces without code generation).
         attention: the compiled steps' attention: ``flex`` (block-sparse over the static cache, skips its dead
             tail) or ``sdpa`` (fused kernels over exactly the live prefix, a dynamic size; with CUDA graphs over
@@ -66,7 +69,12 @@ class CompileOptions:
 
     @property
     def cudagraphs(self) -> bool:
-        return self.mode == "reduce-overhead"
+        return self.mode in WITHOUT_CUDAGRAPHS
+
+    @property
+    def mode_without_cudagraphs(self) -> str:
+        """The same mode without CUDA graphs (graphs whose outputs later graphs read, whose call sequences vary)."""
+        return WITHOUT_CUDAGRAPHS.get(self.mode, self.mode)
 
     def attention_for(self, device: torch.device) -> str:
         if self.attention != "auto":
@@ -89,7 +97,7 @@ class CompiledStep:
         raise_recompile_limit(32)  # past the limit dynamo would silently run eager: fail loudly instead
         self.fn = torch.compile(model.forward, mode=options.mode, backend=options.backend, dynamic=False,
                                 fullgraph=True)  # a graph break would run part of a step eagerly: an error
-        self.skip_fn = SkippingStep(options.mode, options.backend)  # forwards that skip layers
+        self.skip_fn = SkippingStep(options.mode_without_cudagraphs, options.backend)  # forwards that skip layers
         # live lengths as dynamic sizes (sdpa, no CUDA graphs: those would record one graph per length)
         self.live_lengths = self.attention == "sdpa" and not options.cudagraphs
         if self.live_lengths:  # the prefix and the region may be equal: two symbols, not one

@@ -51,13 +51,11 @@ class SkippingStep:
     """Compiled forwards with ``skip=(attention layers, MLP layers)`` (see the module docstring).
 
     Args:
-        mode: the ``torch.compile`` mode of the steps; ``reduce-overhead`` compiles these without CUDA graphs.
+        mode: a ``torch.compile`` mode without CUDA graphs (``CompileOptions.mode_without_cudagraphs``).
         backend: the ``torch.compile`` backend.
     """
 
     def __init__(self, mode: str, backend: str):
-        mode = "default" if mode == "reduce-overhead" else mode
-
         def compiled(fn):
             return torch.compile(fn, mode=mode, backend=backend, dynamic=False, fullgraph=True)
 

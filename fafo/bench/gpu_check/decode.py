@@ -55,6 +55,7 @@ def decode_stage(budget, result, settings, state, out: Path) -> None:
             prompt = random_prompt(context, vocab, seed=context)
             if variant == "ours":
                 fn, compile_label = (lambda p, n: ours_ms_per_token(engine, p, n)), settings.compile_label
+                compile_label += ", fused q/k/v and gate/up" if engine.model.fused else ""
             else:
                 hf = hf or transformers_twin(engine)
                 fn = lambda p, n: hf_ms_per_token(hf, p, n, "static")  # noqa: E731
