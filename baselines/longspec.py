@@ -134,7 +134,7 @@ class LongSpecDecoder(Decoder):
         levels, which a CUDA-graph replay would overwrite), else as they are."""
         if engine.compiled is None:
             return draft_rows, draft_level
-        key = id(engine.compiled)
+        key = (id(engine.compiled), engine.compiled.options)  # a new compiled step may reuse a freed one's id
         if self._compiled is None or self._compiled[0] != key:
             options = engine.compiled.options
             self._compiled = (key, *(torch.compile(f, mode=options.mode_without_cudagraphs, backend=options.backend,

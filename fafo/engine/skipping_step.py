@@ -1,10 +1,11 @@
 """Compiled forwards that skip layers: a graph per sub-layer, shared by every layer, the layer loop in Python.
 
 Self-speculative drafting (SWIFT: Xia et al., "SWIFT: On-the-Fly Self-Speculative Decoding for LLM Inference
-Acceleration", ICLR 2025, Sec. 3) runs the model with a set of attention and MLP sub-layers left out, and searches
-that set while it decodes. One whole-model graph would guard on the set (the layer loop unrolls over it): one graph
-per set, recompiles inside timed samples, and the recompile limit after a few dozen sets. Here the forward is four
-compiled functions instead, each taking the layer it runs as an input rather than a constant:
+Acceleration", ICLR 2025, https://arxiv.org/abs/2410.06916) runs the model with a set of attention and MLP
+sub-layers left out, and searches that set while it decodes. One whole-model graph would guard on the set (the
+layer loop unrolls over it): one graph per set, recompiles inside timed samples, and the recompile limit after a
+few dozen sets. Here the forward is four compiled functions instead, each taking the layer it runs as an input
+rather than a constant:
 
 * ``embed``: the embeddings and the rotary cos, sin of the step's positions;
 * ``attention``: one attention sub-layer (norm, projections, RoPE, the KV write, attention, residual), given the
@@ -12,15 +13,16 @@ compiled functions instead, each taking the layer it runs as an input rather tha
 * ``mlp``: one MLP sub-layer (norm, gate / up / down, residual);
 * ``project``: the final norm and the LM head over the rows asked for.
 
-Dynamo lifts a module's parameters to graph inputs (``inline_inbuilt_nn_modules``, always on from torch 2.5) and
+Dynamo lifts a module's parameters to graph inputs (``inline_inbuilt_nn_modules``, on in torch 2.11 and 2.13) and
 the graph never reads the layer index, so every layer of a step shape replays the same graph: a step shape compiles
 4 graphs whatever the depth and whatever the set, and a forward is ``2 + (sub-layers kept)`` compiled calls in place
 of about 15 eager ops per sub-layer. The plan is the compiled steps' static plan (live lengths in tensors), so the
 same attention kernels run as in the whole-model graph.
 
-These graphs do not replay CUDA graphs, even under ``reduce-overhead``: cudagraph trees record a path per sequence of
-graph calls, and each new set is a new sequence (a recording inside a timed sample, and memory in the pool per set).
-Their kernels are inductor's, fused as in every other compiled step; their launches are one per kernel.
+These graphs do not replay CUDA graphs, even under ``reduce-overhead`` or ``max-autotune``: cudagraph trees record a
+path per sequence of graph calls, and each new set is a new sequence (a recording inside a timed sample, and memory
+in the pool per set). Their kernels are inductor's, fused as in every other compiled step; their launches are one
+per kernel.
 """
 
 from __future__ import annotations
