@@ -133,8 +133,7 @@ def train(engine: Engine, seqs: list[tuple[list[int], int]], *, steps: int = 10*
                 kv_cache[i] = target_kv(engine, ids, pos)
             tk, tv = kv_cache[i]
         with torch.no_grad():
-            emb = model.model.embed_tokens(engine.tensor(ids)[None])
-            cos, sin = model.rotary.cos_sin(pos[None].to(engine.device), emb.dtype)
+            emb, cos, sin = model.embed(engine.tensor(ids)[None], pos.to(engine.device))
         shift = rng.randint(1, max(1, noise))
         h = dense_forward(layer, emb, cos, sin, tk, tv, window, shift)[0, loss_from:-1]  # rows predicting i+1
         labels = engine.tensor(ids[loss_from + 1:])
