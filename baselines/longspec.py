@@ -22,6 +22,7 @@ from baselines.longspec_draft import (WindowCache, check_shapes, load_draft, new
                                      resolve_draft)
 from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
+from fafo.engine.batching import argmax_rows
 from fafo.engine.engine import Engine
 from fafo.engine.ledger import model_call
 from fafo.bounds import at_least, check_bounds, one_of, plain
@@ -261,7 +262,7 @@ class _LongSpecState(StepState):
         self.ring.append(ck, cv, c_pos)
         logits = verify_tree(engine, self.cache, tree, N, cfg.tree_size)  # padded to it under static shapes
         if self.samp is None:
-            preds = logits.argmax(-1).tolist()  # the verification's one read
+            preds = argmax_rows(logits)  # the verification's one read
             path = tree.accept_greedy(preds)
             new = [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]
         else:

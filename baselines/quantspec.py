@@ -21,6 +21,7 @@ import torch
 from baselines.quantspec_cache import Int4MLP, QuantKVCache, cache_bytes, swapped_mlps
 from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
+from fafo.engine.batching import argmax_rows
 from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
@@ -194,7 +195,7 @@ class _QuantSpecState(StepState):
         pos = list(range(N, N + len(feed)))
         out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all",
                              pad_to=self.cfg.gamma + 1)  # one step shape under compiled steps
-        y = out[0].argmax(-1).tolist()
+        y = argmax_rows(out[0])
         a = next((i for i, (d, t) in enumerate(zip(drafts, y)) if d != t), len(drafts))  # accepted prefix
         return Step(drafts[:a] + [y[a]], len(drafts))
 

@@ -25,7 +25,6 @@ attention: docs/methods/quantspec.md.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -322,7 +321,7 @@ class QuantKVCache(Cache):
         ``prefix_length``, ``prefix`` a constant (the graph guards on it, so it must not change per step)."""
         self._check_step(plan.prefix, n_queries)
         self.position.fill_(plan.prefix)
-        return replace(plan, prefix=self.capacity, prefix_length=self.position, step_in_cache=False)
+        return plan.replace(prefix=self.capacity, prefix_length=self.position, step_in_cache=False)
 
     def _window(self, layer: int):
         """Full-precision K, V of positions ``nq + [0, buf_len)``: the buffer itself, or (``target: fp16``) a

@@ -20,6 +20,7 @@ import torch
 from baselines.triforce_cache import RetrievalCache, StreamingDraft
 from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
+from fafo.engine.batching import argmax_rows
 from fafo.engine.engine import Engine
 from fafo.engine.loader import open_checkpoint
 from fafo.engine.model import ModelArgs
@@ -264,7 +265,7 @@ class TriForceState(StepState):
         proposal rows ``qs`` (accept with min(1, p/q), else draw from norm(max(0, p - q)) and stop; after a full
         accept draw from p). Returns (accepted count, the next token, the probability rows p read)."""
         if self.sampling is None:
-            y = rows.argmax(-1).tolist()
+            y = argmax_rows(rows)
             a = next((i for i, (d, t) in enumerate(zip(proposed, y)) if d != t), len(proposed))
             return a, y[a], []
         s, g, ps = self.sampling, self.generator, []

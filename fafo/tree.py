@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fafo.engine.attention import AttentionPlan, causal_plan
-from fafo.engine.batching import StepInputs, forward_one
+from fafo.engine.batching import StepInputs, argmax_rows, forward_one
 from fafo.engine.engine import Engine, upload
 from fafo.sampling import Sampling
 
@@ -214,7 +214,7 @@ def greedy_tree_step(engine: Engine, cache, tree: DraftTree, N: int, size: int |
     """Verify ``tree`` greedily and compact its accepted KV; returns (accepted nodes, new tokens incl. bonus).
 
     After it, the committed KV holds ``N + len(new)`` entries and ``new[-1]`` is the next root."""
-    preds = verify_tree(engine, cache, tree, N, size).argmax(-1).tolist()  # the step's one host sync
+    preds = argmax_rows(verify_tree(engine, cache, tree, N, size))  # the step's one host sync
     path = tree.accept_greedy(preds)
     commit_path(cache, N, path)
     return path, [tree.tokens[i] for i in path] + [preds[path[-1] if path else 0]]

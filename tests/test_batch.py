@@ -23,7 +23,7 @@ from fafo.engine import attention
 from fafo.engine.attention import AttentionPlan
 from fafo.engine.compiled import CompileOptions
 from fafo.engine.engine import Engine
-from fafo.engine.batching import StepInputs, StepLogits, batch_bucket, forward_one, forward_rows
+from fafo.engine.batching import StepInputs, StepLogits, argmax_rows, batch_bucket, forward_one, forward_rows
 from fafo.errors import ConfigError
 from fafo.fafo import fafo_step_mask
 from fafo.sampling import Sampling
@@ -395,3 +395,27 @@ def test_host_work_per_step_does_not_grow_with_the_batch(name, engine):
         kept = [w for w, a, b in zip(probe.steps, steps, steps[1:]) if a.requests == b.requests]
         work[batch] = {k: max(w[k] for w in kept) for k in ("ops", "h2d", "d2h")}
     assert work[4] == work[1] and work[4]["h2d"] <= 2 and work[4]["d2h"] <= 2, work
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_host_argmax_reads_what_the_device_argmax_reads(dtype):
+    """``argmax_rows`` reads CPU logits by numpy and falls back to torch's op under a torch mode (a probe counting
+    what a device runs): both give torch's answer, ties (the first index) and NaN (counted largest) included."""
+    from torch.overrides import TorchFunctionMode
+
+    class Calls(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    logits = torch.randn(2, 7, 33, generator=torch.Generator().manual_seed(1), dtype=dtype).round()  # many ties
+    logits[0, 2, 5] = logits[1, 4, 30] = float("nan")
+    expected = logits.argmax(-1).tolist()
+    assert argmax_rows(logits) == expected and argmax_rows(logits[0]) == expected[0]
+    with Calls() as calls:
+        assert argmax_rows(logits) == expected
+    assert "argmax" in calls.names

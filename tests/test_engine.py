@@ -1,10 +1,13 @@
 """The engine's logits equal transformers' own model (float32, 1e-4) for prefill and tree steps."""
 
+import itertools
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from fafo.engine.attention import AttentionPlan, causal_plan, sdpa_attention, tree_mask, flex_attention_backend
+from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 from tests.conftest import MODEL_SPECS
@@ -102,6 +105,38 @@ def test_cache_move_compacts_entries(engine):
     before = cache.keys[0][:, :, [7, 8]].clone()
     cache.move(torch.tensor([7, 8]), torch.tensor([3, 4]))
     torch.testing.assert_close(cache.keys[0][:, :, [3, 4]], before)
+
+
+def _moved(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """The reference of a per-(layer, batch row, head) move: src, dst [L, B, H, N], read before any write."""
+    out, (L, B, H, _) = kv.clone(), src.shape
+    for l, b, h in itertools.product(range(L), range(B), range(H)):
+        out[:, l, b, h, dst[l, b, h]] = kv[:, l, b, h, src[l, b, h]]
+    return out
+
+
+@pytest.mark.parametrize("view", ["whole", "batch row"])
+def test_per_row_moves_equal_a_loop_over_every_layer_row_and_head(view):
+    L, B, H, S, D, N = 3, 3, 2, 12, 4, 5
+    gen = torch.Generator().manual_seed(0)
+    whole = KVCache(L, B, H, S, D, torch.float32, "cpu")
+    whole.kv.copy_(torch.randn(whole.kv.shape, generator=gen))
+    cache = whole if view == "whole" else whole.row(1)  # a view with strides of the whole buffer
+    b = cache.batch
+    slots = lambda: torch.stack([torch.randperm(S, generator=gen)[:N] for _ in range(L * H)]).view(L, H, N)
+    src, dst = slots(), slots()  # overlapping: a slot may be read and written by the same move
+    expected = _moved(cache.kv, src[:, None].expand(L, b, H, N), dst[:, None].expand(L, b, H, N))
+    outside = whole.kv[:, :, 2].clone()
+    cache.move_rows(src, dst)
+    assert torch.equal(cache.kv, expected)
+    if view == "batch row":
+        assert torch.equal(whole.kv[:, :, 2], outside)  # the other rows are untouched
+    per_row_src = torch.stack([torch.randperm(S, generator=gen)[:N] for _ in range(b)])
+    per_row_dst = torch.stack([torch.randperm(S, generator=gen)[:N] for _ in range(b)])
+    expected = _moved(cache.kv, per_row_src[None, :, None].expand(L, b, H, N),
+                      per_row_dst[None, :, None].expand(L, b, H, N))
+    cache.move_per_row(per_row_src, per_row_dst)
+    assert torch.equal(cache.kv, expected)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

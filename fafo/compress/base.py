@@ -134,6 +134,7 @@ class FixedRegion:
         # layers and heads, one row stands for all of them (expanded views of ``_line``)
         self._line = (self._arange.clone(), self._arange.clone())
         self.pos, self.slot_of = (line.expand(L, H, -1) for line in self._line)
+        cache.entry_table()  # per-(layer, head) swaps index it: built now, not inside a decoding step
         self.uniform = True
         self.n = 0
         self.region_len = 0

@@ -132,6 +132,14 @@ class StepLogits:
         return [p.reshape(b, r, width) for p, (b, r) in zip(parts, shapes)]
 
 
+def argmax_rows(logits: torch.Tensor) -> list:
+    """The argmax over the last axis of ``logits``, read on the host as (nested) Python ints: by numpy where the
+    logits are host memory already (:func:`host_logits`), else one device op and one read."""
+    if host_logits([logits]):
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(-1).tolist()
+
+
 def host_logits(outs: list[torch.Tensor]) -> bool:
     """Whether logits are read by numpy where they are: float32/64 CPU tensors, outside any torch mode.
 
@@ -199,15 +207,15 @@ def forward_rows(engine, cache: KVCache, steps: list[StepInputs]) -> tuple[torch
     lens = [len(s.tokens) for s in steps]
     Q = max(lens + [s.pad_to for s in steps if s.pad_to and engine.static_shapes])
     plans = [s.plan for s in steps]
-    plan = replace(
-        first.plan, prefix=max(p.prefix for p in plans), prefix_length=np.array([p.prefix for p in plans]),
+    plan = first.plan.replace(
+        prefix=max(p.prefix for p in plans), prefix_length=np.array([p.prefix for p in plans]),
         step_mask=_masks(steps, lens, Q), step_block_mask=None, prefix_block_mask=None, region_block_mask=None,
         dense_block_mask=None, step_gather=None)
     if first.plan.region_from is not None:
         if any(p.region_from != first.plan.region_from or p.region_capacity != first.plan.region_capacity
                for p in plans):
             raise ValueError("batched rows must share the region's start and capacity")
-        plan = replace(plan, region_len=max(p.region_len for p in plans),
+        plan = plan.replace(region_len=max(p.region_len for p in plans),
                        region_length=np.array([p.region_len for p in plans]))
     logits, counts = _logit_rows(steps, lens, Q)
     tokens = _stack([s.tokens for s in steps], Q, _repeat_last)

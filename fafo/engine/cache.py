@@ -60,6 +60,7 @@ class KVCache(Cache):
         self.values = list(kv[1].unbind(0))
         self.max_len = kv.shape[SLOT_DIM]
         self._first_rows: dict[int, KVCache] = {}
+        self._entries = self._entry_rows = None  # built at the first per-row move (:meth:`entry_table`)
 
     @classmethod
     def view(cls, kv: torch.Tensor) -> "KVCache":
@@ -129,22 +130,37 @@ class KVCache(Cache):
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Per (layer, KV head) slot copies: src, dst ``[L, H_kv, N]`` long (the same in keys and values, for every
-        batch row); values are gathered before any write. Two ops, whatever the depth."""
-        _, L, B, H, _, D = self.kv.shape
-        n = src.shape[-1]
-        shape = (2, L, B, H, n, D)
-        src = src[None, :, None, :, :, None].expand(shape)
-        dst = dst[None, :, None, :, :, None].expand(shape)
-        self.kv.scatter_(SLOT_DIM, dst, self.kv.gather(SLOT_DIM, src))
+        batch row); values are gathered before any write. Four ops, whatever the depth."""
+        self._move_entries(src[:, None], dst[:, None])
 
     def move_per_row(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Slot copies of each batch row: src, dst ``[B, N]`` long (the same in every layer, head, keys and
-        values); values are gathered before any write. Two ops for every row and layer."""
-        _, L, B, H, _, D = self.kv.shape
-        shape = (2, L, B, H, src.shape[-1], D)
-        src = src[None, None, :, None, :, None].expand(shape)
-        dst = dst[None, None, :, None, :, None].expand(shape)
-        self.kv.scatter_(SLOT_DIM, dst, self.kv.gather(SLOT_DIM, src))
+        values); values are gathered before any write. Four ops, whatever the depth and the batch."""
+        self._move_entries(src[None, :, None], dst[None, :, None])
+
+    def _move_entries(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """src, dst: slots broadcastable to ``[L, B, H_kv, N]``. The cache is read as a table of entries (one row of
+        D values per key or value of a layer, batch row, head and slot) and the moves are one ``index_select`` and
+        one ``index_copy_`` of whole rows: on a CPU 3-4x faster than a ``gather`` / ``scatter_`` over
+        ``[2, L, B, H_kv, N, D]``, which index element by element (FAFO-Quest's swaps on the host table's 32-layer
+        model: 820 -> 210 us)."""
+        entries, first = self.entry_table()
+        values = entries.index_select(0, torch.add(first, src[None]).flatten())  # rows [2, L, B, H_kv, N]
+        entries.index_copy_(0, torch.add(first, dst[None]).flatten(), values)
+
+    def entry_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache as ``[rows, D]`` (a view of its storage) and the row of slot 0 of every (kv, layer, batch
+        row, head), ``[2, L, B, H_kv, 1]``; works for a view of another cache's batch rows too. Built at the first
+        call (a few ops): call it before decoding so that no step builds it."""
+        if self._entries is None:
+            kv, D = self.kv, self.kv.shape[-1]
+            if kv.stride(-1) != 1 or kv.stride(SLOT_DIM) != D or any(st % D for st in kv.stride()[:SLOT_DIM]):
+                raise ValueError(f"KVCache: entries of D={D} values must be contiguous rows, strides {kv.stride()}")
+            first = sum(torch.arange(n, device=kv.device).view([-1 if d == i else 1 for d in range(SLOT_DIM)])
+                        * (kv.stride(i) // D) for i, n in enumerate(kv.shape[:SLOT_DIM]))
+            extent = sum((n - 1) * st for n, st in zip(kv.shape, kv.stride())) // D + 1
+            self._entries, self._entry_rows = kv.as_strided((extent, D), (D, 1)), first[..., None]
+        return self._entries, self._entry_rows
 
     def copy_from(self, other: "KVCache", src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy ``other``'s entries at slots ``src`` to this cache's slots ``dst`` in every layer (same model)."""

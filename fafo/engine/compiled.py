@@ -32,7 +32,7 @@ changes while SWIFT decodes, and a whole-model graph would recompile for each se
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -154,7 +154,7 @@ class CompiledStep:
                                dense_block_mask=prefix.block_mask(n_queries) if plan.dense_layers else None)
         if self.attention == "sdpa" and plan.step_mask is not None and plan.step_gather is None:
             changes.update(step_gather=gathered_mask(plan.step_mask, static=True))
-        return replace(plan, **changes)
+        return plan.replace(**changes)
 
     def _live_plan(self, cache: KVCache, plan: AttentionPlan) -> AttentionPlan:
         """sdpa: static capacities in the ints, live lengths in the sizes of dynamic tensors (a batched step: the
@@ -168,7 +168,7 @@ class CompiledStep:
                            region_live=self._live_tensor("region", plan.region_len, capacity, cache))
         if plan.step_mask is not None and plan.step_gather is None:
             changes.update(step_gather=gathered_mask(plan.step_mask, static=True))
-        return replace(plan, **changes)
+        return plan.replace(**changes)
 
     def _live_tensor(self, kind: str, length: int, capacity: int, cache: KVCache) -> torch.Tensor:
         """A view of ``length`` elements whose size the graph reads as a symbol in [2, capacity - 2]."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -76,6 +76,7 @@ class Engine:
     ledger: ForwardLedger = field(default_factory=ForwardLedger, repr=False)
     _flex: FlexMasks | None = field(default=None, repr=False)
     fuse_projections: bool | None = None
+    _device: tuple | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.fuse_projections is None:
@@ -107,7 +108,11 @@ class Engine:
 
     @property
     def device(self) -> torch.device:
-        return self.model.lm_head.weight.device
+        """The model's device, read once per model (an engine never moves its model; reading it through the
+        modules costs about 2 us of host time, and every forward asks for it)."""
+        if self._device is None or self._device[0] is not self.model:
+            self._device = (self.model, self.model.lm_head.weight.device)
+        return self._device[1]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -233,9 +238,9 @@ class Engine:
         if lengths[0] is not None:  # a batched step; each row's own vanilla step reads its token from the cache
             if appends_one_token_rows(tokens, slots, plan):
                 lengths[0] = lengths[0] + 1  # the token's own slot counted, as compiled steps count it
-                plan = replace(plan, prefix=plan.prefix + 1, step_in_cache=True)
+                plan = plan.replace(prefix=plan.prefix + 1, step_in_cache=True)
         elif appends_one_token_host(tokens, slots, plan):  # decided on host values: no device read
-            plan = replace(plan, step_in_cache=True)
+            plan = plan.replace(step_in_cache=True)
         mask, index, valid = plan.step_mask, None, None
         if isinstance(mask, np.ndarray):  # a compiled sdpa step takes one of two widths (gather_width)
             index, valid = host_gathered(mask, self.compiled is not None and self.compiled.attention == "sdpa")
@@ -249,10 +254,10 @@ class Engine:
             if index is not None:
                 gathered = GatheredMask.__new__(GatheredMask)
                 gathered.index, gathered.valid, gathered.width = index, valid, index.shape[-1]
-            plan = replace(plan, step_mask=mask, step_gather=gathered)
+            plan = plan.replace(step_mask=mask, step_gather=gathered)
         if lengths[0] is not None:
-            plan = replace(plan, prefix_length=lengths[0],
-                           region_length=lengths[1] if lengths[1] is not None else plan.region_length)
+            plan = plan.replace(prefix_length=lengths[0],
+                                region_length=lengths[1] if lengths[1] is not None else plan.region_length)
         logits = logits if rows is None else rows
         if tokens.dim() == 1:
             tokens = tokens[None]
@@ -282,23 +287,28 @@ def upload(values, device: torch.device, dtype=torch.long):
     pass through) on ``device`` in ONE copy: packed on the host by numpy (no torch op), pinned on CUDA, copied
     without blocking, split into views (bool values, e.g. a tree's mask, come back as bool). Returns a new list,
     or ``values`` itself when nothing had to move."""
-    device = torch.device(device)
+    device = device if isinstance(device, torch.device) else torch.device(device)
     host = [i for i, v in enumerate(values)
             if v is not None and not (isinstance(v, torch.Tensor) and v.device == device)]
     if not host:
         return values
     parts = [_host_array(values[i]) for i in host]
-    if any(p.dtype.kind not in "iub" for p in parts):
-        raise TypeError("upload packs integer and bool values only")
-    sizes = [-(-p.size // ALIGN) * ALIGN for p in parts]  # each view starts aligned (compiled kernels)
-    packed = np.zeros(sum(sizes), dtype=np.int64)
-    for p, start in zip(parts, _starts(sizes)):
+    starts, total = [], 0
+    for p in parts:
+        if p.dtype.kind not in "iub":
+            raise TypeError("upload packs integer and bool values only")
+        starts.append(total)
+        total += -(-p.size // ALIGN) * ALIGN  # each view starts aligned (compiled kernels)
+    packed = np.zeros(total, dtype=np.int64)
+    for p, start in zip(parts, starts):
         packed[start: start + p.size] = p.reshape(-1)
-    flat = torch.from_numpy(packed).to(dtype)
+    flat = torch.from_numpy(packed)
+    flat = flat if dtype == torch.long else flat.to(dtype)
     flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat.to(device)
     out = list(values)
-    for i, p, start in zip(host, parts, _starts(sizes)):
-        view = flat[start: start + p.size].view(p.shape)
+    for i, p, start in zip(host, parts, starts):
+        view = flat[start: start + p.size]
+        view = view if p.ndim == 1 else view.view(p.shape)  # (a view() costs a microsecond or two of host time)
         out[i] = view.bool() if p.dtype == np.bool_ else view
     return out
 
@@ -327,10 +337,6 @@ def _host_array(value) -> np.ndarray:
 
 
 ALIGN = 8  # elements: 64 bytes for int64, the alignment inductor's kernels assume of their inputs
-
-
-def _starts(sizes: list[int]) -> list[int]:
-    return [sum(sizes[:i]) for i in range(len(sizes))]
 
 
 def appends_one_token_host(tokens, slots, plan: AttentionPlan) -> bool:

@@ -9,7 +9,6 @@ Compiled steps derive theirs in :class:`fafo.engine.compiled.CompiledStep`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import replace
 
 import torch
 
@@ -48,7 +47,7 @@ class FlexMasks:
             else:
                 region = self.region(plan.region_capacity).set(plan.region_len)
             changes["region_block_mask"] = region.block_mask(n_queries - plan.region_from)
-        return replace(plan, **changes) if changes else plan
+        return plan.replace(**changes) if changes else plan
 
     def step(self, mask):
         """The BlockMask of a ``[Q, Q]`` step mask, built once per mask tensor (and rebuilt if it is written)."""

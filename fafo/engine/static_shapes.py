@@ -16,8 +16,6 @@ The real rows' logits are those of the unpadded step, so tokens and statistics d
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 
@@ -45,5 +43,5 @@ def pad_step(tokens, positions, slots, plan, pad_to: int):
     if plan.step_mask is not None:
         mask = np.eye(pad_to, dtype=bool)
         mask[:n_real, :n_real] = np.asarray(plan.step_mask)
-        plan = replace(plan, step_mask=mask)
+        plan = plan.replace(step_mask=mask)
     return tokens, positions, slots, plan, n_real
