@@ -194,6 +194,44 @@ def test_region_update_of_a_step_never_waits_for_the_device(compress, prompt):
             assert torch.equal(buf[:, :, : region.n], by_pos.gather(2, pos))
 
 
+@pytest.mark.parametrize("prompt", [5, 21])
+def test_a_host_selected_region_lays_entries_out_as_the_device_path_does(prompt):
+    """StreamingLLM's region keeps its one row on the host and swaps by slice copies: after the prefill and every
+    step its layout and its cache equal the device path's slot for slot, and a commit launches copies only."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    steps = [1, 3, 1, 4, 2, 1, 1, 4, 4, 2, 3, 1, 4, 1, 2, 4]
+    capacity = prompt + sum(steps)
+    regions = []
+    for on_host in (True, False):
+        compress = StreamingLLM(sink=2, local=6)
+        compress.host_selection = on_host
+        cache = KVCache(2, 1, 2, capacity + 1 + max(steps), 8, torch.float32, "cpu")
+        cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(prompt)))
+        regions.append(FixedRegion(cache, compress, capacity))
+        regions[-1].prefill(prompt)
+    host, device = regions
+    assert host.on_host and not device.on_host
+    for a in [0] + steps:
+        if a:
+            with Ops() as ops:
+                host.commit(list(range(capacity, capacity + a)))
+            assert ops.names <= {"slice", "clone", "copy_"}, ops.names
+            device.commit(list(range(capacity, capacity + a)))
+        assert host.region_len == device.region_len
+        assert torch.equal(host.pos, device.pos) and torch.equal(host.cache.kv, device.cache.kv)
+    assert region_holds_selection(host)
+
+
 def test_bad_compression_settings_are_refused():
     for make in (lambda: Quest(token_budget=8, page_size=16), lambda: Quest(gqa_reduce="sum"),
                  lambda: SnapKV(window=64, capacity=32), lambda: SnapKV(kernel=4), lambda: SnapKV(local=0),

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from fafo.engine.cache import KVCache
@@ -36,6 +37,7 @@ class Compression(ABC):
 
     label: ClassVar[str] = "custom"
     budget_fields: ClassVar[tuple[str, ...]] = ()
+    host_selection: ClassVar[bool] = False  # select_host gives every selection (see there)
 
     def dense(self) -> frozenset[int]:
         """Layers in which C(kv) is the whole cache (fumble queries read everything there)."""
@@ -75,6 +77,12 @@ class Compression(ABC):
         head) or ``[L, H_kv, K]``; K <= budget and equal across layers and heads. Built on ``region.device``
         without reading device data on the host (it runs every decoding step)."""
 
+    def select_host(self, region: "FixedRegion") -> np.ndarray:
+        """C's positions as a host array ``[K]``, the same for every layer and head; only called where
+        :attr:`host_selection` is set (a selection that follows from Python ints alone, StreamingLLM's). The region
+        then keeps its bookkeeping on the host and moves entries by slice copies: no index reaches the device."""
+        raise NotImplementedError(f"{type(self).__name__} selects on the device")
+
     def max_swaps(self, region: "FixedRegion", n_appended: int) -> int:
         """How many entries, at most, any (layer, KV head) must swap into the fixed region when it is reselected
         right after ``n_appended`` entries were appended (``region.n`` counts them) to a cache whose region held
@@ -113,7 +121,9 @@ class FixedRegion:
     Every step's bookkeeping is a fixed handful of ops over all layers and heads at once (the selection, the swap
     lists, one gather and one scatter of the cache: :meth:`KVCache.move_rows`), whatever the depth. While every
     selection is one list for all layers and heads (StreamingLLM's), the layout is too: the bookkeeping runs on
-    one row and the swaps move the same slots everywhere (:meth:`KVCache.move`, a 1-d index).
+    one row and the swaps move the same slots everywhere (:meth:`KVCache.move`, a 1-d index). Where C's selections
+    are known on the host (:attr:`Compression.host_selection`), that row lives on the host (numpy) and the swaps are
+    slice copies (:meth:`KVCache.swap_slots`): a reselection launches a few copies and nothing else.
 
     Args:
         cache: the static cache whose slots are moved (batch 1).
@@ -132,9 +142,14 @@ class FixedRegion:
         self._junk = self._arange[capacity]  # padded swaps pair this unused slot with itself
         # [L, H, capacity + 1] (slot `capacity`: the junk slot); while every selection has been the same for all
         # layers and heads, one row stands for all of them (expanded views of ``_line``)
-        self._line = (self._arange.clone(), self._arange.clone())
-        self.pos, self.slot_of = (line.expand(L, H, -1) for line in self._line)
-        cache.entry_table()  # per-(layer, head) swaps index it: built now, not inside a decoding step
+        self.on_host = compression.host_selection
+        if self.on_host:  # the row as numpy arrays; ``pos`` / ``slot_of`` are CPU views of them
+            self._host_line = (np.arange(capacity + 1), np.arange(capacity + 1))
+            self.pos, self.slot_of = (torch.from_numpy(line).expand(L, H, -1) for line in self._host_line)
+        else:
+            self._line = (self._arange.clone(), self._arange.clone())
+            self.pos, self.slot_of = (line.expand(L, H, -1) for line in self._line)
+            cache.entry_table()  # per-(layer, head) swaps index it: built now, not inside a decoding step
         self.uniform = True
         self.n = 0
         self.region_len = 0
@@ -170,6 +185,8 @@ class FixedRegion:
 
     def _reselect(self, max_swaps: int) -> None:
         """Swap C's current selection into slots ``[0, K)``; ``max_swaps`` bounds the evictions of any row."""
+        if self.on_host:
+            return self._reselect_on_host(max_swaps)
         L, H, _ = self.pos.shape
         sel = self.compression.select(self).to(self.device)
         if sel.dim() == 3 and self.uniform:  # the first per-(layer, head) selection: every row its own from now
@@ -197,6 +214,29 @@ class FixedRegion:
             moved = pos.gather(-1, src)
             pos.scatter_(-1, dst, moved)
             slot_of.scatter_(-1, moved, dst)
+        self.region_len = K
+
+
+    def _reselect_on_host(self, max_swaps: int) -> None:
+        """:meth:`_reselect` on the host row: the same swaps (the region's slots holding unselected entries, in slot
+        order, exchanged with the selected entries' slots past the region, in selection order), so the layout is
+        the device path's, slot for slot."""
+        pos, slot_of = self._host_line
+        sel = self.compression.select_host(self)
+        K = len(sel)
+        width = min(max_swaps, K)
+        if width:
+            want = np.zeros(self.n, dtype=bool)
+            want[sel] = True
+            evict = np.flatnonzero(~want[pos[:K]])[:width]
+            admit = slot_of[sel]
+            admit = admit[admit >= K][: len(evict)]
+            if len(admit):
+                self.cache.swap_slots(evict.tolist(), admit.tolist())
+                src, dst = np.concatenate([evict, admit]), np.concatenate([admit, evict])
+                moved = pos[src]
+                pos[dst] = moved
+                slot_of[moved] = dst
         self.region_len = K
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from fafo.compress.base import Compression
@@ -39,11 +40,17 @@ class StreamingLLM(Compression):
     def budget(self) -> int:
         return self.sink + self.local
 
+    host_selection: ClassVar[bool] = True  # the sinks and the window follow from the count of entries
+
+    def _ranges(self, n: int) -> list[tuple[int, int]]:
+        return [(0, n)] if n <= self.budget else [(0, self.sink), (n - self.local, n)]
+
     def select(self, region) -> torch.Tensor:
-        n = region.n
-        if n <= self.budget:
-            return region.arange(0, n)
-        return torch.cat([region.arange(0, self.sink), region.arange(n - self.local, n)])
+        ranges = self._ranges(region.n)
+        return region.arange(*ranges[0]) if len(ranges) == 1 else torch.cat([region.arange(*r) for r in ranges])
+
+    def select_host(self, region) -> np.ndarray:
+        return np.concatenate([np.arange(*r) for r in self._ranges(region.n)])
 
     def max_swaps(self, region, n_appended: int) -> int:
         # The region only grows while n <= budget and C(kv) is then everything: nothing moves. Past that, the

@@ -121,12 +121,16 @@ class KVCache(Cache):
         """Copy slots listed on the host, one slice copy per run of consecutive pairs: no index reaches the device
         (FAFO's commit: the current token's entry and the accepted candidate's run). ``src`` and ``dst`` must not
         overlap."""
-        start = 0
-        for i in range(1, len(src) + 1):
-            if i == len(src) or src[i] != src[i - 1] + 1 or dst[i] != dst[i - 1] + 1:
-                a, b, n = src[start], dst[start], i - start
-                self.kv[:, :, :, :, b : b + n].copy_(self.kv[:, :, :, :, a : a + n])
-                start = i
+        for a, b, n in _runs(src, dst):
+            self.kv[:, :, :, :, b : b + n].copy_(self.kv[:, :, :, :, a : a + n])
+
+    def swap_slots(self, a: list[int], b: list[int]) -> None:
+        """Exchange the entries of slots ``a[i]`` and ``b[i]`` in every layer (host lists, no slot in both): three
+        slice copies per run of consecutive pairs, no index on the device (a StreamingLLM region's swaps)."""
+        for x, y, n in _runs(a, b):
+            held = self.kv[:, :, :, :, x : x + n].clone()
+            self.kv[:, :, :, :, x : x + n].copy_(self.kv[:, :, :, :, y : y + n])
+            self.kv[:, :, :, :, y : y + n].copy_(held)
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Per (layer, KV head) slot copies: src, dst ``[L, H_kv, N]`` long (the same in keys and values, for every
@@ -165,6 +169,15 @@ class KVCache(Cache):
     def copy_from(self, other: "KVCache", src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy ``other``'s entries at slots ``src`` to this cache's slots ``dst`` in every layer (same model)."""
         self.kv.index_copy_(SLOT_DIM, dst, other.kv.index_select(SLOT_DIM, src))
+
+
+def _runs(src: list[int], dst: list[int]):
+    """``(src start, dst start, length)`` of each run of pairs consecutive in both lists."""
+    start = 0
+    for i in range(1, len(src) + 1):
+        if i == len(src) or src[i] != src[i - 1] + 1 or dst[i] != dst[i - 1] + 1:
+            yield src[start], dst[start], i - start
+            start = i
 
 
 class LayerKV(Cache):
