@@ -216,7 +216,6 @@ class FixedRegion:
             slot_of.scatter_(-1, moved, dst)
         self.region_len = K
 
-
     def _reselect_on_host(self, max_swaps: int) -> None:
         """:meth:`_reselect` on the host row: the same swaps (the region's slots holding unselected entries, in slot
         order, exchanged with the selected entries' slots past the region, in selection order), so the layout is

@@ -29,6 +29,7 @@ class StreamingLLM(Compression):
 
     label: ClassVar[str] = "stream"
     budget_fields: ClassVar[tuple[str, ...]] = ("sink", "local")
+    host_selection: ClassVar[bool] = True  # the sinks and the window follow from the count of entries
 
     sink: int = at_least(0, 4)  # 0: the recent window alone
     local: int = at_least(1, 756)
@@ -39,8 +40,6 @@ class StreamingLLM(Compression):
     @property
     def budget(self) -> int:
         return self.sink + self.local
-
-    host_selection: ClassVar[bool] = True  # the sinks and the window follow from the count of entries
 
     def _ranges(self, n: int) -> list[tuple[int, int]]:
         return [(0, n)] if n <= self.budget else [(0, self.sink), (n - self.local, n)]
