@@ -227,10 +227,12 @@ class FixedRegion:
         if width:
             want = np.zeros(self.n, dtype=bool)
             want[sel] = True
-            evict = np.flatnonzero(~want[pos[:K]])[:width]
+            evict = np.flatnonzero(~want[pos[:K]])
             admit = slot_of[sel]
-            admit = admit[admit >= K][: len(evict)]
-            if len(admit):
+            admit = admit[admit >= K]
+            m = min(width, len(evict), len(admit))  # equal counts when the region held C's last selection
+            evict, admit = evict[:m], admit[:m]
+            if m:
                 self.cache.swap_slots(evict.tolist(), admit.tolist())
                 src, dst = np.concatenate([evict, admit]), np.concatenate([admit, evict])
                 moved = pos[src]
