@@ -195,7 +195,7 @@ class LongSpecDecoder(Decoder):
             rows = rows[:3]
             ancestors = self._ancestors(ancestors, parents, sizes, dev)  # [n, tree nodes so far]
             masks = [fixed[depth].expand(len(toks), -1), ancestors]
-        tree = self._tree(catch[-1], torch.cat(picks).tolist(), engine.model.args.vocab_size)  # the one tree read
+        tree = self._tree(catch[-1], torch.cat(picks).cpu().numpy(), engine.model.args.vocab_size)  # the one tree read
         return tree, ck[:, :, :C], cv[:, :, :C], c_pos[:C]
 
     def _const(self, name: str, dev, n: int = 0) -> torch.Tensor:
@@ -218,14 +218,17 @@ class LongSpecDecoder(Decoder):
             out = out & torch.from_numpy(levels >= depth - self.window).to(dev)
         return out
 
-    def _tree(self, root: int, picks: list[int], V: int) -> DraftTree:
-        """The beam tree from every level's top-k indices over (parent beam, token) pairs, in level order."""
-        tree, level, at = DraftTree.root(root), [0], 0
+    def _tree(self, root: int, picks: np.ndarray, V: int) -> DraftTree:
+        """The beam tree from every level's top-k indices over (parent beam, token) pairs, in level order (the
+        indices of a level are distinct, so are the (parent, token) pairs)."""
+        parents, tokens, first, count, at = [np.array([-1])], [np.array([root])], 0, 1, 0  # first node, size of a level
         for width in self.shape:
-            n = min(width, len(level) * V)
-            level = [tree.add(level[i // V], i % V) for i in picks[at : at + n]]
-            at += n
-        return tree
+            n = min(width, count * V)
+            level = picks[at : at + n]
+            parents.append(first + level // V)
+            tokens.append(level % V)
+            first, count, at = first + count, n, at + n
+        return DraftTree.from_arrays(np.concatenate(tokens).tolist(), np.concatenate(parents).tolist())
 
 
 class _LongSpecState(StepState):

@@ -76,9 +76,8 @@ class _TRState(DraftState):
         return template_tree(self.template, context[-1], self.cfg.adjacency, max_depth)
 
     def observe(self, tree: DraftTree, logits, new: list[int]) -> None:
-        top = logits.topk(self.cfg.topk)  # [len(tree), topk] on the host
         last = {t: i for i, t in enumerate(tree.tokens)}  # a token at several nodes: the last row wins
-        self.cfg.adjacency[list(last)] = top[list(last.values())]
+        self.cfg.adjacency[list(last)] = logits.topk(self.cfg.topk, list(last.values()))  # on the host
 
 
 @functools.cache

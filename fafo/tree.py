@@ -57,6 +57,16 @@ class DraftTree:
             tree.add_path(path, max_nodes=max_nodes)
         return tree
 
+    @classmethod
+    def from_arrays(cls, tokens: list[int], parents: list[int]) -> "DraftTree":
+        """The tree of ``tokens`` under ``parents`` (node 0 the root, ``parents[0] == -1``) whose children of a node
+        all carry distinct tokens (a beam's picks): built in one pass, without :meth:`add`'s lookups."""
+        tree = cls(tokens, parents)
+        tree._children = dict(zip(zip(parents[1:], tokens[1:]), range(1, len(tokens))))
+        if len(tree._children) != len(tokens) - 1:
+            raise ValueError("DraftTree.from_arrays: two children of a node carry the same token")
+        return tree
+
     def __len__(self) -> int:
         return len(self.tokens)
 
@@ -91,14 +101,11 @@ class DraftTree:
 
     # ------------------------------------------------------------------ the verification forward
     def mask(self, device=None) -> torch.Tensor:
-        """``[len, len]`` bool: node i sees itself and its ancestors (built by numpy, one step per depth)."""
-        n = len(self)
-        parents = np.asarray(self.parents)
-        mask, nodes, up = np.eye(n, dtype=bool), np.arange(n), parents.copy()
-        while (up >= 0).any():
-            seen = up >= 0
-            mask[nodes[seen], up[seen]] = True
-            up = np.where(seen, parents[np.maximum(up, 0)], -1)
+        """``[len, len]`` bool: node i sees itself and its ancestors, i.e. its parent's row and itself (a parent
+        precedes its children, so its row is complete and holds nothing at or past ``i``)."""
+        mask = np.eye(len(self), dtype=bool)
+        for i, p in enumerate(self.parents[1:], start=1):
+            mask[i, :i] = mask[p, :i]
         mask = torch.from_numpy(mask)
         return mask if device is None else mask.to(device)
 

@@ -195,9 +195,12 @@ def test_region_update_of_a_step_never_waits_for_the_device(compress, prompt):
 
 
 @pytest.mark.parametrize("prompt", [5, 21])
-def test_a_host_selected_region_lays_entries_out_as_the_device_path_does(prompt):
-    """StreamingLLM's region keeps its one row on the host and swaps by slice copies: after the prefill and every
-    step its layout and its cache equal the device path's slot for slot, and a commit launches copies only."""
+@pytest.mark.parametrize("make", [lambda: StreamingLLM(sink=2, local=6), lambda: SnapKV(capacity=8, window=2, local=4)],
+                         ids=["stream", "snapkv"])
+def test_a_host_selected_region_lays_entries_out_as_the_device_path_does(make, prompt):
+    """StreamingLLM's region keeps its one row on the host from the start, SnapKV's from the prefill on (its prompt
+    picks differ per head but stay put): after the prefill and every step the layout and the cache equal the device
+    path's slot for slot, and a commit launches copies only."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
@@ -212,15 +215,20 @@ def test_a_host_selected_region_lays_entries_out_as_the_device_path_does(prompt)
     steps = [1, 3, 1, 4, 2, 1, 1, 4, 4, 2, 3, 1, 4, 1, 2, 4]
     capacity = prompt + sum(steps)
     regions = []
-    for on_host in (True, False):
-        compress = StreamingLLM(sink=2, local=6)
-        compress.host_selection = on_host
+    for where in (None, "device"):
+        compress = make()
+        if where:
+            compress.host_selection = where
+        g = torch.Generator().manual_seed(prompt)
         cache = KVCache(2, 1, 2, capacity + 1 + max(steps), 8, torch.float32, "cpu")
-        cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(prompt)))
+        cache.kv.copy_(torch.randn(cache.kv.shape, generator=g))
+        rows = compress.prefill_query_rows(prompt)
+        queries = {i: torch.randn(1, 4, 0 if rows is None else len(rows), 8, generator=g) for i in range(2)}
         regions.append(FixedRegion(cache, compress, capacity))
-        regions[-1].prefill(prompt)
+        regions[-1].prefill(prompt, queries)
     host, device = regions
     assert host.on_host and not device.on_host
+    assert isinstance(host.compression, SnapKV) == (host.frozen > 0)
     for a in [0] + steps:
         if a:
             with Ops() as ops:
@@ -228,8 +236,9 @@ def test_a_host_selected_region_lays_entries_out_as_the_device_path_does(prompt)
             assert ops.names <= {"slice", "clone", "copy_"}, ops.names
             device.commit(list(range(capacity, capacity + a)))
         assert host.region_len == device.region_len
-        assert torch.equal(host.pos, device.pos) and torch.equal(host.cache.kv, device.cache.kv)
-    assert region_holds_selection(host)
+        assert torch.equal(host.pos, device.pos) and torch.equal(host.slot_of, device.slot_of)
+        assert torch.equal(host.cache.kv, device.cache.kv)
+        assert region_holds_selection(host)
 
 
 def test_bad_compression_settings_are_refused():

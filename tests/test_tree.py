@@ -32,6 +32,25 @@ def test_trie_dedupes_and_masks_ancestors():
     assert capped.tokens == [7, 1, 2, 3]
 
 
+def test_a_tree_from_arrays_is_the_tree_add_builds_and_its_mask_holds_every_ancestor():
+    rng = random.Random(0)
+    for n in (1, 2, 9, 81):
+        tree = DraftTree.root(5)
+        while len(tree) < n:  # random parents, siblings with distinct tokens
+            tree.add(rng.randrange(len(tree)), rng.randrange(50))
+        same = DraftTree.from_arrays(list(tree.tokens), list(tree.parents))
+        assert same.tokens == tree.tokens and same._children == tree._children
+        mask = same.mask()
+        for i in range(n):
+            ancestors, node = {i}, i
+            while tree.parents[node] >= 0:
+                node = tree.parents[node]
+                ancestors.add(node)
+            assert set(torch.nonzero(mask[i]).flatten().tolist()) == ancestors
+    with pytest.raises(ValueError, match="same token"):
+        DraftTree.from_arrays([5, 1, 1], [-1, 0, 0])
+
+
 @pytest.mark.parametrize("name", ["llama_mha", "qwen2_gqa"])
 def test_tree_logits_equal_sequential_decoding(engine, name, monkeypatch):
     """A node's logits equal those of decoding its root path token by token (prefix + tree attention exact)."""

@@ -37,7 +37,9 @@ class Compression(ABC):
 
     label: ClassVar[str] = "custom"
     budget_fields: ClassVar[tuple[str, ...]] = ()
-    host_selection: ClassVar[bool] = False  # select_host gives every selection (see there)
+    # where the region keeps its bookkeeping: "device" (every step), "host" (from the start) or "host_after_prefill"
+    # (the prefill's selection on the device, every later change on the host): see select_host
+    host_selection: ClassVar[str] = "device"
 
     def dense(self) -> frozenset[int]:
         """Layers in which C(kv) is the whole cache (fumble queries read everything there)."""
@@ -78,9 +80,14 @@ class Compression(ABC):
         without reading device data on the host (it runs every decoding step)."""
 
     def select_host(self, region: "FixedRegion") -> np.ndarray:
-        """C's positions as a host array ``[K]``, the same for every layer and head; only called where
-        :attr:`host_selection` is set (a selection that follows from Python ints alone, StreamingLLM's). The region
-        then keeps its bookkeeping on the host and moves entries by slice copies: no index reaches the device."""
+        """The positions C holds beyond the region's frozen slots ``[0, region.frozen)``, as a host array, the same
+        for every layer and head; only called where :attr:`host_selection` is not ``"device"``.
+
+        ``"host"``: nothing is frozen; this is all of C, a selection that follows from Python ints alone
+        (StreamingLLM's). ``"host_after_prefill"``: the entries the prefill placed in the region stay there for the
+        whole generation (per layer and head: SnapKV's prompt picks), and this names the others, all appended after
+        the prompt. Either way the swaps then move the same slots in every layer and head: the region keeps one row
+        of bookkeeping on the host (numpy) and moves entries by slice copies, so no index reaches the device."""
         raise NotImplementedError(f"{type(self).__name__} selects on the device")
 
     def max_swaps(self, region: "FixedRegion", n_appended: int) -> int:
@@ -120,10 +127,11 @@ class FixedRegion:
 
     Every step's bookkeeping is a fixed handful of ops over all layers and heads at once (the selection, the swap
     lists, one gather and one scatter of the cache: :meth:`KVCache.move_rows`), whatever the depth. While every
-    selection is one list for all layers and heads (StreamingLLM's), the layout is too: the bookkeeping runs on
-    one row and the swaps move the same slots everywhere (:meth:`KVCache.move`, a 1-d index). Where C's selections
-    are known on the host (:attr:`Compression.host_selection`), that row lives on the host (numpy) and the swaps are
-    slice copies (:meth:`KVCache.swap_slots`): a reselection launches a few copies and nothing else.
+    selection is one list for all layers and heads, the layout is too: the bookkeeping runs on one row and the swaps
+    move the same slots everywhere (:meth:`KVCache.move`, a 1-d index). Where C's changes are known on the host
+    (:attr:`Compression.host_selection`), the swaps move the same slots everywhere even when the prefill's selection
+    differs per layer and head (SnapKV's): that row lives on the host (numpy) and the swaps are slice copies
+    (:meth:`KVCache.swap_slots`), so a reselection launches a few copies and nothing else.
 
     Args:
         cache: the static cache whose slots are moved (batch 1).
@@ -142,18 +150,32 @@ class FixedRegion:
         self._junk = self._arange[capacity]  # padded swaps pair this unused slot with itself
         # [L, H, capacity + 1] (slot `capacity`: the junk slot); while every selection has been the same for all
         # layers and heads, one row stands for all of them (expanded views of ``_line``)
-        self.on_host = compression.host_selection
-        if self.on_host:  # the row as numpy arrays; ``pos`` / ``slot_of`` are CPU views of them
-            self._host_line = (np.arange(capacity + 1), np.arange(capacity + 1))
-            self.pos, self.slot_of = (torch.from_numpy(line).expand(L, H, -1) for line in self._host_line)
-        else:
-            self._line = (self._arange.clone(), self._arange.clone())
-            self.pos, self.slot_of = (line.expand(L, H, -1) for line in self._line)
-            cache.entry_table()  # per-(layer, head) swaps index it: built now, not inside a decoding step
+        self._line = (self._arange.clone(), self._arange.clone())
+        self._pos, self._slot_of = (line.expand(L, H, -1) for line in self._line)
         self.uniform = True
         self.n = 0
         self.region_len = 0
+        self.frozen = 0  # slots [0, frozen) keep their entries for good (see Compression.select_host)
+        self.on_host = False
         self.state: dict = {}  # the compression function's per-generation state (Quest metadata, SnapKV picks)
+        if compression.host_selection == "host":
+            self._move_to_host()
+        else:
+            cache.entry_table()  # per-(layer, head) swaps index it: built now, not inside a decoding step
+
+    @property
+    def pos(self) -> torch.Tensor:
+        """``[L, H_kv, capacity + 1]``: the position each slot holds."""
+        if not self.on_host:
+            return self._pos
+        return self._pos.index_select(-1, torch.from_numpy(self._host[2]).to(self.device))
+
+    @property
+    def slot_of(self) -> torch.Tensor:
+        """``[L, H_kv, capacity + 1]``: the slot each position sits in."""
+        if not self.on_host:
+            return self._slot_of
+        return torch.from_numpy(np.argsort(self._host[2])).to(self.device)[self._slot_of]
 
     def arange(self, start: int, end: int) -> torch.Tensor:
         """Positions ``[start, end)`` on the device (a view: no op), ``0 <= start <= end <= capacity``."""
@@ -164,6 +186,8 @@ class FixedRegion:
         self.n = n_prompt
         self.compression.after_prefill(self, queries)
         self._reselect(self.budget)
+        if self.compression.host_selection == "host_after_prefill":
+            self._move_to_host()
 
     def commit(self, scratch_slots, query: dict | None = None) -> None:
         """Append entries computed in scratch slots (positions ``n, n+1, ...``), then swap the fixed region so
@@ -187,14 +211,14 @@ class FixedRegion:
         """Swap C's current selection into slots ``[0, K)``; ``max_swaps`` bounds the evictions of any row."""
         if self.on_host:
             return self._reselect_on_host(max_swaps)
-        L, H, _ = self.pos.shape
+        L, H, _ = self._pos.shape
         sel = self.compression.select(self).to(self.device)
         if sel.dim() == 3 and self.uniform:  # the first per-(layer, head) selection: every row its own from now
-            self.pos, self.slot_of, self.uniform = self.pos.clone(), self.slot_of.clone(), False
+            self._pos, self._slot_of, self.uniform = self._pos.clone(), self._slot_of.clone(), False
         if self.uniform:  # [K]: one row's bookkeeping, its swaps the same slots of every layer and head
             pos, slot_of = self._line
         else:  # [L, H, K]
-            pos, slot_of = self.pos, self.slot_of
+            pos, slot_of = self._pos, self._slot_of
             sel = sel.expand(L, H, -1) if sel.dim() == 1 else sel
         K = sel.shape[-1]
         width = min(max_swaps, K)  # Python ints: no row evicts (nor admits: as many) more than this
@@ -216,18 +240,28 @@ class FixedRegion:
             slot_of.scatter_(-1, moved, dst)
         self.region_len = K
 
+    def _move_to_host(self) -> None:
+        """Keep the bookkeeping on the host from now on: the region's current entries stay in slots ``[0, frozen)``
+        and the ``n`` cached entries are marked as laid out per row (``capacity``: a position no selection holds);
+        the device bookkeeping stays as it is, and :attr:`pos` reads it through the host's slot permutation."""
+        self.frozen, self.on_host = self.region_len, True
+        line = np.arange(self.capacity + 1)  # the position each slot holds (`capacity`: one of the n, per row)
+        line[: self.n] = self.capacity
+        # that, the slot of each position appended from now on, the slot each slot's entry held at the move
+        self._host = (line, np.arange(self.capacity + 1), np.arange(self.capacity + 1))
+
     def _reselect_on_host(self, max_swaps: int) -> None:
         """:meth:`_reselect` on the host row: the same swaps (the region's slots holding unselected entries, in slot
         order, exchanged with the selected entries' slots past the region, in selection order), so the layout is
         the device path's, slot for slot."""
-        pos, slot_of = self._host_line
+        line, slot_of, moved_from = self._host
         sel = self.compression.select_host(self)
-        K = len(sel)
+        K = self.frozen + len(sel)
         width = min(max_swaps, K)
         if width:
-            want = np.zeros(self.n, dtype=bool)
+            want = np.zeros(self.capacity + 1, dtype=bool)
             want[sel] = True
-            evict = np.flatnonzero(~want[pos[:K]])
+            evict = np.flatnonzero(~want[line[self.frozen : K]]) + self.frozen
             admit = slot_of[sel]
             admit = admit[admit >= K]
             m = min(width, len(evict), len(admit))  # equal counts when the region held C's last selection
@@ -235,9 +269,10 @@ class FixedRegion:
             if m:
                 self.cache.swap_slots(evict.tolist(), admit.tolist())
                 src, dst = np.concatenate([evict, admit]), np.concatenate([admit, evict])
-                moved = pos[src]
-                pos[dst] = moved
-                slot_of[moved] = dst
+                moved = line[src]
+                line[dst] = moved
+                slot_of[moved] = dst  # `capacity` (entries laid out per row) takes any: no selection reads it
+                moved_from[dst] = moved_from[src]
         self.region_len = K
 
 

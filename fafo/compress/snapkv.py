@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,6 +38,8 @@ class SnapKV(Compression):
 
     label: ClassVar[str] = "snapkv"
     budget_fields: ClassVar[tuple[str, ...]] = ("capacity", "local")
+    # the prompt picks stay in the region once placed; the generated window follows from the count of entries
+    host_selection: ClassVar[str] = "host_after_prefill"
 
     capacity: int = at_least(2, 1024)  # and above window (__post_init__)
     window: int = at_least(1, 32)
@@ -93,6 +96,9 @@ class SnapKV(Compression):
         if kept.dim() == 1:
             return torch.cat([kept, recent])
         return torch.cat([kept, recent.expand(*kept.shape[:2], -1)], dim=-1)
+
+    def select_host(self, region) -> np.ndarray:
+        return np.arange(max(region.state["prompt_len"], region.n - self.local), region.n)
 
     def max_swaps(self, region, n_appended: int) -> int:
         # The kept prompt entries and the window's older entries already sit in the region (K never shrinks);

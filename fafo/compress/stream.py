@@ -29,7 +29,7 @@ class StreamingLLM(Compression):
 
     label: ClassVar[str] = "stream"
     budget_fields: ClassVar[tuple[str, ...]] = ("sink", "local")
-    host_selection: ClassVar[bool] = True  # the sinks and the window follow from the count of entries
+    host_selection: ClassVar[str] = "host"  # the sinks and the window follow from the count of entries
 
     sink: int = at_least(0, 4)  # 0: the recent window alone
     local: int = at_least(1, 756)
