@@ -189,7 +189,7 @@ class _QuantSpecState(StepState):
                 while len(drafts) < want and t not in self.eos_ids:
                     p = N + len(drafts)  # the draft writes its own KV to scratch slot p (verify rewrites it)
                     out = engine.forward(kv, [t], [p], [p], causal_plan(p), logits="last", kind="draft")
-                    t = int(out[0, -1].argmax())
+                    t = argmax_rows(out[0, -1])  # by numpy where the logits are host memory
                     drafts.append(t)
         feed = [self.cur] + drafts
         pos = list(range(N, N + len(feed)))

@@ -10,6 +10,7 @@ import torch
 
 from fafo.compress.base import group_scores
 from fafo.engine.attention import causal_plan
+from fafo.engine.batching import argmax_rows
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from fafo.engine.rope import apply_rotary
@@ -168,7 +169,7 @@ class StreamingDraft:
         for i in range(n):  # static shapes: the catch-up padded to CATCH_UP tokens, then single drafted tokens
             logits = self._forward(feed, self.D + len(self.spec), logits="last", pad=self.CATCH_UP if i == 0 else 0)
             self.spec += feed
-            feed = [int(logits[0, -1].argmax()) if pick is None else int(pick(logits[0, -1], out))]
+            feed = [argmax_rows(logits[0, -1]) if pick is None else int(pick(logits[0, -1], out))]
             out.append(feed[0])
         return out
 

@@ -186,3 +186,21 @@ def test_engine_pads_a_step_to_its_static_shape(engine, monkeypatch, masked):
     torch.testing.assert_close(last[0, -1], want[0, -1], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="does not fit pad_to=2"):
         eng.forward(cache, chain, slots, slots, plan, pad_to=2)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_host_key_lists_of_a_step_mask_are_the_device_ones(static):
+    """``host_gathered`` (numpy, for masks built on the host) gives exactly ``GatheredMask``'s key lists: visible
+    keys first in key order, padding pointing at key 0, for one mask and a batch of masks."""
+    from fafo.engine.engine import host_gathered
+    from fafo.engine.kernels import GatheredMask
+
+    g = torch.Generator().manual_seed(0)
+    for Q in (1, 5, 33, 81):
+        masks = torch.rand(3, Q, Q, generator=g) < torch.rand(3, Q, 1, generator=g)  # rows of varied density
+        masks |= torch.eye(Q, dtype=torch.bool)  # a query always sees itself
+        for mask in (masks[0], masks):
+            index, valid = host_gathered(mask.numpy(), static)
+            device = GatheredMask(mask, static)
+            assert torch.equal(torch.from_numpy(index), device.index) and torch.equal(torch.from_numpy(valid),
+                                                                                      device.valid)

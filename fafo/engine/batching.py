@@ -132,9 +132,10 @@ class StepLogits:
         return [p.reshape(b, r, width) for p, (b, r) in zip(parts, shapes)]
 
 
-def argmax_rows(logits: torch.Tensor) -> list:
-    """The argmax over the last axis of ``logits``, read on the host as (nested) Python ints: by numpy where the
-    logits are host memory already (:func:`host_logits`), else one device op and one read."""
+def argmax_rows(logits: torch.Tensor) -> list | int:
+    """The argmax over the last axis of ``logits``, read on the host as (nested) Python ints (one int for one row
+    ``[V]``): by numpy where the logits are host memory already (:func:`host_logits`), else one device op and one
+    read."""
     if host_logits([logits]):
         return logits.numpy().argmax(-1).tolist()
     return logits.argmax(-1).tolist()
