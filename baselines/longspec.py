@@ -182,8 +182,8 @@ class LongSpecDecoder(Decoder):
         rows, masks = (x[:, C - 1 : C], cos[:, :, C - 1 : C], sin[:, :, C - 1 : C]), [fixed[:1]]
         scores, picks, ancestors, sizes = self._const("zero", dev), [], None, []
         for depth, width in enumerate(self.shape, start=1):
-            scores, picked, parents, toks = model_call(level_fn, engine.model, layer, rows, keys_k, keys_v, masks,
-                                                       tk, tv, scores, width, device=dev)
+            scores, picked, toks, ancestors = model_call(level_fn, engine.model, layer, rows, keys_k, keys_v, masks,
+                                                         tk, tv, scores, width, ancestors, device=dev)
             picks.append(picked)
             sizes.append(picked.numel())
             if depth == len(self.shape):
@@ -193,30 +193,20 @@ class LongSpecDecoder(Decoder):
             keys_k.append(rows[3])
             keys_v.append(rows[4])
             rows = rows[:3]
-            ancestors = self._ancestors(ancestors, parents, sizes, dev)  # [n, tree nodes so far]
+            if depth - 1 > self.window:  # a tree key at depth j < depth - window is out of the window (rare)
+                levels = np.repeat(np.arange(1, depth + 1), sizes)
+                ancestors = ancestors & torch.from_numpy(levels >= depth - self.window).to(dev)
             masks = [fixed[depth].expand(len(toks), -1), ancestors]
         tree = self._tree(catch[-1], torch.cat(picks).cpu().numpy(), engine.model.args.vocab_size)  # the one tree read
         return tree, ck[:, :, :C], cv[:, :, :C], c_pos[:C]
 
     def _const(self, name: str, dev, n: int = 0) -> torch.Tensor:
-        """A constant on the device, built once: ``depths`` 0..n-1, a float ``zero`` [1], ``eye`` [n, n]."""
+        """A constant on the device, built once: ``depths`` 0..n-1, a float ``zero`` [1]."""
         key = (name, n, str(dev))
         if key not in self._consts:
             self._consts[key] = {"depths": lambda: torch.arange(n, device=dev),
-                                 "zero": lambda: torch.zeros(1, device=dev),
-                                 "eye": lambda: torch.eye(n, dtype=torch.bool, device=dev)}[name]()
+                                 "zero": lambda: torch.zeros(1, device=dev)}[name]()
         return self._consts[key]
-
-    def _ancestors(self, previous: torch.Tensor | None, parents: torch.Tensor, sizes: list[int], dev) -> torch.Tensor:
-        """Each new node's ancestors-or-self among the tree's nodes below the root (level by level, in beam order,
-        ``sizes`` nodes per level): its parent's row, then itself; a tree key further than the window is hidden."""
-        depth = len(sizes)
-        eye = self._const("eye", dev, parents.numel())
-        out = eye if previous is None else torch.cat([previous[parents], eye], dim=1)
-        if depth - 1 > self.window:  # a tree key at depth j < depth - window is out of the window (rare)
-            levels = np.repeat(np.arange(1, depth + 1), sizes)
-            out = out & torch.from_numpy(levels >= depth - self.window).to(dev)
-        return out
 
     def _tree(self, root: int, picks: np.ndarray, V: int) -> DraftTree:
         """The beam tree from every level's top-k indices over (parent beam, token) pairs, in level order (the
@@ -298,16 +288,22 @@ def draft_rows(model, layer, ids: torch.Tensor, positions: torch.Tensor) -> tupl
     return (x, cos, sin, *layer.self_kv(x, cos, sin))
 
 
-def draft_level(model, layer, rows, keys_k, keys_v, masks, tk, tv, scores: torch.Tensor, width: int):
+def draft_level(model, layer, rows, keys_k, keys_v, masks, tk, tv, scores: torch.Tensor, width: int,
+                ancestors: torch.Tensor | None):
     """One draft forward over a level's rows (:func:`draft_logp`: the layer over every key they may see, then the
     LM head, no final norm, as the release) and the beam's next level: the ``width`` best (beam score +
     log-probability) over (parent beam, token) pairs. ``keys_k``, ``keys_v``, ``masks``: the key blocks (ring,
-    catch-up, each tree level) and their visibility. Returns (scores, flat indices, parent beams, tokens), each
-    ``[width]``."""
+    catch-up, each tree level) and their visibility; ``ancestors``: the level's nodes' ancestors-or-self among the
+    tree's nodes below the root (None at the first level). Returns (scores, flat indices, tokens), each
+    ``[width]``, and the new nodes' ancestors-or-self ``[width, tree nodes so far]``: their parent's row, then
+    themselves."""
     logp = draft_logp(model, layer, rows, keys_k, keys_v, masks, tk, tv)
     V = logp.shape[-1]
     top = (scores[:, None] + logp).reshape(-1).topk(min(width, scores.numel() * V))
-    return top.values, top.indices, top.indices // V, top.indices % V
+    itself = torch.eye(top.indices.numel(), dtype=torch.bool, device=logp.device)
+    parents = top.indices // V
+    new = itself if ancestors is None else torch.cat([ancestors[parents], itself], dim=1)
+    return top.values, top.indices, top.indices % V, new
 
 
 def draft_logp(model, layer, rows, keys_k, keys_v, masks, tk, tv) -> torch.Tensor:

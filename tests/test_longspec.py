@@ -224,6 +224,39 @@ def test_draft_rows_equal_the_dense_reference_and_window_stays_bounded(engine, t
     torch.testing.assert_close(level1_logp[0], torch.log_softmax(ref_node, -1), atol=1e-5, rtol=1e-5)
 
 
+def test_a_deeper_level_sees_its_tree_ancestors_inside_the_window_only(engine, monkeypatch):
+    """A level's draft queries see their ancestors-or-self among the tree's nodes, minus those further back than
+    the window (a node at depth d sees tree keys at depth >= d - window): checked on every level of a tree deeper
+    than its window, against the ancestors read off the round's final tree."""
+    eng = engine("llama_gqa")
+    window, shape = 2, [2, 3, 2, 2, 2]
+    method = LongSpecDecoder(draft={"random_seed": 0}, window=window, tree_shape=shape)
+    method.setup(eng)
+    ids = eng.tokenizer(PROMPTS[0]).input_ids
+    P = len(ids)
+    cache = eng.cache(P + 32)
+    cur = int(eng.prefill(cache, ids)[0, -1].argmax())
+    ring = method._loaded[2]
+    ring.reset()
+    method._commit(eng, ring, ids[P - window:], P - window)
+    seen = []  # the tree block of each level's mask (the root level has none)
+    logp = longspec.draft_logp
+    monkeypatch.setattr(longspec, "draft_logp", lambda *a: seen.append(a[5][-1]) or logp(*a))
+    tree, *_ = method._draft_tree(eng, method.layer, ring, cache, [cur], P)
+    depths = tree.depths
+    assert len(seen) == len(shape) and len(tree) == 1 + sum(shape)
+    for d, block in enumerate(seen[1:], start=1):  # queries: the nodes at depth d; keys: every node at depth 1..d
+        rows = [i for i in range(len(tree)) if depths[i] == d]
+        cols = [i for i in range(1, len(tree)) if depths[i] <= d]
+        want = torch.zeros(len(rows), len(cols), dtype=torch.bool)
+        for r, node in enumerate(rows):
+            while node > 0:
+                if depths[node] >= d - window:
+                    want[r, cols.index(node)] = True
+                node = tree.parents[node]
+        assert torch.equal(block, want), d
+
+
 def test_window_cache_keeps_only_the_last_window():
     ring = WindowCache(4, 1, 2, torch.float32, "cpu")
     k = torch.arange(10.0)[None, None, :, None].expand(1, 1, 10, 2)
