@@ -428,13 +428,20 @@ class Int4MLP(nn.Module):
 
 @contextmanager
 def swapped_mlps(model, mlps: list[nn.Module] | None):
-    """Run ``model`` with its blocks' MLPs replaced by ``mlps`` (None: unchanged); restored on exit."""
-    blocks = list(model.model.layers)
-    saved = [b.mlp for b in blocks]
+    """Run ``model`` with its blocks' MLPs replaced by ``mlps`` (None: unchanged); restored on exit.
+
+    Every draft step swaps every layer's MLP twice, so the swap writes each block's registered child directly
+    (``_modules``, where ``nn.Module.__setattr__`` puts a module after its checks): about 0.1 us a layer against
+    2-3 us, which made the step's host time grow with the depth (0.39 -> 0.56 ms from 32 to 64 layers)."""
+    if mlps is None:
+        yield
+        return
+    children = [b._modules for b in model.model.layers]
+    saved = [c["mlp"] for c in children]
     try:
-        for b, m in zip(blocks, mlps or saved):
-            b.mlp = m
+        for c, m in zip(children, mlps):
+            c["mlp"] = m
         yield
     finally:
-        for b, m in zip(blocks, saved):
-            b.mlp = m
+        for c, m in zip(children, saved):
+            c["mlp"] = m
