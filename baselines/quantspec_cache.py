@@ -430,9 +430,10 @@ class Int4MLP(nn.Module):
 def swapped_mlps(model, mlps: list[nn.Module] | None):
     """Run ``model`` with its blocks' MLPs replaced by ``mlps`` (None: unchanged); restored on exit.
 
-    Every decoding step swaps every layer's MLP twice (in and out around its drafts), so the swap writes each block's registered child directly
-    (``_modules``, where ``nn.Module.__setattr__`` puts a module after its checks): about 0.1 us a layer against
-    2-3 us, which made the step's host time grow with the depth (0.39 -> 0.56 ms from 32 to 64 layers)."""
+    Every decoding step swaps every layer's MLP twice (in and out around its drafts), so the swap writes each
+    block's registered child directly (``_modules``, where ``nn.Module.__setattr__`` puts a module after its
+    checks): about 0.1 us a layer against 2-3 us, which made the step's host time grow with the depth (0.39 ->
+    0.56 ms from 32 to 64 layers)."""
     if mlps is None:
         yield
         return
