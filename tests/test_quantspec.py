@@ -9,7 +9,7 @@ import torch
 
 from baselines.quantspec import Int8KVReference, QuantSpecDecoder
 from baselines.quantspec_cache import (Int4Linear, QuantKVCache, dequantize, pack, quantize, quantized_count,
-                                       unpack)
+                                       swapped_mlps, unpack)
 from baselines.vanilla import VanillaDecoder
 from fafo.errors import ConfigError
 from tests.conftest import LOSSLESS_MODELS
@@ -375,3 +375,17 @@ def test_a_compiled_run_races_both_targets_compiled(tmp_path, monkeypatch):
     monkeypatch.setattr(QuantSpecDecoder, "eager_forwards", "forwards over a cache of its own", raising=False)
     run = spec("method=quantspec")
     assert run.method_eager and "a cache of its own" in run.timing_note
+
+
+def test_the_mlp_swap_registers_the_draft_mlps_and_restores_the_model_even_on_error(engine):
+    model = engine("llama_gqa").model
+    blocks = list(model.model.layers)
+    saved = [b.mlp for b in blocks]
+    drafts = [torch.nn.Identity() for _ in blocks]
+    with pytest.raises(RuntimeError, match="inside"):
+        with swapped_mlps(model, drafts):
+            assert all(dict(b.named_children())["mlp"] is d and b.mlp is d for b, d in zip(blocks, drafts))
+            raise RuntimeError("inside")
+    assert all(dict(b.named_children())["mlp"] is m for b, m in zip(blocks, saved))
+    with swapped_mlps(model, None):
+        assert all(b.mlp is m for b, m in zip(blocks, saved))
