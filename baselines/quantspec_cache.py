@@ -428,21 +428,18 @@ class Int4MLP(nn.Module):
 
 @contextmanager
 def swapped_mlps(model, mlps: list[nn.Module] | None):
-    """Run ``model`` with its blocks' MLPs replaced by ``mlps`` (None: unchanged); restored on exit.
-
-    Every decoding step swaps every layer's MLP twice (in and out around its drafts), so the swap writes each
-    block's registered child directly (``_modules``, where ``nn.Module.__setattr__`` puts a module after its
-    checks): about 0.1 us a layer against 2-3 us, which made the step's host time grow with the depth (0.39 ->
-    0.56 ms from 32 to 64 layers)."""
+    """Run ``model`` with its blocks' MLPs replaced by ``mlps`` (None: unchanged, nothing swapped); restored on
+    exit. Each swap goes through ``nn.Module.__setattr__``, about 1-3 us a layer, twice per decoding step: host time
+    that grows with the depth (docs/performance.md, "The whole table on this code")."""
     if mlps is None:
         yield
         return
-    children = [b._modules for b in model.model.layers]
-    saved = [c["mlp"] for c in children]
+    blocks = list(model.model.layers)
+    saved = [b.mlp for b in blocks]
     try:
-        for c, m in zip(children, mlps):
-            c["mlp"] = m
+        for b, m in zip(blocks, mlps):
+            b.mlp = m
         yield
     finally:
-        for c, m in zip(children, saved):
-            c["mlp"] = m
+        for b, m in zip(blocks, saved):
+            b.mlp = m
