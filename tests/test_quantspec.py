@@ -312,8 +312,8 @@ def test_int8_target_compiled_equals_eager_and_compiles_once(model, engine, chec
     """``target: int8kv`` under ``bench.compile``: the INT4 drafts and the INT8 verifications run compiled over the
     quantized cache (its stored length and the step's position in tensors, :meth:`QuantKVCache.static_plan`), with
     tokens equal to the eager decoder's on prompts that cross group boundaries while decoding (EOS and max_new_tokens
-    cuts included); two graphs (draft, verification) in the first generation and none after; the INT8 reference
-    (gamma 0: one-token verifications) the same."""
+    cuts included) and the same drafts accepted; two graphs (draft, verification) in the first generation and none
+    after; the INT8 reference (gamma 0: one-token verifications) the same."""
     from torch._dynamo.utils import counters
 
     from fafo.engine.compiled import CompileOptions, compile_stats
@@ -329,9 +329,11 @@ def test_int8_target_compiled_equals_eager_and_compiles_once(model, engine, chec
         assert warm - before == (2 if isinstance(method, QuantSpecDecoder) else 1)
         for text in SAMPLES:
             ids = compiled.tokenizer(text).input_ids
-            ref = make().generate(eager, ids, 40).tokens
-            gen = method.generate(compiled, ids, 40)
+            want = make().generate(eager, ids, 40)
+            gen, ref = method.generate(compiled, ids, 40), want.tokens
             assert gen.tokens == ref, f"{type(method).__name__} diverged on {text!r}"
+            # the same drafts: the compiled draft graph ran the INT4 MLPs swapped in, not the model's own
+            assert (gen.drafted, gen.accepted) == (want.drafted, want.accepted)
             assert gen.extras["quantized_tokens"] > 0  # the planes are read, not only the buffer
             eos = ref[len(ref) // 2]
             assert method.generate(compiled, ids, 40, eos_ids=(eos,)).tokens == ref[: ref.index(eos) + 1]

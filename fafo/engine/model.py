@@ -186,6 +186,15 @@ class Block(nn.Module):
         """The MLP sub-layer with its norm and residual."""
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def swap_mlp(self, mlp: nn.Module) -> nn.Module:
+        """Put ``mlp`` in this block's MLP place, registered as ``self.mlp = mlp`` would, and return the one it held.
+        The registry is written directly: ``nn.Module.__setattr__``'s checks cost 1-3 us a call, which a method
+        that drafts with other MLPs pays per layer twice per step. Compiled steps see the change: dynamo guards the
+        registry's contents (``torch._dynamo.config.guard_nn_modules``, torch 2.11 and 2.13)."""
+        held = self._modules["mlp"]
+        self._modules["mlp"] = mlp
+        return held
+
 
 class Backbone(nn.Module):
     """``model.*`` in Hugging Face naming: embeddings, layers, final norm."""
@@ -225,6 +234,13 @@ class Transformer(nn.Module):
         for block in self.model.layers:
             block.self_attn.fuse()
             block.mlp.fuse()
+
+    def swap_mlps(self, mlps: list[nn.Module]) -> list[nn.Module]:
+        """Every block's MLP replaced by the one ``mlps`` lists for it (:meth:`Block.swap_mlp`); returns those
+        replaced, in order: swapping them back restores the model."""
+        if len(mlps) != self.args.n_layers:
+            raise ValueError(f"swap_mlps: {len(mlps)} MLPs for {self.args.n_layers} layers")
+        return [block.swap_mlp(mlp) for block, mlp in zip(self.model.layers, mlps)]
 
     @property
     def fused(self) -> bool:
