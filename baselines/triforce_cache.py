@@ -10,7 +10,7 @@ import torch
 
 from fafo.compress.base import group_scores
 from fafo.engine.attention import causal_plan
-from fafo.engine.batching import argmax_rows
+from fafo.engine.batching import argmax_rows, host_logits
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from fafo.engine.rope import apply_rotary
@@ -107,6 +107,8 @@ class StreamingDraft:
         self.spec: list[int] = []  # tokens at positions D, D+1, ... with KV in scratch
         self.delta = 0  # the sinks' current rotation
         self.pristine: torch.Tensor | None = None  # [L, B, H_kv, start, D]: sink keys at positions 0..
+        # a proposal's greedy tokens where the device leaves them (a proposal's KV fits in scratch: so do they)
+        self.chain = torch.empty(self.scratch, dtype=torch.long, device=self.engine.device)
 
     @property
     def nbytes(self) -> int:
@@ -162,15 +164,29 @@ class StreamingDraft:
     def propose(self, tokens: list[int], start: int, n: int, pick=None) -> list[int]:
         """Draft ``n`` tokens after the sequence whose token at position ``start + i`` is ``tokens[i]``
         (``start <= D``); KV already in scratch for a matching prefix is reused. Greedy unless ``pick``
-        (``pick(logits_row [V], drafted_so_far) -> token``: the sampled path, which records its q rows)."""
+        (``pick(logits_row [V], drafted_so_far) -> token``: the sampled path, which records its q rows).
+
+        Greedy on a device, each drafted token is fed to the next forward where it is, and the chain is read once at
+        its end: one sync per proposal, not one per token (on the CPU, numpy reads each row where it lies)."""
         end = start + len(tokens)
         del self.spec[self._common(tokens, start, end - 1 - self.D) :]  # keep >= 1 token to feed
-        feed, out = tokens[self.D + len(self.spec) - start :], []
+        if n == 0:
+            return []
+        feed, out, chained = tokens[self.D + len(self.spec) - start :], [], False
+        fed, p = list(feed), self.D + len(self.spec)  # host tokens whose KV this proposal writes; the next position
         for i in range(n):  # static shapes: the catch-up padded to CATCH_UP tokens, then single drafted tokens
-            logits = self._forward(feed, self.D + len(self.spec), logits="last", pad=self.CATCH_UP if i == 0 else 0)
-            self.spec += feed
-            feed = [argmax_rows(logits[0, -1]) if pick is None else int(pick(logits[0, -1], out))]
+            logits = self._forward(feed, p, logits="last", pad=self.CATCH_UP if i == 0 else 0)
+            p += len(feed)
+            row = logits[0, -1]
+            if pick is None and not host_logits([row]):
+                feed = torch.argmax(row, -1, keepdim=True, out=self.chain[i : i + 1])  # the next forward's token
+                chained = True
+                continue
+            feed = [argmax_rows(row) if pick is None else int(pick(row, out))]
             out.append(feed[0])
+        if chained:
+            out = self.chain[:n].tolist()  # the chain's one read
+        self.spec += fed + out[:-1]  # the last drafted token has no KV yet
         return out
 
     def commit(self, tokens: list[int], start: int, end: int) -> None:

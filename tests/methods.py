@@ -122,7 +122,7 @@ METHODS: dict[str, Case] = {
                      flex=Flex(model="llama_gqa", prompts=(PROMPTS[0] * 4,), max_new=12, draft_model=True),
                      sampling="rep2", compiled=lambda: TriForceDecoder(**TRIFORCE_SMALL, gamma1=2,
                                                                        draft={"tiny": DRAFT_SPEC}),
-                     traffic=Traffic(20, 18), ops=21),
+                     traffic=Traffic(20, 12), ops=21),
     "triforce_nodraft": Case(overrides=SMALL_TRIFORCE, sampling="rep2",
                              compiled=lambda: TriForceDecoder(draft=None, budget=16, chunk_size=4, gamma2=4),
                              traffic=Traffic(5, 5), ops=9),

@@ -3,6 +3,7 @@ official selection, the draft's StreamingLLM cache holds what it should, extras 
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from baselines.triforce import TriForceDecoder, TriForceState
 from baselines.triforce_cache import StreamingDraft
@@ -139,6 +140,35 @@ def test_draft_without_eviction_is_the_draft_models_greedy_chain(engine):
     assert draft.propose(ids + ref[:1], 0, 5) == ref[1:6]  # feeds the current token, then 4 of its own
     draft.commit(ids + ref[:4], 0, len(ids) + 3)  # 3 of the fed tokens are committed: their KV is kept
     assert draft.D == len(ids) + 3 and draft.propose(ids + ref[:6], 0, 4) == ref[6:10]
+
+
+class ReadsOnTheHost(TorchFunctionMode):
+    """Counts ``tolist`` reads; any torch mode on the stack makes the CPU take the device's path (host_logits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += getattr(func, "__name__", "") == "tolist"
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_greedy_proposal_on_a_device_is_read_once_and_drafts_the_host_chain(engine):
+    """On a device each drafted token feeds the next forward where it lies and the chain is read at its end: the
+    same tokens as the host path's (a read per token), with one read per proposal instead of one per token."""
+    eng = engine("llama_mha")
+    ids = eng.tokenizer(PROMPTS[0]).input_ids
+    ref = VanillaDecoder().generate(eng, ids, 12).tokens
+    host, device = (StreamingDraft(eng, start=4, window=64, scratch=16) for _ in range(2))
+    host.prefill(ids)
+    device.prefill(ids)
+    for fed, n in ((ref[:1], 5), (ref[:6], 4)):  # the second reuses the first's KV for 4 of its fed tokens
+        want = host.propose(ids + fed, 0, n)
+        with ReadsOnTheHost() as reads:
+            got = device.propose(ids + fed, 0, n)
+        assert got == want == ref[len(fed) : len(fed) + n] and reads.n == 1
+        assert device.spec == host.spec
 
 
 def test_extras_and_tau_on_repetitive_text(engine, checkpoint):

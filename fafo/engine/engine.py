@@ -340,13 +340,15 @@ ALIGN = 8  # elements: 64 bytes for int64, the alignment inductor's kernels assu
 
 
 def appends_one_token_host(tokens, slots, plan: AttentionPlan) -> bool:
-    """Vanilla's decode step, seen on the host values the decoder passed (no device read): one token whose KV
-    goes to the slot right after the prefix of a plain causal plan. Its attention is then one kernel call over
-    the cache (``AttentionPlan.step_in_cache``), on every device."""
-    if isinstance(slots, torch.Tensor) or isinstance(tokens, torch.Tensor) or slots is None:
+    """Vanilla's decode step, seen on the host values the decoder passed (no device read): one token (a host value,
+    or a device tensor of one element) whose KV goes to the slot right after the prefix of a plain causal plan. Its
+    attention is then one kernel call over the cache (``AttentionPlan.step_in_cache``), on every device."""
+    if isinstance(slots, torch.Tensor) or slots is None:
         return False
     slots = [slots] if isinstance(slots, int) else slots
-    if isinstance(tokens, np.ndarray):
+    if isinstance(tokens, torch.Tensor):  # a token fed where a forward left it (its shape is host metadata)
+        n = tokens.numel()
+    elif isinstance(tokens, np.ndarray):
         n = tokens.shape[-1] if tokens.ndim else 1
     else:
         n = 1 if isinstance(tokens, int) else len(tokens[0]) if tokens and isinstance(tokens[0], (list, tuple)) \
