@@ -21,7 +21,7 @@ import torch
 from baselines.quantspec_cache import Int4MLP, QuantKVCache, cache_bytes, swapped_mlps
 from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
-from fafo.engine.batching import argmax_rows
+from fafo.engine.batching import argmax_rows, greedy_chain
 from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
@@ -158,6 +158,7 @@ class _QuantSpecState(StepState):
         self.prompt = list(prompt_ids)
         self.N = len(self.prompt)  # committed tokens with KV; cur sits at position N
         self.fp_tokens: list[int] = []  # committed full-precision tokens after the prefill and each commit
+        self.chain = torch.empty(cfg.gamma, dtype=torch.long, device=engine.device)  # drafts where a device left them
 
     def _verify_cache(self):
         if self.kv.full is not None:
@@ -184,13 +185,13 @@ class _QuantSpecState(StepState):
         drafts: list[int] = []
         if want > 0:
             kv.view = "int4"
-            with swapped_mlps(engine.model, self.mlps):
-                t = self.cur
-                while len(drafts) < want and t not in self.eos_ids:
-                    p = N + len(drafts)  # the draft writes its own KV to scratch slot p (verify rewrites it)
-                    out = engine.forward(kv, [t], [p], [p], causal_plan(p), logits="last", kind="draft")
-                    t = argmax_rows(out[0, -1])  # by numpy where the logits are host memory
-                    drafts.append(t)
+
+            def draft(feed, i):  # the draft writes its own KV to scratch slot N + i (the verification rewrites it)
+                p = N + i
+                return engine.forward(kv, feed, [p], [p], causal_plan(p), logits="last", kind="draft")[0, -1]
+
+            with swapped_mlps(engine.model, self.mlps):  # on a device, one read for the drafts (greedy_chain)
+                drafts = greedy_chain(draft, [self.cur], want, self.chain, stop=self.eos_ids)
         feed = [self.cur] + drafts
         pos = list(range(N, N + len(feed)))
         out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all",

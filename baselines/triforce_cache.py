@@ -10,7 +10,7 @@ import torch
 
 from fafo.compress.base import group_scores
 from fafo.engine.attention import causal_plan
-from fafo.engine.batching import argmax_rows, host_logits
+from fafo.engine.batching import greedy_chain
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from fafo.engine.rope import apply_rotary
@@ -166,27 +166,27 @@ class StreamingDraft:
         (``start <= D``); KV already in scratch for a matching prefix is reused. Greedy unless ``pick``
         (``pick(logits_row [V], drafted_so_far) -> token``: the sampled path, which records its q rows).
 
-        Greedy on a device, each drafted token is fed to the next forward where it is, and the chain is read once at
-        its end: one sync per proposal, not one per token (on the CPU, numpy reads each row where it lies)."""
+        Greedy, the chain is :func:`greedy_chain`'s: on a device one read per proposal, not one per token."""
         end = start + len(tokens)
         del self.spec[self._common(tokens, start, end - 1 - self.D) :]  # keep >= 1 token to feed
         if n == 0:
             return []
-        feed, out, chained = tokens[self.D + len(self.spec) - start :], [], False
-        fed, p = list(feed), self.D + len(self.spec)  # host tokens whose KV this proposal writes; the next position
-        for i in range(n):  # static shapes: the catch-up padded to CATCH_UP tokens, then single drafted tokens
-            logits = self._forward(feed, p, logits="last", pad=self.CATCH_UP if i == 0 else 0)
-            p += len(feed)
-            row = logits[0, -1]
-            if pick is None and not host_logits([row]):
-                feed = torch.argmax(row, -1, keepdim=True, out=self.chain[i : i + 1])  # the next forward's token
-                chained = True
-                continue
-            feed = [argmax_rows(row) if pick is None else int(pick(row, out))]
-            out.append(feed[0])
-        if chained:
-            out = self.chain[:n].tolist()  # the chain's one read
-        self.spec += fed + out[:-1]  # the last drafted token has no KV yet
+        feed = tokens[self.D + len(self.spec) - start :]  # host tokens whose KV this proposal writes, then its drafts
+        p = self.D + len(self.spec)  # the next forward's first position
+
+        def forward(tokens, i):  # static shapes: the catch-up padded to CATCH_UP tokens, then single drafted tokens
+            nonlocal p
+            logits = self._forward(tokens, p, logits="last", pad=self.CATCH_UP if i == 0 else 0)
+            p += len(tokens)
+            return logits[0, -1]
+
+        if pick is None:
+            out = greedy_chain(forward, feed, n, self.chain)
+        else:
+            out = []
+            for i in range(n):
+                out.append(int(pick(forward(out[-1:] if i else feed, i), out)))
+        self.spec += feed + out[:-1]  # the last drafted token has no KV yet
         return out
 
     def commit(self, tokens: list[int], start: int, end: int) -> None:

@@ -130,7 +130,7 @@ METHODS: dict[str, Case] = {
     "longspec": Case(overrides=RANDOM_DRAFT, ops=12,
                      traffic=Traffic(2, 2, lambda: LongSpecDecoder(draft={"path": None, "random_seed": 0}))),
     "longspec_chain": Case(overrides=RANDOM_DRAFT, ops=12),
-    "quantspec": Case(traffic=Traffic(7, 7, QuantSpecDecoder), ops=7),
+    "quantspec": Case(traffic=Traffic(7, 2, QuantSpecDecoder), ops=7),
     "quantspec_fp16": Case(ops=7, compiled=lambda: QuantSpecDecoder(group_size=16, gamma=4, weight_group=32,
                                                                     chunk_size=32, target="fp16")),
     "prompt_lookup": Case(variants={"prompt_lookup": lambda: PromptLookupDecoder(),

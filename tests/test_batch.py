@@ -23,7 +23,8 @@ from fafo.engine import attention
 from fafo.engine.attention import AttentionPlan
 from fafo.engine.compiled import CompileOptions
 from fafo.engine.engine import Engine
-from fafo.engine.batching import StepInputs, StepLogits, argmax_rows, batch_bucket, forward_one, forward_rows
+from fafo.engine.batching import (StepInputs, StepLogits, argmax_rows, batch_bucket, forward_one, forward_rows,
+                                  greedy_chain)
 from fafo.errors import ConfigError
 from fafo.fafo import fafo_step_mask
 from fafo.sampling import Sampling
@@ -420,3 +421,36 @@ def test_host_argmax_reads_what_the_device_argmax_reads(dtype):
     with Calls() as calls:
         assert argmax_rows(logits) == expected
     assert "argmax" in calls.names
+
+
+@pytest.mark.parametrize("stop, length", [((), 8), ((15,), 3), ((5, 4), 2)])  # the chain: 8 4 15 5 8 4 15 5
+def test_a_greedy_chain_on_a_device_is_read_once_and_equals_the_host_chain(stop, length):
+    """``greedy_chain`` on host logits reads each token and stops after a stop token; on a device (any torch mode on
+    the stack: the CPU takes the device's path) each token is fed where it lies and the chain is read once, the
+    forwards past a stop token run and are cut: the same tokens, each forward fed its predecessor."""
+    from torch.overrides import TorchFunctionMode
+
+    class Reads(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.n += getattr(func, "__name__", "") == "tolist"
+            return func(*args, **(kwargs or {}))
+
+    table = torch.randn(16, 16, generator=torch.Generator().manual_seed(2))  # next-token logits of each token
+
+    def chain(fed):
+        def forward(feed, i):
+            fed.append([int(t) for t in feed])
+            return table[feed[-1]]
+        return forward
+
+    host_fed, device_fed = [], []
+    want = greedy_chain(chain(host_fed), [5], 8, torch.empty(8, dtype=torch.long), stop)
+    with Reads() as reads:
+        got = greedy_chain(chain(device_fed), [5], 8, torch.empty(8, dtype=torch.long), stop)
+    assert got == want and reads.n == 1
+    assert host_fed == [[5]] + [[t] for t in want[:-1]] and device_fed[: len(want)] == host_fed
+    assert len(want) == length and len(device_fed) == 8  # the device does not see the stop token

@@ -30,8 +30,9 @@ from tests.methods import METHODS as CASES
 # the target (tokens, positions, slots and a tree's mask together), plus what a method moves besides (FAFO's KV
 # moves are slices or built on the device; LongSpec drafts its tree on the device: the verification's upload and the
 # KV move). Device-to-host reads (each a sync on CUDA): the step's verification, plus each drafted token of a
-# drafting loop on the host (QuantSpec, TriForce's middle level, SWIFT's confidence), TriForce's draft-model chain
-# once per proposal, LongSpec's tree once, Token Recycling's top-k.
+# drafting loop on the host (TriForce's middle level, SWIFT's confidence), a greedy draft chain once (QuantSpec's
+# drafts, TriForce's draft model per proposal: fafo.engine.batching.greedy_chain), LongSpec's tree once, Token
+# Recycling's top-k.
 TRAFFIC = {name: case for name, case in CASES.items() if case.traffic}
 
 

@@ -141,6 +141,30 @@ def argmax_rows(logits: torch.Tensor) -> list | int:
     return logits.argmax(-1).tolist()
 
 
+def greedy_chain(forward, feed, n: int, buffer: torch.Tensor, stop=()) -> list[int]:
+    """``n`` greedy tokens, each the argmax of ``forward(feed, i)`` (a logits row ``[V]``) and the ``feed`` of the
+    next call. Where the rows are host memory (:func:`host_logits`) each is read by numpy and fed as ``[token]``,
+    and the chain stops after a token in ``stop``. On a device each token is fed where the argmax leaves it (the
+    one-element view ``buffer[i : i + 1]``; ``buffer``: ``[>= n]`` long on the device) and the chain is read once at
+    its end, then cut after its first token in ``stop``: one sync per chain instead of one per token, and the
+    device runs the forwards past a stop token that the host could not see."""
+    out, on_device = [], False
+    for i in range(n):
+        row = forward(feed, i)
+        if on_device or not host_logits([row]):
+            on_device = True
+            feed = torch.argmax(row, -1, keepdim=True, out=buffer[i : i + 1])
+            continue
+        out.append(argmax_rows(row))
+        feed = out[-1:]
+        if out[-1] in stop:
+            break
+    if on_device:
+        out = buffer[:n].tolist()
+        out = out[: next((i + 1 for i, t in enumerate(out) if t in stop), n)]
+    return out
+
+
 def host_logits(outs: list[torch.Tensor]) -> bool:
     """Whether logits are read by numpy where they are: float32/64 CPU tensors, outside any torch mode.
 
