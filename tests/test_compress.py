@@ -66,6 +66,26 @@ def test_fixed_region_holds_the_selection_after_every_step(compress, engine, mon
     assert_cache_is_permuted_prefill(eng, state.layout, state.history)
 
 
+def test_quest_page_bounds_are_each_pages_key_min_and_max_after_decoding(engine):
+    """The pages' min/max keys, folded in as the prompt and then each step's accepted entries are cached, equal the
+    min/max over each page's keys read from the cache through the layout, after reselections have moved them."""
+    eng = engine("qwen2_gqa_rep")
+    ids = eng.tokenizer(PROMPTS[2] * 2).input_ids
+    state = FAFOState(FAFODecoder(compress=QUEST, n=8, k=3), eng, ids, 30)
+    state.prefill()
+    while len(state.history) < len(ids) + 24:
+        state.commit(state.step(100))
+    region, P = state.layout, QUEST.page_size
+    keys = region.cache.kv[0, :, 0]  # [L, H_kv, S, D]
+    slots = region.slot_of[..., : region.n]  # [L, H_kv, n]: where each position sits now
+    by_position = keys.gather(2, slots[..., None].expand(-1, -1, -1, keys.shape[-1]))  # [L, H_kv, n, D]
+    assert not torch.equal(slots, torch.arange(region.n).expand_as(slots))  # entries were moved
+    for page in range(-(-region.n // P)):
+        part = by_position[:, :, page * P : (page + 1) * P]
+        assert torch.equal(region.state["kmax"][:, 0, :, page], part.amax(2))
+        assert torch.equal(region.state["kmin"][:, 0, :, page], part.amin(2))
+
+
 def test_quest_upper_bound_bounds_every_key_of_its_page():
     region, queries, keys = random_region(QUEST)
     for layer in range(2):

@@ -70,8 +70,9 @@ class Compression(ABC):
         """Called once the prompt's KV is cached (identity layout: slot = position)."""
 
     def after_append(self, region: "FixedRegion", new_slots: torch.Tensor, query: dict | None) -> None:
-        """Called when new entries were appended at ``new_slots`` (before reselection); ``query`` holds the
-        latest decode query per layer ([B, H_q, 1, D]) when the decoder captured one."""
+        """Called when new entries were appended at ``new_slots`` (before reselection): slots ``[region.n - a,
+        region.n)`` for ``a`` entries, each at slot = position. ``query`` holds the latest decode query per layer
+        ([B, H_q, 1, D]) when the decoder captured one."""
 
     @abstractmethod
     def select(self, region: "FixedRegion") -> torch.Tensor:

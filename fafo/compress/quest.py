@@ -65,18 +65,20 @@ class Quest(Compression):
         shape = (*keys.shape[:3], n_pages, keys.shape[-1])  # [L, B, H_kv, pages, D]
         region.state["kmax"] = torch.full(shape, float("-inf"), dtype=keys.dtype, device=keys.device)
         region.state["kmin"] = torch.full(shape, float("inf"), dtype=keys.dtype, device=keys.device)
-        self._update(region, region.arange(0, region.n))
+        region.state["page_of"] = region.arange(0, region.capacity) // self.page_size  # [capacity]: each position's
+        self._update(region, 0, region.n)
         region.state["query"] = _stacked(queries)
 
     def after_append(self, region, new_slots, query) -> None:
-        self._update(region, new_slots)  # appended entries sit at slot == position until reselection
+        self._update(region, region.n - len(new_slots), region.n)
         if query is not None:
             region.state["query"] = _stacked(query)
 
-    def _update(self, region, positions: torch.Tensor) -> None:
-        """Fold the keys at ``positions`` into their pages' min/max, every layer at once (three ops)."""
-        new = region.cache.kv[0].index_select(3, positions)  # [L, B, H_kv, N, D]
-        idx = (positions // self.page_size)[:, None].expand_as(new)
+    def _update(self, region, lo: int, hi: int) -> None:
+        """Fold the keys of positions ``[lo, hi)`` into their pages' min/max, every layer at once (two ops). They
+        are the prompt's or the newest entries, which sit at slot = position until a reselection moves them."""
+        new = region.cache.kv[0, ..., lo:hi, :]  # [L, B, H_kv, N, D]: a view
+        idx = region.state["page_of"][lo:hi, None].expand_as(new)
         region.state["kmax"].scatter_reduce_(3, idx, new, reduce="amax")
         region.state["kmin"].scatter_reduce_(3, idx, new, reduce="amin")
 
