@@ -65,7 +65,7 @@ class Quest(Compression):
         shape = (*keys.shape[:3], n_pages, keys.shape[-1])  # [L, B, H_kv, pages, D]
         region.state["kmax"] = torch.full(shape, float("-inf"), dtype=keys.dtype, device=keys.device)
         region.state["kmin"] = torch.full(shape, float("inf"), dtype=keys.dtype, device=keys.device)
-        region.state["page_of"] = region.arange(0, region.capacity) // self.page_size  # [capacity]: each position's
+        region.state["page_of"] = region.arange(0, region.capacity) // self.page_size  # [capacity]: a position's page
         self._update(region, 0, region.n)
         region.state["query"] = _stacked(queries)
 
