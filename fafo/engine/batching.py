@@ -155,7 +155,7 @@ def greedy_chain(forward, feed, n: int, buffer: torch.Tensor, stop=()) -> list[i
             on_device = True
             feed = torch.argmax(row, -1, keepdim=True, out=buffer[i : i + 1])
             continue
-        out.append(argmax_rows(row))
+        out.append(int(row.numpy().argmax()))  # host_logits: numpy's argmax is torch's (argmax_rows)
         feed = out[-1:]
         if out[-1] in stop:
             break
