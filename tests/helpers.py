@@ -20,6 +20,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
+from torch.overrides import TorchFunctionMode
 
 from fafo.bench.naming import CONF
 from fafo.bench.records import read_rows as read_samples_csv
@@ -211,3 +212,16 @@ def write_question_jsonl(path: Path, per_category: int = 1) -> Path:
             qid += 1
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+class ReadsOnTheHost(TorchFunctionMode):
+    """Counts ``tolist`` reads. Any torch mode on the stack makes the CPU take a device's path
+    (``fafo.engine.batching.host_logits``), so inside this one the CPU reads what a device would."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += getattr(func, "__name__", "") == "tolist"
+        return func(*args, **(kwargs or {}))

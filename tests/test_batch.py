@@ -30,7 +30,7 @@ from fafo.fafo import fafo_step_mask
 from fafo.sampling import Sampling
 from fafo.sampling_check import compare, run_many
 from fafo.tree import DraftTree, tree_inputs
-from tests.helpers import compose_with
+from tests.helpers import ReadsOnTheHost, compose_with
 from tests.batch_cases import (B, CONFIGS, CROSS_REQUEST, METHODS, alone, assert_as_alone, check_batch,
                                check_compiled, compiled_engine, learnt, ragged_requests, run_batch)
 from tests.methods import METHOD_CONF, METHODS as METHOD_CONFIGS, sampling_cases
@@ -428,17 +428,6 @@ def test_a_greedy_chain_on_a_device_is_read_once_and_equals_the_host_chain(stop,
     """``greedy_chain`` on host logits reads each token and stops after a stop token; on a device (any torch mode on
     the stack: the CPU takes the device's path) each token is fed where it lies and the chain is read once, the
     forwards past a stop token run and are cut: the same tokens, each forward fed its predecessor."""
-    from torch.overrides import TorchFunctionMode
-
-    class Reads(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.n = 0
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.n += getattr(func, "__name__", "") == "tolist"
-            return func(*args, **(kwargs or {}))
-
     table = torch.randn(16, 16, generator=torch.Generator().manual_seed(2))  # next-token logits of each token
 
     def chain(fed):
@@ -449,7 +438,7 @@ def test_a_greedy_chain_on_a_device_is_read_once_and_equals_the_host_chain(stop,
 
     host_fed, device_fed = [], []
     want = greedy_chain(chain(host_fed), [5], 8, torch.empty(8, dtype=torch.long), stop)
-    with Reads() as reads:
+    with ReadsOnTheHost() as reads:
         got = greedy_chain(chain(device_fed), [5], 8, torch.empty(8, dtype=torch.long), stop)
     assert got == want and reads.n == 1
     assert host_fed == [[5]] + [[t] for t in want[:-1]] and device_fed[: len(want)] == host_fed

@@ -3,7 +3,6 @@ official selection, the draft's StreamingLLM cache holds what it should, extras 
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from baselines.triforce import TriForceDecoder, TriForceState
 from baselines.triforce_cache import StreamingDraft
@@ -15,7 +14,7 @@ from fafo.engine.tiny import tiny_checkpoint
 from fafo.errors import ConfigError
 from fafo.sampling import Sampling
 from tests.lossless import LONG_PROMPTS as LONG, PROMPTS, assert_lossless
-from tests.helpers import DRAFT_SPEC, make_cfg
+from tests.helpers import DRAFT_SPEC, ReadsOnTheHost, make_cfg
 from tests.methods import TRIFORCE_SMALL
 
 SMALL = TRIFORCE_SMALL  # draft window: 24 - 4 - gamma2 tokens
@@ -140,18 +139,6 @@ def test_draft_without_eviction_is_the_draft_models_greedy_chain(engine):
     assert draft.propose(ids + ref[:1], 0, 5) == ref[1:6]  # feeds the current token, then 4 of its own
     draft.commit(ids + ref[:4], 0, len(ids) + 3)  # 3 of the fed tokens are committed: their KV is kept
     assert draft.D == len(ids) + 3 and draft.propose(ids + ref[:6], 0, 4) == ref[6:10]
-
-
-class ReadsOnTheHost(TorchFunctionMode):
-    """Counts ``tolist`` reads; any torch mode on the stack makes the CPU take the device's path (host_logits)."""
-
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += getattr(func, "__name__", "") == "tolist"
-        return func(*args, **(kwargs or {}))
 
 
 def test_a_greedy_proposal_on_a_device_is_read_once_and_drafts_the_host_chain(engine):
