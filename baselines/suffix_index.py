@@ -166,13 +166,10 @@ class SuffixIndex:
     def _match_lengths(self, ctx: list[int], occ: np.ndarray, after: np.ndarray, matched: int) -> list:
         """``_matches`` from m = matched + 1 on, for a few occurrences that all match ``matched`` tokens."""
         longest = len(ctx) - 1
-        lengths = []
-        for p in occ.tolist():
-            seq = self.tokens[max(p - longest + 1, 0): p + 1].tolist()[::-1]
-            k = matched
-            while k < min(longest, len(seq)) and seq[k] == ctx[-1 - k]:
-                k += 1
-            lengths.append(k)
+        back = np.arange(matched, longest)
+        before = occ[:, None] - back  # [N, longest - matched]: the positions compared, each occurrence backwards
+        same = (before >= 0) & (self.tokens[np.maximum(before, 0)] == np.asarray(ctx[::-1][matched:longest]))
+        lengths = np.where(same.all(1), longest, matched + same.argmin(1)).tolist()  # up to the first mismatch
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # longest match first
         out, alive, kept = [], len(order), -1
         for m in range(matched + 1, lengths[order[0]] + 1):

@@ -121,6 +121,8 @@ class SuffixTree(SuffixIndex):
             toks, nxt = toks[keep], nxt[keep]
             if not len(toks):
                 return [], 0
+            if (toks == toks[0]).all():  # one child (inside a compressed node of the official tree): no grouping
+                return [(len(nxt), int(toks[0]), nxt if len(nxt) > 16 else nxt.tolist())], 1
             if len(toks) >= 2048 and int(toks.max()) < 1 << 22:
                 per_token = np.bincount(toks)
                 uniq = np.flatnonzero(per_token)

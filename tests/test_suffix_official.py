@@ -274,6 +274,21 @@ def test_replay_of_random_small_vocabulary_text_with_ties(depth, spec):
 
 
 @pytest.mark.parametrize("tree", [True, False])
+def test_replay_of_repeated_text_with_many_occurrences(tree):
+    """A phrase repeated dozens of times, now and then varied: matches with more than 16 occurrences whose node
+    has one child (grouped without sorting), and some with two."""
+    rng = random.Random(13)
+    phrase = [rng.randrange(40) for _ in range(9)]
+
+    def text(n):
+        return [rng.randrange(40) if rng.random() < 0.03 else t for _ in range(n) for t in phrase]
+
+    requests = [(text(4), text(6)) for _ in range(6)]
+    got, want = replay(requests, depth=16, tree=tree)
+    assert got == want and sum(got) > 2 * len(got)
+
+
+@pytest.mark.parametrize("tree", [True, False])
 def test_replay_with_frequent_index_merges(tree, monkeypatch):
     """Tokens merged into the sorted index every 24 appends: the cached children of short matches are rebuilt
     and combined with the newest tokens at every step, and drafts stay the official ones."""
