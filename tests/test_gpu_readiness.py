@@ -5,6 +5,7 @@ warm-up that leaves no compilation in timed rows, and the main comparison compil
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -192,6 +193,13 @@ def test_upload_is_one_packed_copy_with_aligned_views():
     assert tokens.tolist() == [5, 6, 7] and positions.tolist() == [10, 11, 12] and none is None
     assert got.dtype == torch.bool and torch.equal(got, mask)
     assert positions.data_ptr() - tokens.data_ptr() == 8 * engine_module.ALIGN  # one buffer, aligned views
+    # flat lists of ints (a decode step's inputs) are packed by one conversion; other values beside them by numpy
+    for values in ([[5], [300], list(range(9)), []], [[5], np.array([[1, 2], [3, 4]]), [[6, 7], [8, 9]], [True]]):
+        got = engine_module.upload(values, "cpu")
+        assert [g.tolist() for g in got] == [np.asarray(v).tolist() for v in values]
+        assert [g.dtype for g in got] == [torch.bool if np.asarray(v).dtype == bool else torch.long for v in values]
+        assert all(g.data_ptr() % (8 * engine_module.ALIGN) == got[0].data_ptr() % (8 * engine_module.ALIGN)
+                   for g in got if g.numel() and g.dtype == torch.long)  # (a bool value is converted, not a view)
     with pytest.raises(TypeError, match="integer and bool"):
         engine_module.upload([torch.ones(2)], "meta")
 

@@ -288,28 +288,39 @@ def upload(values, device: torch.device, dtype=torch.long):
     without blocking, split into views (bool values, e.g. a tree's mask, come back as bool). Returns a new list,
     or ``values`` itself when nothing had to move."""
     device = device if isinstance(device, torch.device) else torch.device(device)
-    host = [i for i, v in enumerate(values)
-            if v is not None and not (isinstance(v, torch.Tensor) and v.device == device)]
+    host, parts, sizes, ints = [], [], [], True  # sizes: each part, then the padding that aligns the next one
+    for i, v in enumerate(values):
+        if v is None or (isinstance(v, torch.Tensor) and v.device == device):
+            continue
+        if type(v) is not list or (v and type(v[0]) is not int):  # else a flat list of Python ints
+            v, ints = _host_array(v), False
+        host.append(i)
+        parts.append(v)
+        n = len(v) if type(v) is list else v.size
+        sizes += (n, -n % ALIGN)
     if not host:
         return values
-    parts = [_host_array(values[i]) for i in host]
-    starts, total = [], 0
-    for p in parts:
-        if p.dtype.kind not in "iub":
-            raise TypeError("upload packs integer and bool values only")
-        starts.append(total)
-        total += -(-p.size // ALIGN) * ALIGN  # each view starts aligned (compiled kernels)
-    packed = np.zeros(total, dtype=np.int64)
-    for p, start in zip(parts, starts):
-        packed[start: start + p.size] = p.reshape(-1)
+    if ints:  # a decode step's tokens, positions and slots: one conversion (numpy rejects a ragged list)
+        packed = []
+        for p, pad in zip(parts, sizes[1::2]):
+            packed += p
+            packed += _ZEROS[:pad]
+        packed = np.array(packed, dtype=np.int64)
+    else:
+        packed, start = np.zeros(sum(sizes), dtype=np.int64), 0
+        for p, n, pad in zip(parts, sizes[::2], sizes[1::2]):
+            packed[start: start + n] = np.asarray(p).reshape(-1)
+            start += n + pad
     flat = torch.from_numpy(packed)
     flat = flat if dtype == torch.long else flat.to(dtype)
     flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat.to(device)
+    views = flat.split_with_sizes(sizes)  # one call for every view
     out = list(values)
-    for i, p, start in zip(host, parts, starts):
-        view = flat[start: start + p.size]
-        view = view if p.ndim == 1 else view.view(p.shape)  # (a view() costs a microsecond or two of host time)
-        out[i] = view.bool() if p.dtype == np.bool_ else view
+    for i, p, view in zip(host, parts, views[::2]):
+        if isinstance(p, np.ndarray):
+            view = view if p.ndim == 1 else view.view(p.shape)
+            view = view.bool() if p.dtype == np.bool_ else view
+        out[i] = view
     return out
 
 
@@ -337,6 +348,7 @@ def _host_array(value) -> np.ndarray:
 
 
 ALIGN = 8  # elements: 64 bytes for int64, the alignment inductor's kernels assume of their inputs
+_ZEROS = [0] * ALIGN
 
 
 def appends_one_token_host(tokens, slots, plan: AttentionPlan) -> bool:
