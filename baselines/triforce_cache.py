@@ -13,7 +13,7 @@ from fafo.engine.attention import causal_plan
 from fafo.engine.batching import greedy_chain
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
-from fafo.engine.rope import apply_rotary
+from fafo.engine.rope import rotate_half
 
 
 def select_chunks(keys: torch.Tensor, query: torch.Tensor, chunk: int, n_select: int, reduce: str) -> torch.Tensor:
@@ -106,13 +106,13 @@ class StreamingDraft:
         self.D = 0  # committed positions [0, D) are in the sink/window slots
         self.spec: list[int] = []  # tokens at positions D, D+1, ... with KV in scratch
         self.delta = 0  # the sinks' current rotation
-        self.pristine: torch.Tensor | None = None  # [L, B, H_kv, start, D]: sink keys at positions 0..
+        self.pristine: tuple | None = None  # sink keys at positions 0.. and their rotate_half (float32)
         # a proposal's greedy tokens where the device leaves them (a proposal's KV fits in scratch: so do they)
         self.chain = torch.empty(self.scratch, dtype=torch.long, device=self.engine.device)
 
     @property
     def nbytes(self) -> int:
-        pristine = 0 if self.pristine is None else self.pristine.numel() * self.pristine.element_size()
+        pristine = 0 if self.pristine is None else sum(t.numel() * t.element_size() for t in self.pristine)
         return self.kv.nbytes + self.engine.weights_nbytes + pristine
 
     def _base(self) -> int:
@@ -193,10 +193,11 @@ class StreamingDraft:
         """Positions ``[D, end)`` are committed (``tokens[i]`` at ``start + i``): move the matching speculated KV
         from scratch into the sink/window slots, drop the rest of scratch, re-rotate the sinks."""
         k = self._common(tokens, start, end - self.D)
-        if k:
-            moves = {self._slot(self.D + i): self._base() + i for i in range(k)}  # later positions win a slot
-            if any(d != s for d, s in moves.items()):
-                self.kv.move(*self.engine.upload(list(moves.values()), list(moves)))  # one non-blocking copy
+        moves = {self._slot(self.D + i): self._base() + i for i in range(k)}  # later positions win a slot
+        moves = {d: s for d, s in moves.items() if d != s}
+        # a moved entry comes from slot >= start + window (scratch, or a position past the ring while the base is
+        # D) and goes to the ring below it: no slot is both, so a slice copy per run (the ring may wrap), no upload
+        self.kv.copy_slots(list(moves.values()), list(moves))
         self.D += k
         self.spec = []
         self._rotate_sinks(max(0, self.D - self.start - self.window))
@@ -208,8 +209,10 @@ class StreamingDraft:
             return
         sinks = self.kv.kv[0, :, :, :, : self.start]  # [L, B, H_kv, start, D]: every layer's sink keys
         if self.pristine is None:  # delta was 0 so far: the sinks are still as written at positions 0..start-1
-            self.pristine = sinks.clone()
+            keys = sinks.to(torch.float32, copy=True)
+            self.pristine = (keys, rotate_half(keys))  # float32, each [L, B, H_kv, start, D]
         freqs = delta * self.engine.model.rotary.inv_freq  # float32 [D/2]
         emb = torch.cat((freqs, freqs))
-        sinks.copy_(apply_rotary(self.pristine.float(), emb.cos(), emb.sin()))  # rounded to the cache's dtype
+        keys, half = self.pristine  # apply_rotary's terms, the half-rotated keys kept from the first rotation
+        sinks.copy_(keys * emb.cos() + half * emb.sin())  # rounded to the cache's dtype
         self.delta = delta

@@ -342,3 +342,23 @@ def test_static_shapes_give_each_forward_kind_one_shape(case, sampling, static, 
                 if case == "rep-self-g2" and sampling is None:  # full matches: catch-ups reach CATCH_UP tokens
                     assert (C, C, C, 1) in drafts
     eng.static_shapes = True
+
+
+@pytest.mark.parametrize("n", [3, 12])  # within the window, and more tokens than it holds (later ones win a slot)
+def test_a_commit_puts_the_last_window_of_tokens_in_their_ring_slots(engine, n):
+    """The committed entries move from scratch into the ring by slice copies: afterwards every window slot holds
+    the key of its newest position, and the sinks sit right before the window."""
+    eng = engine("llama_mha")  # the target as its own draft
+    ids = eng.tokenizer(PROMPTS[0]).input_ids
+    start, window = 4, 8
+    draft = StreamingDraft(eng, start=start, window=window, scratch=16)
+    draft.prefill(ids)
+    d, current = draft.D, ids[:1]  # any next token: fed, then n drafted whose first n - 1 are fed too
+    text = ids + current + draft.propose(ids + current, 0, n)
+    draft.commit(text, 0, d + n)
+    keys, want = draft.kv.keys[0][0], layer0_keys(eng, text[: d + n], torch.arange(d + n))
+    assert draft.D == d + n and draft.delta == d + n - start - window
+    for p in range(d + n - window, d + n):
+        assert torch.allclose(keys[:, draft._slot(p)], want[:, p], atol=1e-5), p
+    sinks = layer0_keys(eng, text[:start], draft.delta + torch.arange(start))
+    assert torch.allclose(keys[:, :start], sinks, atol=1e-5)
