@@ -200,8 +200,9 @@ def test_upload_is_one_packed_copy_with_aligned_views():
         assert [g.dtype for g in got] == [torch.bool if np.asarray(v).dtype == bool else torch.long for v in values]
         assert all(g.data_ptr() % (8 * engine_module.ALIGN) == got[0].data_ptr() % (8 * engine_module.ALIGN)
                    for g in got if g.numel() and g.dtype == torch.long)  # (a bool value is converted, not a view)
-    with pytest.raises(TypeError, match="integer and bool"):
-        engine_module.upload([torch.ones(2)], "meta")
+    for floats in (torch.ones(2), np.ones(2), [[0.5, 1.5]]):
+        with pytest.raises(TypeError, match="integer and bool"):
+            engine_module.upload([[5], floats], "meta")
 
 
 def test_release_leaves_only_the_weights(tmp_path):

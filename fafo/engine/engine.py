@@ -294,6 +294,8 @@ def upload(values, device: torch.device, dtype=torch.long):
             continue
         if type(v) is not list or (v and type(v[0]) is not int):  # else a flat list of Python ints
             v, ints = _host_array(v), False
+            if v.dtype.kind not in "iub":
+                raise TypeError("upload packs integer and bool values only")
         host.append(i)
         parts.append(v)
         n = len(v) if type(v) is list else v.size
