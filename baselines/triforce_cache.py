@@ -13,7 +13,7 @@ from fafo.engine.attention import causal_plan
 from fafo.engine.batching import greedy_chain
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
-from fafo.engine.rope import rotate_half
+from fafo.engine.rope import apply_rotary, rotate_half
 
 
 def select_chunks(keys: torch.Tensor, query: torch.Tensor, chunk: int, n_select: int, reduce: str) -> torch.Tensor:
@@ -213,6 +213,6 @@ class StreamingDraft:
             self.pristine = (keys, rotate_half(keys))  # float32, each [L, B, H_kv, start, D]
         freqs = delta * self.engine.model.rotary.inv_freq  # float32 [D/2]
         emb = torch.cat((freqs, freqs))
-        keys, half = self.pristine  # apply_rotary's terms, the half-rotated keys kept from the first rotation
-        sinks.copy_(keys * emb.cos() + half * emb.sin())  # rounded to the cache's dtype
+        keys, half = self.pristine  # the half-rotated keys kept from the first rotation
+        sinks.copy_(apply_rotary(keys, emb.cos(), emb.sin(), half))  # rounded to the cache's dtype
         self.delta = delta

@@ -81,6 +81,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, H, Q, D]; cos/sin: [B, 1, Q, D]."""
-    return x * cos + rotate_half(x) * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 half: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [B, H, Q, D]; cos/sin: [B, 1, Q, D]; ``half``: ``rotate_half(x)`` when the caller keeps it."""
+    return x * cos + (rotate_half(x) if half is None else half) * sin
