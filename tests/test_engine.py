@@ -1,6 +1,8 @@
 """The engine's logits equal transformers' own model (float32, 1e-4) for prefill and tree steps."""
 
+import contextlib
 import itertools
+import math
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from fafo.errors import ConfigError
 from tests.conftest import MODEL_SPECS
+from tests.helpers import ReadsOnTheHost
 
 ATOL = 1e-4
 
@@ -115,27 +118,37 @@ def _moved(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tens
     return out
 
 
+@pytest.mark.parametrize("path", ["host", "device"])
 @pytest.mark.parametrize("view", ["whole", "batch row"])
-def test_per_row_moves_equal_a_loop_over_every_layer_row_and_head(view):
+def test_per_row_moves_equal_a_loop_over_every_layer_row_and_head(view, path):
+    """Moves with padding (a spare slot paired with itself, as FAFO's swap lists pad theirs): on the CPU's own path
+    those pairs are dropped before the copy; inside a torch mode the CPU runs a device's path, which copies them."""
     L, B, H, S, D, N = 3, 3, 2, 12, 4, 5
     gen = torch.Generator().manual_seed(0)
     whole = KVCache(L, B, H, S, D, torch.float32, "cpu")
     whole.kv.copy_(torch.randn(whole.kv.shape, generator=gen))
     cache = whole if view == "whole" else whole.row(1)  # a view with strides of the whole buffer
     b = cache.batch
-    slots = lambda: torch.stack([torch.randperm(S, generator=gen)[:N] for _ in range(L * H)]).view(L, H, N)
-    src, dst = slots(), slots()  # overlapping: a slot may be read and written by the same move
-    expected = _moved(cache.kv, src[:, None].expand(L, b, H, N), dst[:, None].expand(L, b, H, N))
+    spare = torch.full((3,), S - 1)
+
+    def slots(*shape):  # overlapping: a slot may be read and written by the same move; then the padding
+        picks = torch.stack([torch.randperm(S - 1, generator=gen)[:N] for _ in range(math.prod(shape))])
+        return torch.cat([picks, spare.expand(len(picks), -1)], -1).view(*shape, -1)
+
+    device_path = ReadsOnTheHost() if path == "device" else contextlib.nullcontext()
+    src, dst = slots(L, H), slots(L, H)
+    expected = _moved(cache.kv, src[:, None].expand(L, b, H, -1), dst[:, None].expand(L, b, H, -1))
     outside = whole.kv[:, :, 2].clone()
-    cache.move_rows(src, dst)
+    with device_path:
+        cache.move_rows(src, dst)
     assert torch.equal(cache.kv, expected)
     if view == "batch row":
         assert torch.equal(whole.kv[:, :, 2], outside)  # the other rows are untouched
-    per_row_src = torch.stack([torch.randperm(S, generator=gen)[:N] for _ in range(b)])
-    per_row_dst = torch.stack([torch.randperm(S, generator=gen)[:N] for _ in range(b)])
-    expected = _moved(cache.kv, per_row_src[None, :, None].expand(L, b, H, N),
-                      per_row_dst[None, :, None].expand(L, b, H, N))
-    cache.move_per_row(per_row_src, per_row_dst)
+    per_row_src, per_row_dst = slots(b), slots(b)
+    expected = _moved(cache.kv, per_row_src[None, :, None].expand(L, b, H, -1),
+                      per_row_dst[None, :, None].expand(L, b, H, -1))
+    with device_path:
+        cache.move_per_row(per_row_src, per_row_dst)
     assert torch.equal(cache.kv, expected)
 
 

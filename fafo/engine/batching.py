@@ -25,6 +25,7 @@ import torch
 
 from fafo.engine.attention import AttentionPlan
 from fafo.engine.cache import KVCache
+from fafo.engine.torch_compat import modes_active
 
 
 @dataclass
@@ -173,14 +174,7 @@ def host_logits(outs: list[torch.Tensor]) -> bool:
     largest value, NaN counting as the largest). Under a torch mode (a probe counting what a device launches and
     reads, :mod:`fafo.bench.tools.host_work`) the device path runs, as it does on a GPU."""
     return (all(o.device.type == "cpu" and o.dtype in (torch.float32, torch.float64) for o in outs)
-            and not _modes_active())
-
-
-def _modes_active() -> bool:
-    """Whether a torch function or dispatch mode is on the stack (torch 2.11 and 2.13 keep both counts in
-    ``torch._C``; a torch without them counts as a mode being active, so the device path runs)."""
-    counts = [getattr(torch._C, name, None) for name in ("_len_torch_function_stack", "_len_torch_dispatch_stack")]
-    return any(count is None or count() for count in counts)
+            and not modes_active())
 
 
 class RowLogits:

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from fafo.engine.attention import AttentionPlan, attend
+from fafo.engine.torch_compat import modes_active
 
 SLOT_DIM = 4  # the slot axis of KVCache.kv: [2, L, B, H_kv, S, D]
 
@@ -147,10 +148,15 @@ class KVCache(Cache):
         D values per key or value of a layer, batch row, head and slot) and the moves are one ``index_select`` and
         one ``index_copy_`` of whole rows: on a CPU 3-4x faster than a ``gather`` / ``scatter_`` over
         ``[2, L, B, H_kv, N, D]``, which index element by element (FAFO-Quest's swaps on the host table's 32-layer
-        model: 820 -> 210 us)."""
+        model: 820 -> 210 us). On a CPU, outside a probe's torch mode, the lists are first read to drop the pairs
+        of a slot with itself (the padding of FAFO's swap lists, most of Quest's pairs): on a device that read
+        would be a sync and a data-dependent size, and the padded lists are one kernel each anyway."""
         entries, first = self.entry_table()
-        values = entries.index_select(0, torch.add(first, src[None]).flatten())  # rows [2, L, B, H_kv, N]
-        entries.index_copy_(0, torch.add(first, dst[None]).flatten(), values)
+        src, dst = torch.add(first, src[None]).flatten(), torch.add(first, dst[None]).flatten()  # [2 L B H_kv N]
+        if entries.device.type == "cpu" and not modes_active():  # host memory: reading the lists costs no sync
+            moved = src != dst  # padded swap lists pair a spare slot with itself: a copy that changes nothing
+            src, dst = src[moved], dst[moved]
+        entries.index_copy_(0, dst, entries.index_select(0, src))
 
     def entry_table(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The cache as ``[rows, D]`` (a view of its storage) and the row of slot 0 of every (kv, layer, batch

@@ -42,6 +42,15 @@ def flex_attention_lse(fn, q, k, v, block_mask, scale: float, kernel_options: di
     return fn(q, k, v, return_lse=True, **kw)
 
 
+def modes_active() -> bool:
+    """Whether a torch function or dispatch mode is on the stack (torch 2.11 and 2.13 keep both counts in
+    ``torch._C``; a torch without them counts as a mode being active, so the device path runs). Host shortcuts
+    for CPU tensors (numpy reads, compacted index lists) check it: a probe counting what a device launches and
+    reads (:mod:`fafo.bench.tools.host_work`) runs under a mode and sees the device path."""
+    counts = [getattr(torch._C, name, None) for name in ("_len_torch_function_stack", "_len_torch_dispatch_stack")]
+    return any(count is None or count() for count in counts)
+
+
 def main_template_option() -> dict:
     """kernel_options that send a flex_attention call to the main (flex-attention) Triton template."""
     return {"BACKEND": "TRITON"} if HAS_BACKEND_OPTION else {"FORCE_USE_FLEX_ATTENTION": True}
