@@ -154,8 +154,8 @@ class KVCache(Cache):
         entries, first = self.entry_table()
         src, dst = torch.add(first, src[None]).flatten(), torch.add(first, dst[None]).flatten()  # [2 L B H_kv N]
         if entries.device.type == "cpu" and not modes_active():  # host memory: reading the lists costs no sync
-            moved = src != dst  # padded swap lists pair a spare slot with itself: a copy that changes nothing
-            src, dst = src[moved], dst[moved]
+            moved = torch.nonzero(src != dst).view(-1)  # padded swap lists pair a spare slot with itself: no-op copies
+            src, dst = src.index_select(0, moved), dst.index_select(0, moved)
         entries.index_copy_(0, dst, entries.index_select(0, src))
 
     def entry_table(self) -> tuple[torch.Tensor, torch.Tensor]:
