@@ -234,6 +234,23 @@ def test_the_big_cache_is_sized_alike_whichever_methods_are_selected():
     assert len(sizes) == 1
 
 
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_methods_stage_prompt_outgrows_every_fafo_budget_within_the_models_context(device):
+    """On a prompt within its budget a FAFO region holds every entry and never swaps, so the stage would time FAFO
+    without its bookkeeping: the prompt must exceed each preset's budget, and the cache fit the big shape (the 7B
+    one on CUDA, its toy on a CPU, whose check then runs the same swaps)."""
+    from fafo.bench.gpu_check.big_model import capacity
+    from fafo.bench.gpu_check.methods import build_method
+    from fafo.bench.tools.random_model import SHAPES
+
+    settings = settings_for(device, quick=False)
+    budgets = {name: m.compress.budget for name in METHODS
+               if (m := build_method(name, small=False)) is not None and hasattr(m, "compress")}
+    assert set(budgets) == {"fafo_stream", "fafo_quest", "fafo_snapkv", "fafo_2forward"}
+    assert max(budgets.values()) < settings.method_prompt
+    assert capacity(settings) <= SHAPES[settings.big_shape]["max_position_embeddings"]
+
+
 def test_the_flex_probe_checks_against_a_right_reference_and_needs_cuda(monkeypatch):
     """``scripts/gpu_flex_probe.py`` judges each template against its float64 reference: that reference equals
     SDPA with the same mask (both mask kinds), and without CUDA the probe refuses to run (exit 2)."""

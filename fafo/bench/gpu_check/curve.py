@@ -5,9 +5,10 @@
   forwards of 4 and 16 rows at once (``bench.batch_size``; 1 and 64 tokens per row, first context), the curve
   that prices batched runs;
 * methods: each draftless method at its preset's shapes generates after a prompt (a random run repeated, so the
-  n-gram methods have matches to draft from), compiled as the runner does, warmed, then one generation is split
-  into time inside its forwards and host time around them (:func:`~fafo.bench.tools.engine_timing.step_times`). The
-  methods share the engine, its cache and the graphs of equal step shapes (vanilla's is the curve's 1-token one).
+  n-gram methods have matches to draft from; longer than every FAFO preset's budget, so their regions swap),
+  compiled as the runner does, warmed, then one generation is split into time inside its forwards and host time
+  around them (:func:`~fafo.bench.tools.engine_timing.step_times`). The methods share the engine, its cache and the
+  graphs of equal step shapes (vanilla's is the curve's 1-token one).
 
 Both go to ``<gpu>.csv`` (:func:`~fafo.bench.tools.cost_curve.write_device_csv`), which ``bench.cost_curve`` reads.
 """

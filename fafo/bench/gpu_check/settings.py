@@ -51,7 +51,9 @@ class Settings:
     # then forwards of several rows at once (bench.batch_size), at the first context only, after every step above
     curve_batches: tuple[int, ...] = (4, 16)
     curve_batch_steps: tuple[int, ...] = (1, 64)
-    method_prompt: int = 512
+    # past every FAFO preset's budget (StreamingLLM 760, Quest 1024, SnapKV 1280 entries), so that their regions
+    # evict and swap as at long context; TriForce's retrieval budget (4096) still holds the whole prompt
+    method_prompt: int = 2048
     method_new: int = 64
     # stage 4 on the big shape's widths with this many layers (None: all): a method's host time per step does not
     # grow with the depth (tests/test_host_work.py), its compiles shrink with it
@@ -87,7 +89,7 @@ def settings_for(device: str, quick: bool, budget_s: float | None = None, backen
         options = CompileOptions(mode="default", backend=backend or "aot_eager", attention=attention)
         s = Settings(dev, "float32", options, quick, big_shape="llama2-7b-toy", decode_contexts=(64, 256),
                      decode_new=16, rounds=2, curve_contexts=(64, 256), curve_steps=(1, 8, 64), curve_batches=(2,),
-                     curve_batch_steps=(1, 8), method_prompt=96,
+                     curve_batch_steps=(1, 8), method_prompt=1400,
                      method_new=16, max_new=24, cli_new=16)
         if quick:  # about a minute and a half on 2 CPU cores: group 4 (tree steps over 128 rows x group)
             s.rounds, s.max_new, s.decode_new, s.groups = 1, 16, 8, (4,)
