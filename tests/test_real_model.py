@@ -4,6 +4,8 @@
   files get one clear line (also through the CLI, before any model loads).
 * Every method of the main job (``experiment=demo``), composed as the job composes it, is token-identical to vanilla
   on the real model over 3 built-in prompts x 32 tokens.
+* FAFO's compressions and TriForce's retrieval cache with budgets below the prompt (they evict) are token-identical
+  to vanilla on the real model too.
 * The mechanism on real text: FAFO-Stream and Lookahead reach tau > 1.2 on the built-in chat prompts.
 * The main job through the CLI: one run directory, one sub-directory per method, a comparison table and a plot.
 """
@@ -132,6 +134,37 @@ def test_every_demo_method_is_token_identical_on_the_real_model(real_engine):
         for p, ref in zip(prompts, refs):
             got = method.generate(real_engine, p, 24, real_engine.eos_ids).tokens
             assert got == ref, f"{name} diverged from vanilla on the real model"
+
+
+# budgets of 48 entries, below every prompt below: the regions and TriForce's retrieval cache evict from the first
+# step (the main job's budgets, 512 or more, hold its prompts whole)
+EVICTING = {"fafo_stream": ["method.compress.local=44"], "fafo_2forward": ["method.compress.local=44"],
+            "fafo_quest": ["method.compress.token_budget=48"],
+            "fafo_snapkv": ["method.compress.capacity=40", "method.compress.window=16", "method.compress.local=8"],
+            "triforce_nodraft": ["method.budget=48"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EVICTING))
+def test_compressions_that_evict_stay_token_identical_on_the_real_model(real_engine, name):
+    """FAFO's compressed regions and TriForce's retrieval cache with fewer entries than the context, on real text:
+    the forwards that read a compressed view read fewer slots than the cache holds, and the tokens are vanilla's."""
+    demo = [o for o in demo_cfg().compare.overrides.get(name, []) if ".compress." not in o and "budget" not in o]
+    method = build(method_node(demo_cfg(f"method={name}", *demo, *EVICTING[name]).method), "method")
+    method.setup(real_engine)
+    for p in builtin_prompts(real_engine, ["chat-01", "struct-01"]):
+        ref = VanillaDecoder().generate(real_engine, p, 24, real_engine.eos_ids).tokens
+        real_engine.ledger.log = []
+        try:
+            got = method.generate(real_engine, p, 24, real_engine.eos_ids).tokens
+            log = real_engine.ledger.log
+        finally:
+            real_engine.ledger.log = None
+        assert got == ref, f"{name} with an evicting budget diverged from vanilla on the real model"
+        if name.startswith("fafo"):  # fumble rows read a region of 48 entries below the cache's length
+            assert any(r.region_rows and r.region_len == 48 < r.prefix for r in log), name
+        else:  # the middle level reads the retrieval cache's 48 slots (+ the tokens since), not the prompt's chunks
+            assert min(r.prefix for r in log if r.kind == "draft") == 48, name
 
 
 @pytest.mark.slow
