@@ -55,10 +55,8 @@ def swap_lists(layers: int, heads: int, width: int, real: int, slots: int, gener
 
 def region_swaps(device: torch.device, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, slots: int,
                  width: int, fractions: list[float], repeats: int, seed: int = 0) -> list[dict]:
-    """One row per (fraction, variant): the median and fastest ``move_rows`` over ``repeats`` calls."""
-    if not 0 < width < slots - width:
-        raise SystemExit(f"error: --width {width} must be positive and leave as many slots past the region "
-                         f"(--slots {slots} > 2 x width)")
+    """One row per (fraction, variant): the median and fastest ``move_rows`` over ``repeats`` calls
+    (``0 < width < slots - width``: as many slots past the region as in it, and the spare one)."""
     cache = KVCache(layers, 1, kv_heads, slots, head_dim, dtype, device)
     cache.kv.normal_()
     cache.entry_table()  # built once, as FixedRegion builds it before decoding
@@ -107,6 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if any(not 0 < f <= 1 for f in args.fractions):
         p.error("--fractions: each must be in (0, 1]")
+    if not 0 < args.width < args.slots - args.width:
+        p.error(f"--width {args.width} must be positive and leave as many slots past the region (--slots "
+                f"{args.slots} > 2 x width); raise --slots or lower --width")
     return args
 
 

@@ -244,8 +244,8 @@ def test_the_methods_stage_prompt_outgrows_every_fafo_budget_within_the_models_c
     from fafo.bench.tools.random_model import SHAPES
 
     settings = settings_for(device, quick=False)
-    budgets = {name: m.compress.budget for name in METHODS
-               if (m := build_method(name, small=False)) is not None and hasattr(m, "compress")}
+    methods = {name: build_method(name, small=False) for name in METHODS}
+    budgets = {name: m.compress.budget for name, m in methods.items() if hasattr(m, "compress")}
     assert set(budgets) == {"fafo_stream", "fafo_quest", "fafo_snapkv", "fafo_2forward"}
     assert max(budgets.values()) < settings.method_prompt
     assert capacity(settings) <= SHAPES[settings.big_shape]["max_position_embeddings"]

@@ -72,4 +72,5 @@ def test_command_line_refuses_a_region_wider_than_the_slots_past_it(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_region_swaps.py"), "--device", "cpu",
                            "--slots", "64", "--width", "40", "--out", str(tmp_path / "x.csv")],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "--width 40" in proc.stderr
+    assert proc.returncode == 2 and "--width 40" in proc.stderr and "raise --slots" in proc.stderr
+    assert not (tmp_path / "x.csv").exists()
