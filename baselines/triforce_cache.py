@@ -94,6 +94,7 @@ class StreamingDraft:
     """
 
     PREFILL_CHUNK = 64  # official draft prefill chunk (utils/graph_infer.py::draft_run)
+    ROTATIONS = 64  # sink rotations whose cos/sin one table holds (a rotation per commit is then 4 ops, not 8)
     CATCH_UP = 3  # static-shape length of propose's first forward (docs/methods/triforce.md)
 
     def __init__(self, engine: Engine, start: int, window: int, scratch: int):
@@ -107,6 +108,9 @@ class StreamingDraft:
         self.spec: list[int] = []  # tokens at positions D, D+1, ... with KV in scratch
         self.delta = 0  # the sinks' current rotation
         self.pristine: tuple | None = None  # sink keys at positions 0.. and their rotate_half (float32)
+        self.inv_freq = self.engine.model.rotary.inv_freq  # float32 [D/2]
+        empty = self.inv_freq.new_empty(0, 2 * len(self.inv_freq))
+        self.rotations = (0, empty, empty)  # the first delta of the table, its cos and sin rows
         # a proposal's greedy tokens where the device leaves them (a proposal's KV fits in scratch: so do they)
         self.chain = torch.empty(self.scratch, dtype=torch.long, device=self.engine.device)
 
@@ -211,8 +215,11 @@ class StreamingDraft:
         if self.pristine is None:  # delta was 0 so far: the sinks are still as written at positions 0..start-1
             keys = sinks.to(torch.float32, copy=True)
             self.pristine = (keys, rotate_half(keys))  # float32, each [L, B, H_kv, start, D]
-        freqs = delta * self.engine.model.rotary.inv_freq  # float32 [D/2]
-        emb = torch.cat((freqs, freqs))
+        first, cos, sin = self.rotations
+        if not first <= delta < first + len(cos):  # the next ROTATIONS rotations' cos and sin, each [R, D] float32
+            freqs = torch.arange(delta, delta + self.ROTATIONS, device=cos.device)[:, None] * self.inv_freq
+            emb = torch.cat((freqs, freqs), dim=-1)
+            first, cos, sin = self.rotations = delta, emb.cos(), emb.sin()
         keys, half = self.pristine  # the half-rotated keys kept from the first rotation
-        sinks.copy_(apply_rotary(keys, emb.cos(), emb.sin(), half))  # rounded to the cache's dtype
+        sinks.copy_(apply_rotary(keys, cos[delta - first], sin[delta - first], half))  # rounded to the cache's dtype
         self.delta = delta

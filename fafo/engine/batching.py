@@ -149,11 +149,11 @@ def greedy_chain(forward, feed, n: int, buffer: torch.Tensor, stop=()) -> list[i
     one-element view ``buffer[i : i + 1]``; ``buffer``: ``[>= n]`` long on the device) and the chain is read once at
     its end, then cut after its first token in ``stop``: one sync per chain instead of one per token, and the
     device runs the forwards past a stop token that the host could not see."""
-    out, on_device = [], False
+    out, on_device = [], None
     for i in range(n):
         row = forward(feed, i)
-        if on_device or not host_logits([row]):
-            on_device = True
+        on_device = not host_logits([row]) if on_device is None else on_device  # every row is where the first is
+        if on_device:
             feed = torch.argmax(row, -1, keepdim=True, out=buffer[i : i + 1])
             continue
         out.append(int(row.numpy().argmax()))  # host_logits: numpy's argmax is torch's (argmax_rows)

@@ -22,6 +22,7 @@ from fafo.engine.ledger import ForwardLedger, model_call
 from fafo.engine.loader import load_hf_config, load_model, load_tokenizer, resolve_checkpoint
 from fafo.engine.model import Transformer, plan_is_plain_causal
 from fafo.engine.static_shapes import pad_step
+from fafo.engine.torch_compat import modes_active
 from fafo.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -282,12 +283,18 @@ class Engine:
         return self.forward(cache, prompt_ids, idx, idx, causal_plan(0), logits, kind="prefill")
 
 
-def upload(values, device: torch.device, dtype=torch.long):
+def upload(values, device: torch.device, dtype=torch.long, pack: bool | None = None):
     """Every host value of ``values`` (ints, lists, ranges, numpy arrays, CPU tensors; ``None`` and device tensors
     pass through) on ``device`` in ONE copy: packed on the host by numpy (no torch op), pinned on CUDA, copied
     without blocking, split into views (bool values, e.g. a tree's mask, come back as bool). Returns a new list,
-    or ``values`` itself when nothing had to move."""
+    or ``values`` itself when nothing had to move.
+
+    ``pack`` (default: on every device but the CPU, and on the CPU under a probe's torch mode, which counts what a
+    device runs): on the CPU there is no copy to save, and each value becomes its own array (a copy: the caller
+    may reuse its arrays), wrapped without a torch op: about 3 us less per forward than packing and splitting."""
     device = device if isinstance(device, torch.device) else torch.device(device)
+    if not (pack if pack is not None else device.type != "cpu" or modes_active()):
+        return _unpacked(values, device, dtype)
     host, parts, sizes, ints = [], [], [], True  # sizes: each part, then the padding that aligns the next one
     for i, v in enumerate(values):
         if v is None or (isinstance(v, torch.Tensor) and v.device == device):
@@ -324,6 +331,24 @@ def upload(values, device: torch.device, dtype=torch.long):
             view = view.bool() if p.dtype == np.bool_ else view
         out[i] = view
     return out
+
+
+def _unpacked(values, device: torch.device, dtype) -> list:
+    """:func:`upload`'s values as CPU tensors, one numpy array each (the same values, shapes and dtypes)."""
+    out, moved = list(values), False
+    for i, v in enumerate(values):
+        if v is None or (isinstance(v, torch.Tensor) and v.device == device):
+            continue
+        if type(v) is list and (not v or type(v[0]) is int):  # a flat list of Python ints
+            array = np.array(v, dtype=np.int64)
+        else:
+            array = np.array(_host_array(v))  # a copy: the caller's array, or a tensor's memory, may change
+            if array.dtype.kind not in "iub":
+                raise TypeError("upload packs integer and bool values only")
+            array = array if array.dtype == np.bool_ else array.astype(np.int64, copy=False)
+        view = torch.from_numpy(array)
+        out[i], moved = view if view.dtype == torch.bool or dtype == torch.long else view.to(dtype), True
+    return out if moved else values
 
 
 def host_gathered(mask: np.ndarray, static: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -42,13 +42,22 @@ def flex_attention_lse(fn, q, k, v, block_mask, scale: float, kernel_options: di
     return fn(q, k, v, return_lse=True, **kw)
 
 
+_STACKS = ("_len_torch_function_stack", "_len_torch_dispatch_stack")
+
+
 def modes_active() -> bool:
     """Whether a torch function or dispatch mode is on the stack (torch 2.11 and 2.13 keep both counts in
     ``torch._C``; a torch without them counts as a mode being active, so the device path runs). Host shortcuts
     for CPU tensors (numpy reads, compacted index lists) check it: a probe counting what a device launches and
     reads (:mod:`fafo.bench.tools.host_work`) runs under a mode and sees the device path."""
-    counts = [getattr(torch._C, name, None) for name in ("_len_torch_function_stack", "_len_torch_dispatch_stack")]
-    return any(count is None or count() for count in counts)
+    if _MODE_COUNTS is None:
+        return True
+    functions, dispatches = _MODE_COUNTS
+    return bool(functions() or dispatches())
+
+
+_MODE_COUNTS = (None if not all(hasattr(torch._C, name) for name in _STACKS)  # asked at every decode step: once
+                else tuple(getattr(torch._C, name) for name in _STACKS))
 
 
 def main_template_option() -> dict:
