@@ -70,6 +70,20 @@ def test_the_probe_counts_outside_model_calls_only(engine):
     assert probe.steps == [{"ops": 3, "h2d": 3, "d2h": 1, "forward_ops": 0}]
 
 
+def test_the_probe_counts_a_decoders_own_caches_as_device_memory(engine):
+    """A cache ``Engine.new_cache`` made before the probe started (a draft's, a retrieval cache) is device memory:
+    writing a device value into it is no read, copying from it into a host tensor is one."""
+    eng = engine("llama_gqa")
+    own = eng.new_cache(8)
+    host = torch.zeros(own.kv[0, 0, 0, 0, :2].shape)
+    with HostWork([eng]) as probe:
+        probe.start_steps()
+        own.kv[0, 0, 0, 0, :2].copy_(own.kv[1, 0, 0, 0, :2] * 2)  # on the device: an op, no transfer
+        host.copy_(own.kv[0, 0, 0, 0, :2])  # a read
+        probe._step()
+    assert probe.steps == [{"ops": 3, "h2d": 0, "d2h": 1, "forward_ops": 0}]
+
+
 def test_host_time_is_measured_per_step(engine):
     from baselines.vanilla import VanillaDecoder
 

@@ -344,6 +344,24 @@ def test_static_shapes_give_each_forward_kind_one_shape(case, sampling, static, 
     eng.static_shapes = True
 
 
+def test_sink_rotations_from_the_table_are_the_direct_rotation_exactly(engine):
+    """The sinks' cos/sin come from a table of ROTATIONS rotations, rebuilt when a rotation falls outside it (and
+    at every reset): each rotation equals the direct one, delta * inv_freq turned by cos and sin, bit for bit."""
+    eng = engine("llama_mha")
+    draft = StreamingDraft(eng, start=4, window=8, scratch=16)
+    for generation in range(2):
+        draft.prefill(eng.tokenizer(PROMPTS[generation]).input_ids)
+        assert draft.delta > 0 and draft.pristine is not None  # the prompt filled the window: rotated once
+        keys, half = draft.pristine
+        for delta in (1, 63, 64, 65, 64 + 63, 200, 3):
+            draft._rotate_sinks(delta)
+            freqs = delta * eng.model.rotary.inv_freq
+            emb = torch.cat((freqs, freqs))
+            want = (keys * emb.cos() + half * emb.sin()).to(draft.kv.kv.dtype)
+            assert torch.equal(draft.kv.kv[0, :, :, :, : draft.start], want), delta
+            assert draft.rotations[0] <= delta < draft.rotations[0] + StreamingDraft.ROTATIONS
+
+
 @pytest.mark.parametrize("n", [3, 12])  # within the window, and more tokens than it holds (later ones win a slot)
 def test_a_commit_puts_the_last_window_of_tokens_in_their_ring_slots(engine, n):
     """The committed entries move from scratch into the ring by slice copies: afterwards every window slot holds

@@ -6,6 +6,7 @@ A fair race needs identical kernels, so vanilla and every method run on this obj
 from __future__ import annotations
 
 import functools
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -78,6 +79,8 @@ class Engine:
     _flex: FlexMasks | None = field(default=None, repr=False)
     fuse_projections: bool | None = None
     _device: tuple | None = field(default=None, init=False, repr=False)
+    # the caches new_cache made for decoders (a probe of device traffic counts them as device memory)
+    decoder_caches: weakref.WeakSet = field(default_factory=weakref.WeakSet, init=False, repr=False)
 
     def __post_init__(self):
         if self.fuse_projections is None:
@@ -174,6 +177,7 @@ class Engine:
         with torch.inference_mode(False):
             cache = self.model.new_cache(max_len, batch)
         self.keep_address(cache)
+        self.decoder_caches.add(cache)
         return cache
 
     def keep_address(self, cache: KVCache) -> None:

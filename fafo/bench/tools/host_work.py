@@ -126,9 +126,8 @@ class HostWork:
     def __init__(self, engines, forwards: bool = False):
         self.forwards = forwards
         seeds = [p for e in engines for p in e.model.parameters()]
-        for e in engines:
-            if e.static_cache is not None:
-                seeds += e.static_cache.tensors()
+        for e in engines:  # the shared cache and the decoder's own (a retrieval cache, a draft's)
+            seeds += [t for cache in (e.static_cache, *e.decoder_caches) if cache is not None for t in cache.tensors()]
         self._ops = _Ops()
         self._io = _Transfers(seeds, self._ops)
         self.steps: list[dict] = []
