@@ -80,7 +80,7 @@ class Engine:
     fuse_projections: bool | None = None
     _device: tuple | None = field(default=None, init=False, repr=False)
     # the caches new_cache made for decoders (a probe of device traffic counts them as device memory)
-    decoder_caches: weakref.WeakSet = field(default_factory=weakref.WeakSet, init=False, repr=False)
+    decoder_caches: weakref.WeakSet = field(default_factory=weakref.WeakSet, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.fuse_projections is None:
