@@ -297,7 +297,9 @@ def upload(values, device: torch.device, dtype=torch.long, pack: bool | None = N
     device runs): on the CPU there is no copy to save, and each value becomes its own array (a copy: the caller
     may reuse its arrays), wrapped without a torch op: about 3 us less per forward than packing and splitting."""
     device = device if isinstance(device, torch.device) else torch.device(device)
-    if not (pack if pack is not None else device.type != "cpu" or modes_active()):
+    if pack is None:
+        pack = device.type != "cpu" or modes_active()
+    if not pack:
         return _unpacked(values, device, dtype)
     host, parts, sizes, ints = [], [], [], True  # sizes: each part, then the padding that aligns the next one
     for i, v in enumerate(values):
