@@ -101,6 +101,19 @@ def test_incremental_decode_equals_full_forward(engine):
         torch.testing.assert_close(step, full[t], atol=ATOL, rtol=0)
 
 
+def test_a_forward_runs_in_inference_mode_and_leaves_it(engine):
+    """What ``@torch.inference_mode()`` gave: outputs are inference tensors, and the mode is off again after the
+    call, also when the call raises."""
+    eng = engine("llama_gqa")
+    cache = eng.cache(16)
+    eng.prefill(cache, [1, 2, 3])
+    assert eng.forward(cache, [4], [3], [3], causal_plan(3)).is_inference()
+    assert not torch.is_inference_mode_enabled()
+    with pytest.raises(ValueError, match="unknown forward kind"):
+        eng.forward(cache, [4], [3], [3], causal_plan(3), kind="nonsense")
+    assert not torch.is_inference_mode_enabled()
+
+
 def test_cache_move_compacts_entries(engine):
     eng = engine("llama_mha")
     cache = eng.cache(32)

@@ -61,3 +61,4 @@ def test_the_apis_used_directly_exist_with_the_arguments_used():
     import torch.fx.experimental._config as fx_config
 
     assert hasattr(fx_config, "use_duck_shape")
+    assert torch_compat._INFERENCE_MODE is torch._C._InferenceMode  # the guard torch.inference_mode enters

@@ -79,3 +79,13 @@ def no_duck_shapes() -> None:
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
+
+
+def inference_mode():
+    """``torch.inference_mode()`` as a context for one call: the C++ guard it enters (``torch._C._InferenceMode``,
+    torch/autograd/grad_mode.py in 2.11 and 2.13) without the decorator's per-call object, about 1 us less on the
+    CPU; ``torch.inference_mode()`` itself on a torch without it."""
+    return _INFERENCE_MODE(True)
+
+
+_INFERENCE_MODE = getattr(torch._C, "_InferenceMode", None) or torch.inference_mode
