@@ -265,8 +265,9 @@ class TriForceState(StepState):
         proposal rows ``qs`` (accept with min(1, p/q), else draw from norm(max(0, p - q)) and stop; after a full
         accept draw from p). Returns (accepted count, the next token, the probability rows p read)."""
         if self.sampling is None:
-            y = argmax_rows(rows)
-            a = next((i for i, (d, t) in enumerate(zip(proposed, y)) if d != t), len(proposed))
+            y, a = argmax_rows(rows), 0
+            while a < len(proposed) and proposed[a] == y[a]:
+                a += 1
             return a, y[a], []
         s, g, ps = self.sampling, self.generator, []
         for a, t in enumerate(proposed):

@@ -4,13 +4,14 @@ import contextlib
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from fafo.engine.attention import AttentionPlan, causal_plan, sdpa_attention, tree_mask, flex_attention_backend
 from fafo.engine.cache import KVCache
-from fafo.engine.engine import Engine
+from fafo.engine.engine import Engine, appends_one_token_host
 from fafo.errors import ConfigError
 from tests.conftest import MODEL_SPECS
 from tests.helpers import ReadsOnTheHost
@@ -112,6 +113,28 @@ def test_a_forward_runs_in_inference_mode_and_leaves_it(engine):
     with pytest.raises(ValueError, match="unknown forward kind"):
         eng.forward(cache, [4], [3], [3], causal_plan(3), kind="nonsense")
     assert not torch.is_inference_mode_enabled()
+
+
+ONE_TOKEN_STEPS = [  # (tokens, slots, plan, whether the engine reads the token's KV from the cache)
+    ([5], [7], causal_plan(7), True),
+    (5, 7, causal_plan(7), True),
+    ([[5]], [7], causal_plan(7), True),  # a batch row's token
+    (np.array([[5]]), np.array([7]), causal_plan(7), True),
+    (torch.tensor([5]), range(7, 8), causal_plan(7), True),  # a token fed where a forward left it
+    ([5], [8], causal_plan(7), False),  # not the slot after the prefix
+    ([5, 6], [7, 8], causal_plan(7), False),
+    (np.array([5, 6]), [7], causal_plan(7), False),
+    ([], [7], causal_plan(7), False),
+    ([5], torch.tensor([7]), causal_plan(7), False),  # slots on the device: not read
+    ([5], [0], causal_plan(0), False),  # a prefill
+    ([5], [7], AttentionPlan(prefix=7, step_mask=torch.ones(1, 1, dtype=torch.bool)), False),
+    ([5], [7], AttentionPlan(prefix=7, region_from=0, region_len=4), False),
+]
+
+
+@pytest.mark.parametrize("tokens, slots, plan, expected", ONE_TOKEN_STEPS)
+def test_a_step_appends_one_token_only_when_its_host_values_say_so(tokens, slots, plan, expected):
+    assert appends_one_token_host(tokens, slots, plan) is expected
 
 
 def test_cache_move_compacts_entries(engine):

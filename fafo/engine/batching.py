@@ -173,8 +173,15 @@ def host_logits(outs: list[torch.Tensor]) -> bool:
     281 rows of a 1024-token vocabulary it takes about 8x numpy's time (the same rule: the first index of the
     largest value, NaN counting as the largest). Under a torch mode (a probe counting what a device launches and
     reads, :mod:`fafo.bench.tools.host_work`) the device path runs, as it does on a GPU."""
-    return (all(o.device.type == "cpu" and o.dtype in (torch.float32, torch.float64) for o in outs)
-            and not modes_active())
+    if modes_active():
+        return False
+    for o in outs:  # a loop, not all() over a generator: asked once or more per forward
+        if not o.is_cpu or o.dtype not in _HOST_DTYPES:
+            return False
+    return True
+
+
+_HOST_DTYPES = (torch.float32, torch.float64)
 
 
 class RowLogits:

@@ -239,17 +239,20 @@ class Engine:
                 if isinstance(logits, str) and logits == "last":
                     logits = [n_real - 1]  # the last real row, uploaded with the step's inputs
             prefix = plan.prefix  # committed slots read (what the ledger records)
-            lengths = [v if isinstance(v, np.ndarray) else None for v in (plan.prefix_length, plan.region_length)]
-            if lengths[0] is not None:  # a batched step; each row's own vanilla step reads its token from the cache
+            lengths = [None, None]  # a batched step's prefix and region length per row (host arrays)
+            if isinstance(plan.prefix_length, np.ndarray):
+                region = plan.region_length
+                lengths = [plan.prefix_length, region if isinstance(region, np.ndarray) else None]
+                # each row's own vanilla step reads its token from the cache
                 if appends_one_token_rows(tokens, slots, plan):
                     lengths[0] = lengths[0] + 1  # the token's own slot counted, as compiled steps count it
                     plan = plan.replace(prefix=plan.prefix + 1, step_in_cache=True)
             elif appends_one_token_host(tokens, slots, plan):  # decided on host values: no device read
                 plan = plan.replace(step_in_cache=True)
-            mask, index, valid = plan.step_mask, None, None
+            device, mask, index, valid = self.device, plan.step_mask, None, None
             if isinstance(mask, np.ndarray):  # a compiled sdpa step takes one of two widths (gather_width)
                 index, valid = host_gathered(mask, self.compiled is not None and self.compiled.attention == "sdpa")
-            elif mask is not None and mask.device == self.device:
+            elif mask is not None and mask.device == device:
                 mask = None  # already there
             rows = logits if isinstance(logits, (list, np.ndarray)) else None
             tokens, positions, slots, mask, rows, index, valid, *lengths = self.upload(
@@ -273,10 +276,10 @@ class Engine:
                 out = self.compiled(tokens, positions, cache, slots, plan, logits, skip)  # times its graphs
             else:
                 if self.backend == "flex":  # the block masks the plan implies, built once (fafo.engine.flex_masks)
-                    self._flex = self._flex or FlexMasks(self.device)
+                    self._flex = self._flex or FlexMasks(device)
                     plan = self._flex.fill(plan, tokens.shape[-1])
                 out = model_call(self.model, tokens, positions, cache, slots, plan, self.backend, logits, skip,
-                                 device=self.device)
+                                 device=device)
             out, captured = out if isinstance(out, tuple) else (out, {})
             out = out[:, :n_real] if n_real is not None and isinstance(logits, str) else out
             return (out, captured) if queries else out
@@ -341,20 +344,23 @@ def upload(values, device: torch.device, dtype=torch.long, pack: bool | None = N
 
 def _unpacked(values, device: torch.device, dtype) -> list:
     """:func:`upload`'s values as CPU tensors, one numpy array each (the same values, shapes and dtypes)."""
-    out, moved = list(values), False
+    out = None
     for i, v in enumerate(values):
-        if v is None or (isinstance(v, torch.Tensor) and v.device == device):
+        if v is None:
             continue
-        if type(v) is list and (not v or type(v[0]) is int):  # a flat list of Python ints
+        if type(v) is list and (not v or type(v[0]) is int):  # a flat list of Python ints: the common case first
             array = np.array(v, dtype=np.int64)
+        elif isinstance(v, torch.Tensor) and v.device == device:
+            continue
         else:
             array = np.array(_host_array(v))  # a copy: the caller's array, or a tensor's memory, may change
             if array.dtype.kind not in "iub":
                 raise TypeError("upload packs integer and bool values only")
             array = array if array.dtype == np.bool_ else array.astype(np.int64, copy=False)
         view = torch.from_numpy(array)
-        out[i], moved = view if view.dtype == torch.bool or dtype == torch.long else view.to(dtype), True
-    return out if moved else values
+        out = list(values) if out is None else out
+        out[i] = view if dtype == torch.long or view.dtype == torch.bool else view.to(dtype)
+    return values if out is None else out
 
 
 def host_gathered(mask: np.ndarray, static: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -391,14 +397,13 @@ def appends_one_token_host(tokens, slots, plan: AttentionPlan) -> bool:
     if isinstance(slots, torch.Tensor) or slots is None:
         return False
     slots = [slots] if isinstance(slots, int) else slots
+    if len(slots) != 1 or int(slots[0]) != plan.prefix or not plan_is_plain_causal(plan):
+        return False
     if isinstance(tokens, torch.Tensor):  # a token fed where a forward left it (its shape is host metadata)
-        n = tokens.numel()
-    elif isinstance(tokens, np.ndarray):
-        n = tokens.shape[-1] if tokens.ndim else 1
-    else:
-        n = 1 if isinstance(tokens, int) else len(tokens[0]) if tokens and isinstance(tokens[0], (list, tuple)) \
-            else len(tokens)
-    return (n == 1 and len(slots) == 1 and int(slots[0]) == plan.prefix and plan_is_plain_causal(plan))
+        return tokens.numel() == 1
+    if isinstance(tokens, np.ndarray):
+        return (tokens.shape[-1] if tokens.ndim else 1) == 1
+    return isinstance(tokens, int) or len(tokens[0] if tokens and isinstance(tokens[0], (list, tuple)) else tokens) == 1
 
 
 def appends_one_token_rows(tokens: np.ndarray, slots, plan: AttentionPlan) -> bool:
