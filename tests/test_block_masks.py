@@ -86,6 +86,39 @@ def test_length_follows_the_live_length_after_it_was_built(n_queries):
         assert int(bm.kv_num_blocks.max()) == -(-length // BLOCK)  # the dead tail is never read
 
 
+def test_a_live_length_writes_only_what_changed():
+    """Every mask of a live length follows each set, an int length or a tensor of one per row, while an int length
+    is written only when it changes and a mask's block count only when that changes (on a device each write is a
+    launch, and a length is set before every compiled forward)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Writes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func.__name__.split(".")[0] in ("fill_", "copy_")
+            return func(*args, **(kwargs or {}))
+
+    live, masks, writes = LiveLength(capacity=384, device="cpu", batch=2), {}, []
+    masks[1] = live.block_mask(1)
+    for length in (300, 300, 290, 257, 256, torch.tensor([5, 200]), 256, 129, "another mask", 128, 128):
+        if length == "another mask":
+            masks[81] = live.block_mask(81)
+            continue
+        with Writes() as counted:
+            live.set(length)
+        writes.append(counted.n)
+        rows = length.tolist() if isinstance(length, torch.Tensor) else [length, length]
+        for n_queries, bm in masks.items():
+            assert bm.kv_num_blocks.shape == (2, 1, -(-n_queries // BLOCK))
+            blocks = [-(-n // BLOCK) for n in rows]  # each row's, in every query block
+            assert bm.kv_num_blocks.flatten(1).T.tolist() == [blocks] * bm.kv_num_blocks.shape[-1]
+    # the length, then each mask whose count changed; a tensor: copied, and every count computed from it
+    assert writes == [2, 0, 1, 1, 2, 2, 2, 1, 3, 0]
+
+
 STEP_MASKS = {
     "tree": lambda: tree_mask([-1, 0, 0, 1, 1, 2, 3, 3, 5, -1, 9, 10]),
     "lookahead-5-15-15": lambda: lookahead_step_mask(15, 4, 15, 4),

@@ -198,3 +198,28 @@ def test_the_modes_that_replay_cuda_graphs_are_torchs(mode):
     plain = list_mode_options(options.mode_without_cudagraphs)
     assert not plain.get("triton.cudagraphs")
     assert plain == {k: v for k, v in list_mode_options(mode).items() if k != "triton.cudagraphs"}
+
+
+def test_a_step_mask_is_copied_into_the_graphs_buffer_only_when_it_changed(engine, monkeypatch):
+    """A compiled flex step reads its mask from a buffer the graph holds. The same mask step after step (FAFO's) is
+    copied once; another mask, or the same one written in place, is copied again (a copy is a launch)."""
+    from fafo.engine.attention import AttentionPlan
+    from fafo.engine.compiled import CompiledStep
+
+    eng = engine("llama_gqa")
+    step = CompiledStep(eng.model, CompileOptions(backend="aot_eager", attention="flex"), eng.device)
+    copies, copy = [], torch.Tensor.copy_
+
+    def counted(self, src, *args, **kwargs):
+        copies.append(src)
+        return copy(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", counted)
+    first, second = torch.ones(6, 6, dtype=torch.bool).tril(), torch.eye(6, dtype=torch.bool)
+    for mask, copied in ((first, 1), (first, 0), (second, 1), (first, 1), (first, 0)):
+        copies.clear()
+        step._step_block_mask(AttentionPlan(prefix=8, step_mask=mask), 6, eng.device)
+        assert len(copies) == copied and torch.equal(step._step_buffers[(6, 6), str(eng.device)][0], mask)
+    first[0, 1] = True  # written in place: copied again
+    step._step_block_mask(AttentionPlan(prefix=8, step_mask=first), 6, eng.device)
+    assert torch.equal(step._step_buffers[(6, 6), str(eng.device)][0], first)

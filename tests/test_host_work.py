@@ -57,6 +57,37 @@ def test_host_ops_per_step_are_few_and_do_not_grow_with_depth(name, depths):
         assert four.steps == eight.steps, "per-layer work outside the forwards"
 
 
+@pytest.mark.slow  # compiles each method's steps (aot_eager): about 30 s
+@pytest.mark.compat
+@pytest.mark.parametrize("name", ["vanilla", "prompt_lookup", "fafo_stream", "lookahead", "triforce_nodraft"])
+def test_compiled_steps_add_one_write_per_forward_and_no_read(name, ckpt_root):
+    """The compiled path (the graphs a GPU replays: FlexAttention over the static cache, traced here by aot_eager)
+    adds to a step's eager host work only what each forward's graph inputs need outside the graph: its live length
+    (one write; the block counts of its masks once per 128 tokens) and a tree's mask copied into the graph's
+    buffer; and it reads nothing more."""
+    from fafo.engine.compiled import CompileOptions, reset_compiled_state
+
+    ckpt = host_model(4, ckpt_root)
+    probes, forwards = {}, {}
+    for compiled in (False, True):
+        reset_compiled_state()
+        eng = Engine.from_pretrained(str(ckpt))
+        if compiled:
+            eng.enable_compile(CompileOptions(backend="aot_eager", attention="flex"))
+        ids = eng.tokenizer(PROMPTS[0] * 12).input_ids[:160]
+        probes[compiled] = count_host_work(build_method(name, budget_overrides(name)), eng, ids, NEW_TOKENS)
+        counts = probes[compiled].generation.forwards
+        forwards[compiled] = counts.verify + counts.draft + counts.aux
+    eager, comp = probes[False], probes[True]
+    assert comp.generation.tokens == eager.generation.tokens and len(comp.steps) == len(eager.steps)
+    assert [s["d2h"] for s in comp.steps] == [s["d2h"] for s in eager.steps]
+    # a tree's mask, new at every step, is copied into the compiled step's buffer (FAFO's, the same at every step,
+    # once per generation)
+    per_forward = 2 if name in ("lookahead", "prompt_lookup") else 1
+    extra = sum(s["ops"] for s in comp.steps) - sum(s["ops"] for s in eager.steps)
+    assert 0 < extra <= per_forward * forwards[True] + 2, (extra, forwards[True])
+
+
 def test_the_probe_counts_outside_model_calls_only(engine):
     eng = engine("llama_gqa")
     cache = eng.model.new_cache(16)
@@ -120,6 +151,25 @@ def test_bench_engine_host_mode_writes_the_table(tmp_path, capsys):
     # the deeper model is the shallow one with identity layers: the same steps, so the same ops per step
     assert [rows[1][k] for k in ("steps", "tau", "ops_mean")] == [rows[3][k] for k in ("steps", "tau", "ops_mean")]
     assert "| fafo_stream |" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # compiles two methods' steps (aot_eager)
+@pytest.mark.compat
+def test_bench_engine_host_mode_counts_the_compiled_path(tmp_path, capsys):
+    """``host --compile default --compile-backend aot_eager --compile-attention flex``: the counts of the graphs a
+    GPU replays, the tokens still vanilla's, no timing."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
+    spec = importlib.util.spec_from_file_location("bench_engine", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "host.csv"
+    module.main(["host", "--layers", "2", "--methods", "vanilla", "fafo_stream", "--new-tokens", "6", "--compile",
+                 "default", "--compile-backend", "aot_eager", "--compile-attention", "flex", "--out", str(out)])
+    rows = {r["method"]: r for r in csv.DictReader(open(out))}
+    assert set(rows) == {"vanilla", "fafo_stream"} and all(r["exact"] == "True" for r in rows.values())
+    assert rows["vanilla"]["ops_max"] == "2"  # the argmax, and the live length the compiled step writes
+    assert rows["vanilla"]["host_ms"] == rows["vanilla"]["host_ms_replayed"] == ""
+    assert "| vanilla | 2 (2) | 1.0 | 1.0 | - | - |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", ["fafo_stream", "token_recycling", "triforce"])  # region, tree, draft model

@@ -40,7 +40,7 @@ from fafo.engine.attention import AttentionPlan
 from fafo.engine.block_masks import buffer_block_mask, causal_block_mask
 from fafo.engine.cache import Cache, KVCache
 from fafo.engine.flex_masks import LiveLength
-from fafo.engine.kernels import gathered_mask
+from fafo.engine.kernels import gathered_mask, written
 from fafo.engine.skipping_step import SkippingStep
 from fafo.engine.torch_compat import no_duck_shapes, raise_recompile_limit
 
@@ -106,6 +106,7 @@ class CompiledStep:
         self._lengths: dict[tuple, LiveLength] = {}
         self._causal: dict[tuple, object] = {}
         self._step_buffers: dict[tuple, tuple[torch.Tensor, object]] = {}
+        self._in_buffer: dict[tuple, tuple] = {}  # the mask each buffer holds a copy of, and its write count
 
     def __call__(self, tokens, positions, cache: Cache, slots, plan: AttentionPlan, logits="all", skip=None):
         plan = self.static_plan(cache, plan, tokens.shape[1])
@@ -118,6 +119,15 @@ class CompiledStep:
             if isinstance(out, tuple):
                 return out[0].clone(), {layer: q.clone() for layer, q in out[1].items()}
             out = out.clone()
+        return out
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The device tensors kept from step to step outside the graphs (live lengths, their block masks' counts,
+        the step mask buffers): device memory to a probe that counts what the host reads
+        (:mod:`fafo.bench.tools.host_work`)."""
+        out = [*self._live.values(), *(buf for buf, _ in self._step_buffers.values())]
+        for length in self._lengths.values():
+            out += [length.length, *(bm.kv_num_blocks for bm in length._masks.values())]
         return out
 
     def static_plan(self, cache: Cache, plan: AttentionPlan, n_queries: int) -> AttentionPlan:
@@ -196,8 +206,12 @@ class CompiledStep:
         if key not in self._step_buffers:  # every block active and partial: any tree fits the same mask
             buf = torch.ones(key[0], dtype=torch.bool, device=dev)
             self._step_buffers[key] = (buf, buffer_block_mask(buf))
+            self._in_buffer[key] = (None, 0)
         buf, bm = self._step_buffers[key]
-        buf.copy_(plan.step_mask)
+        mask, (held, count) = plan.step_mask, self._in_buffer[key]
+        if held is not mask or count != written(mask):  # a mask used step after step (FAFO's) is copied once
+            buf.copy_(mask)
+            self._in_buffer[key] = (mask, written(mask))
         return bm
 
 

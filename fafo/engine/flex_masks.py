@@ -72,36 +72,46 @@ class LiveLength:
 
     The masks' active KV block counts are written in place with the length, so one BlockMask per query count
     serves every step of every generation (:func:`fafo.engine.block_masks.length_block_mask`: all blocks partial,
-    the mask_mod trims the last live block).
+    the mask_mod trims the last live block). An int length is written only when it changes, and a mask's count only
+    when it changes (once per ``BLOCK_SIZE`` tokens): on a device each write is a launch, and a decoder sets a length
+    before every compiled forward.
     """
 
     def __init__(self, capacity: int, device, batch: int = 1):
         self.capacity, self.value = capacity, 0
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
         self._masks: dict[int, object] = {}
+        self._counts: dict[int, int | None] = {}  # the block count each mask holds (None: one per row)
 
     def set(self, length: int | torch.Tensor) -> "LiveLength":
         """The live length: an int (every row) or a ``[B]`` tensor on the device (each row's; copied in)."""
         if isinstance(length, torch.Tensor):
             self.length.copy_(length)
             self.value = None
-        else:
+        elif length != self.value:
             self.value = length
             self.length.fill_(length)
-        for bm in self._masks.values():
-            self._count(bm)
+        for n_queries, bm in self._masks.items():
+            self._count(n_queries, bm)
         return self
 
-    def _count(self, bm) -> None:
+    def _count(self, n_queries: int, bm) -> None:
         """``kv_num_blocks`` [B, 1, QB] = the live key blocks of each row."""
         size = bm.BLOCK_SIZE[1]
-        if self.value is not None:
-            bm.kv_num_blocks.fill_(-(-self.value // size))
-        else:
+        if self.value is None:
             bm.kv_num_blocks.copy_(((self.length + size - 1) // size)[:, None, None].expand_as(bm.kv_num_blocks))
+            self._counts[n_queries] = None
+        elif self._counts.get(n_queries) != self.blocks(size):
+            self._counts[n_queries] = self.blocks(size)
+            bm.kv_num_blocks.fill_(self._counts[n_queries])
+
+    def blocks(self, size: int) -> int:
+        """The key blocks of ``size`` keys the int length reaches into."""
+        return -(-self.value // size)
 
     def block_mask(self, n_queries: int):
         if n_queries not in self._masks:
             bm = self._masks[n_queries] = length_block_mask(self.length, n_queries, self.capacity)
-            self._count(bm)
+            self._counts[n_queries] = None  # as built: unknown
+            self._count(n_queries, bm)
         return self._masks[n_queries]

@@ -126,8 +126,9 @@ class HostWork:
     def __init__(self, engines, forwards: bool = False):
         self.forwards = forwards
         seeds = [p for e in engines for p in e.model.parameters()]
-        for e in engines:  # the shared cache and the decoder's own (a retrieval cache, a draft's)
+        for e in engines:  # the shared cache, the decoder's own (a retrieval cache, a draft's), compiled steps' buffers
             seeds += [t for cache in (e.static_cache, *e.decoder_caches) if cache is not None for t in cache.tensors()]
+            seeds += e.compiled.buffers() if e.compiled is not None else []
         self._ops = _Ops()
         self._io = _Transfers(seeds, self._ops)
         self.steps: list[dict] = []
@@ -229,8 +230,9 @@ def measure(name: str, method, engine, prompt_ids: list[int], max_new_tokens: in
     for key in ("ops", "h2d", "d2h"):
         mean, top = probe.per_step(key)
         row[f"{key}_mean"], row[f"{key}_max"] = round(mean, 2), top
-    inside = count_host_work(method, engine, prompt_ids, max_new_tokens, warmup=False, forwards=True)
-    row["forward_ops"] = round(inside.per_step("forward_ops")[0], 1)
+    if engine.compiled is None:  # a compiled forward is its graphs (and they run no dispatch mode's ops)
+        inside = count_host_work(method, engine, prompt_ids, max_new_tokens, warmup=False, forwards=True)
+        row["forward_ops"] = round(inside.per_step("forward_ops")[0], 1)
     row["eager_forwards"] = bool(method.eager_forwards)  # its forwards cannot run compiled
     row["exact"] = "" if reference is None else gen.tokens == reference
     row["top_ops"] = " ".join(f"{n.split('::')[-1]}:{c / max(len(probe.steps), 1):.1f}"
@@ -300,18 +302,22 @@ def build_method(name: str, overrides=()):
 
 
 def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt_tokens: int = 256,
-               rounds: int = 5, cache_dir: Path | None = None) -> list[dict]:
+               rounds: int = 5, cache_dir: Path | None = None, compiled=None) -> list[dict]:
     """The host table: per depth and method, ops / copies / reads per step (one probed generation after a
     warm-up) and host ms per step, the median of ``rounds`` generations interleaved across the methods (a
     shared machine's load drifts: interleaving spreads it over every method alike), each generation followed by
     its replay (``host_ms_replayed``: :mod:`fafo.bench.tools.replayed_forwards`, the host work without the cache
     misses the forwards cause on a CPU). A deeper model is the
     shallowest one with identity layers appended (:func:`identity_layers`), so every depth decodes the same tokens
-    in the same steps and a difference between depths is per-layer work."""
+    in the same steps and a difference between depths is per-layer work.
+
+    ``compiled`` (:class:`~fafo.engine.compiled.CompileOptions`): the counts of the compiled path instead, each
+    method on freshly compiled steps (on a CPU ``aot_eager`` + ``flex`` traces the graphs CUDA runs); no timing."""
     import tempfile
 
     from baselines.vanilla import VanillaDecoder
     from fafo.bench.timing import load_average
+    from fafo.engine.compiled import reset_compiled_state
     from fafo.bench.tools.replayed_forwards import live_and_replayed
 
     rows = []
@@ -326,8 +332,14 @@ def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt
             methods, depth_rows = {}, {}
             for name in names:
                 m = build_method(name, [*budget_overrides(name), *offline_overrides(name, corpus)])
+                if compiled is not None:  # each method's graphs from scratch (the runner's reset between methods)
+                    reset_compiled_state()
+                    engine.enable_compile(compiled)
                 depth_rows[name] = measure(name, m, engine, ids, new_tokens, reference)
                 methods[name] = (m, m.snapshot())
+            if compiled is not None:
+                rows += [dict(r, threads=torch.get_num_threads(), torch=torch.__version__) for r in depth_rows.values()]
+                continue
             times = {name: [] for name in names}
             for _ in range(rounds):
                 for name, (m, snapshot) in methods.items():  # live, then the same generation replayed
@@ -346,8 +358,15 @@ def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt
 
 
 def bench(args) -> list[dict]:
-    """``scripts/bench_engine.py host``: :func:`host_table` over ``--layers`` and ``--methods``."""
-    return host_table(args.layers, args.methods or method_names(), args.new_tokens, rounds=args.repeats)
+    """``scripts/bench_engine.py host``: :func:`host_table` over ``--layers`` and ``--methods`` (``--compile`` a
+    mode: the compiled path's counts)."""
+    from fafo.engine.compiled import CompileOptions
+
+    compiled = None
+    if args.compile not in ("auto", "off"):
+        compiled = CompileOptions(mode=args.compile, backend=args.compile_backend, attention=args.compile_attention)
+    return host_table(args.layers, args.methods or method_names(), args.new_tokens, rounds=args.repeats,
+                      compiled=compiled)
 
 
 def report(args, rows: list[dict]) -> None:
@@ -361,9 +380,11 @@ def report(args, rows: list[dict]) -> None:
         cells = [name]
         for n in layers:
             r = by.get((name, n))
-            cells += ["-"] * 5 if r is None else [f"{r['ops_mean']:.0f} ({r['ops_max']})", f"{r['h2d_mean']:.1f}",
-                                                  f"{r['d2h_mean']:.1f}", f"{r['host_ms']:.2f}",
-                                                  f"{r['host_ms_replayed']:.2f}"]
+            if r is None:
+                cells += ["-"] * 5
+                continue
+            cells += [f"{r['ops_mean']:.0f} ({r['ops_max']})", f"{r['h2d_mean']:.1f}", f"{r['d2h_mean']:.1f}",
+                      *(f"{r[k]:.2f}" if k in r else "-" for k in ("host_ms", "host_ms_replayed"))]  # - : compiled
         print("| " + " | ".join(cells) + " |")
 
 
