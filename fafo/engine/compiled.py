@@ -126,9 +126,7 @@ class CompiledStep:
         the step mask buffers): device memory to a probe that counts what the host reads
         (:mod:`fafo.bench.tools.host_work`)."""
         out = [*self._live.values(), *(buf for buf, _ in self._step_buffers.values())]
-        for length in self._lengths.values():
-            out += [length.length, *(bm.kv_num_blocks for bm in length._masks.values())]
-        return out
+        return out + [t for length in self._lengths.values() for t in length.tensors()]
 
     def static_plan(self, cache: Cache, plan: AttentionPlan, n_queries: int) -> AttentionPlan:
         """The plan with every per-step quantity moved into tensors (the compiled graph guards on the rest). A

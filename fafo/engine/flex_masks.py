@@ -109,6 +109,10 @@ class LiveLength:
         """The key blocks of ``size`` keys the int length reaches into."""
         return -(-self.value // size)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """What it writes: the length and its masks' block counts."""
+        return [self.length, *(bm.kv_num_blocks for bm in self._masks.values())]
+
     def block_mask(self, n_queries: int):
         if n_queries not in self._masks:
             bm = self._masks[n_queries] = length_block_mask(self.length, n_queries, self.capacity)

@@ -317,8 +317,8 @@ def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt
 
     from baselines.vanilla import VanillaDecoder
     from fafo.bench.timing import load_average
-    from fafo.engine.compiled import reset_compiled_state
     from fafo.bench.tools.replayed_forwards import live_and_replayed
+    from fafo.engine.compiled import reset_compiled_state
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
