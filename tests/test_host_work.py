@@ -135,14 +135,19 @@ def test_runs_record_host_ms_per_step(tmp_path):
     assert summary["host_ms_per_step"] == pytest.approx(statistics.median(float(r["host_ms"]) for r in rows))
 
 
-def test_bench_engine_host_mode_writes_the_table(tmp_path, capsys):
+def bench_engine():
+    """``scripts/bench_engine.py`` as a module (a script, not a package)."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
     spec = importlib.util.spec_from_file_location("bench_engine", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_engine_host_mode_writes_the_table(tmp_path, capsys):
     out = tmp_path / "host.csv"
-    module.main(["host", "--layers", "2", "3", "--methods", "vanilla", "fafo_stream", "--new-tokens", "6",
-                 "--repeats", "1", "--out", str(out)])
+    bench_engine().main(["host", "--layers", "2", "3", "--methods", "vanilla", "fafo_stream", "--new-tokens", "6",
+                         "--repeats", "1", "--out", str(out)])
     rows = list(csv.DictReader(open(out)))
     assert [(r["method"], r["layers"]) for r in rows] == [("vanilla", "2"), ("fafo_stream", "2"), ("vanilla", "3"),
                                                          ("fafo_stream", "3")]
@@ -158,13 +163,10 @@ def test_bench_engine_host_mode_writes_the_table(tmp_path, capsys):
 def test_bench_engine_host_mode_counts_the_compiled_path(tmp_path, capsys):
     """``host --compile default --compile-backend aot_eager --compile-attention flex``: the counts of the graphs a
     GPU replays, the tokens still vanilla's, no timing."""
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_engine.py"
-    spec = importlib.util.spec_from_file_location("bench_engine", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     out = tmp_path / "host.csv"
-    module.main(["host", "--layers", "2", "--methods", "vanilla", "fafo_stream", "--new-tokens", "6", "--compile",
-                 "default", "--compile-backend", "aot_eager", "--compile-attention", "flex", "--out", str(out)])
+    bench_engine().main(["host", "--layers", "2", "--methods", "vanilla", "fafo_stream", "--new-tokens", "6",
+                         "--compile", "default", "--compile-backend", "aot_eager", "--compile-attention", "flex",
+                         "--out", str(out)])
     rows = {r["method"]: r for r in csv.DictReader(open(out))}
     assert set(rows) == {"vanilla", "fafo_stream"} and all(r["exact"] == "True" for r in rows.values())
     assert rows["vanilla"]["ops_max"] == "2"  # the argmax, and the live length the compiled step writes
