@@ -337,19 +337,19 @@ def host_table(layers: list[int], names: list[str], new_tokens: int = 64, prompt
                     engine.enable_compile(compiled)
                 depth_rows[name] = measure(name, m, engine, ids, new_tokens, reference)
                 methods[name] = (m, m.snapshot())
-            if compiled is not None:
-                rows += [dict(r, threads=torch.get_num_threads(), torch=torch.__version__) for r in depth_rows.values()]
-                continue
             times = {name: [] for name in names}
-            for _ in range(rounds):
+            for _ in range(rounds if compiled is None else 0):  # the compiled path: counts only
                 for name, (m, snapshot) in methods.items():  # live, then the same generation replayed
                     times[name].append(live_and_replayed(m, engine, ids, new_tokens, snapshot))
             for name in names:
-                row, live, replayed = depth_rows[name], *zip(*times[name])
-                row.update(host_ms=round(statistics.median(live), 3), host_ms_runs=" ".join(f"{x:.3f}" for x in live),
-                           host_ms_replayed=round(statistics.median(replayed), 3),
-                           host_ms_replayed_runs=" ".join(f"{x:.3f}" for x in replayed),
-                           threads=torch.get_num_threads(), load=load_average(), torch=torch.__version__)
+                row = depth_rows[name]
+                row.update(threads=torch.get_num_threads(), torch=torch.__version__)
+                if times[name]:
+                    live, replayed = zip(*times[name])
+                    row.update(host_ms=round(statistics.median(live), 3),
+                               host_ms_runs=" ".join(f"{x:.3f}" for x in live),
+                               host_ms_replayed=round(statistics.median(replayed), 3),
+                               host_ms_replayed_runs=" ".join(f"{x:.3f}" for x in replayed), load=load_average())
                 rows.append(row)
             for m, _ in methods.values():
                 m.release()
