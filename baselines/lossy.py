@@ -56,7 +56,7 @@ class _LossyState(StepState):
         plan.capture_rows = self.compress.prefill_query_rows(T)
         logits, queries = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan,
                                               logits="last", kind="prefill", queries=True)
-        self.region.prefill(T, queries or None)
+        self.region.prefill(T, queries)
         self.cur = int(self.sampling.select(logits[0, -1], self.generator))
         return self.cur
 
@@ -66,7 +66,7 @@ class _LossyState(StepState):
                              dense_layers=self.compress.dense(), capture_rows=self.rows)
         logits, queries = self.engine.forward(self.cache, [self.cur], [self.region.n], self.scratch, plan,
                                               logits="last", queries=True)
-        return Step([int(self.sampling.select(logits[0, -1], self.generator))], queries=queries or None)
+        return Step([int(self.sampling.select(logits[0, -1], self.generator))], queries=queries)
 
     def commit(self, step: Step) -> None:
         self.region.commit(self.scratch, step.queries)

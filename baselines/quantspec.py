@@ -21,7 +21,7 @@ import torch
 from baselines.quantspec_cache import Int4MLP, QuantKVCache, cache_bytes, swapped_mlps
 from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
-from fafo.engine.batching import argmax_rows, greedy_chain
+from fafo.engine.batching import greedy_chain
 from fafo.engine.engine import Engine
 from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
@@ -186,17 +186,17 @@ class _QuantSpecState(StepState):
         if want > 0:
             kv.view = "int4"
 
-            def draft(feed, i):  # the draft writes its own KV to scratch slot N + i (the verification rewrites it)
+            def draft(feed, i, into):  # its own KV to scratch slot N + i (the verification rewrites it)
                 p = N + i
-                return engine.forward(kv, feed, [p], [p], causal_plan(p), logits="last", kind="draft")[0, -1]
+                return engine.forward(kv, feed, [p], [p], causal_plan(p), logits="last", kind="draft", greedy=True,
+                                      into=into)
 
             with swapped_mlps(engine.model, self.mlps):  # on a device, one read for the drafts (greedy_chain)
                 drafts = greedy_chain(draft, [self.cur], want, self.chain, stop=self.eos_ids)
         feed = [self.cur] + drafts
         pos = list(range(N, N + len(feed)))
-        out = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all",
-                             pad_to=self.cfg.gamma + 1)  # one step shape under compiled steps
-        y = argmax_rows(out[0])
+        y = engine.forward(self._verify_cache(), feed, pos, pos, causal_plan(N), logits="all", greedy=True,
+                           pad_to=self.cfg.gamma + 1)[0].tolist()  # one step shape under compiled steps
         a = next((i for i, (d, t) in enumerate(zip(drafts, y)) if d != t), len(drafts))  # accepted prefix
         return Step(drafts[:a] + [y[a]], len(drafts))
 

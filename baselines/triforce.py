@@ -20,7 +20,6 @@ import torch
 from baselines.triforce_cache import RetrievalCache, StreamingDraft
 from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
-from fafo.engine.batching import argmax_rows
 from fafo.engine.engine import Engine
 from fafo.engine.loader import open_checkpoint
 from fafo.engine.model import ModelArgs
@@ -224,8 +223,9 @@ class TriForceState(StepState):
 
     def _middle(self, v: list[int], valid: int, drafts: list[int]) -> torch.Tensor:
         """One middle-level forward over v's tokens without middle KV yet plus the drafts (their KV goes to the
-        middle scratch): the logits rows after v's last token and after each draft, [len(drafts) + 1, V]. Every
-        middle step appends one token past ``valid``, so the feed is ``[v[-1]] + drafts`` (``middle_len`` tokens)."""
+        middle scratch): the logits rows after v's last token and after each draft, [len(drafts) + 1, V] (greedy:
+        their argmax tokens, [len(drafts) + 1]). Every middle step appends one token past ``valid``, so the feed is
+        ``[v[-1]] + drafts`` (``middle_len`` tokens)."""
         if self.retrieval is not None:
             kv, base = self.retrieval.kv, self.retrieval.budget
         else:
@@ -235,7 +235,8 @@ class TriForceState(StepState):
         n, p, s = len(tokens), self.N + valid, base + valid  # positions p.., slots s.. (scratch): host values
         rows = list(range(len(v) - 1 - valid, len(feed)))  # real rows only: len(drafts) + 1
         out = self.engine.forward(kv, tokens, list(range(p, p + n)), list(range(s, s + n)),
-                                  AttentionPlan(prefix=base + valid), logits=rows, kind="draft")
+                                  AttentionPlan(prefix=base + valid), logits=rows, kind="draft",
+                                  greedy=self.sampling is None)
         return out[0]
 
     def _hist(self, extra: list[int]) -> list[int] | None:
@@ -260,12 +261,13 @@ class TriForceState(StepState):
 
     def _accept(self, rows: torch.Tensor, proposed: list[int], qs: list, before: list[int]):
         """One level's verification of ``proposed`` against ``rows`` ([len(proposed) + 1, V] logits, row i
-        predicting ``proposed[i]``; ``before``: the tokens since the last commit before ``proposed[0]``).
+        predicting ``proposed[i]``; greedy: their argmax tokens, [len(proposed) + 1], computed in the forward;
+        ``before``: the tokens since the last commit before ``proposed[0]``).
         Greedy: the longest argmax-matching prefix and the argmax after it. Sampling: speculative sampling with
         proposal rows ``qs`` (accept with min(1, p/q), else draw from norm(max(0, p - q)) and stop; after a full
         accept draw from p). Returns (accepted count, the next token, the probability rows p read)."""
         if self.sampling is None:
-            y, a = argmax_rows(rows), 0
+            y, a = rows.tolist(), 0  # one read
             while a < len(proposed) and proposed[a] == y[a]:
                 a += 1
             return a, y[a], []
@@ -298,12 +300,13 @@ class TriForceState(StepState):
         a, tok, _ = self._accept(logits[0], v[1:], qs, v[:1])
         stats["proposed"] += len(v) - 1
         stats["accepted"] += a
-        return Step(v[1 : 1 + a] + [tok], len(v) - 1, queries=queries or None)
+        return Step(v[1 : 1 + a] + [tok], len(v) - 1, queries=queries)
 
-    def _verify(self, v: list[int]) -> tuple[torch.Tensor, dict]:
-        """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits,
-        and every row's query when a rebuild may need one. Under static shapes ``v`` is padded to ``verify_len``
-        tokens, whose KV goes past anything the commit keeps (the cache's ``extra_slots`` cover them)."""
+    def _verify(self, v: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The full-cache target forward over ``[x0, proposals...]`` (KV written in place): [1, len(v), V] logits
+        (greedy: their argmax tokens, [1, len(v)]), and every row's query when a rebuild may need one. Under static
+        shapes ``v`` is padded to ``verify_len`` tokens, whose KV goes past anything the commit keeps (the cache's
+        ``extra_slots`` cover them)."""
         N = self.N
         tokens = self._padded(v, self.verify_len)
         n = len(tokens)
@@ -312,8 +315,8 @@ class TriForceState(StepState):
         if self.cfg.rebuild_interval is not None:  # every round, so compiled verifications keep one graph
             plan.capture_rows = self.all_rows[:n]  # all rows (a fixed count); a rebuild reads row `accepted`
         out, queries = self.engine.forward(self.cache, tokens, list(range(N, N + n)), list(range(N, N + n)), plan,
-                                           logits="all", queries=True)
-        return out[:, : len(v)], queries  # [1, len(tokens), V] -> the real rows
+                                           logits="all", queries=True, greedy=self.sampling is None)
+        return out[:, : len(v)], queries  # [1, len(tokens), V] (greedy: [1, len(tokens)]) -> the real rows
 
     def commit(self, step: Step) -> None:
         """The KV of [current | accepted] is at slots N..N+accepted; update C_r (and maybe rebuild) and the draft.
@@ -325,9 +328,8 @@ class TriForceState(StepState):
         end = self.N + accepted + 1
         every = self.cfg.rebuild_interval
         if self.retrieval is not None:
-            if step.queries and every is not None and (end - len(self.prompt)) // every > self.rebuilt_at:
-                queries = {layer: q[:, :, accepted : accepted + 1] for layer, q in step.queries.items()}
-                self.retrieval.build(self.cache, self.aligned, queries, end)
+            if step.queries is not None and every is not None and (end - len(self.prompt)) // every > self.rebuilt_at:
+                self.retrieval.build(self.cache, self.aligned, step.queries[..., accepted : accepted + 1, :], end)
                 self.stats["rebuilds"] += 1
                 self.rebuilt_at = (end - len(self.prompt)) // every
             else:

@@ -53,14 +53,14 @@ class RetrievalCache:
         self.kv, self.budget, self.chunk, self.reduce = kv, budget, chunk, reduce
         self.aligned = 0  # prompt tokens in whole chunks: positions >= aligned are "recent"
 
-    def build(self, full: KVCache, aligned: int, queries: dict, n_committed: int) -> None:
-        """Select and gather chunks of ``full``'s first ``aligned`` slots with ``queries`` ({layer: [1, H_q, 1, D]},
+    def build(self, full: KVCache, aligned: int, queries: torch.Tensor, n_committed: int) -> None:
+        """Select and gather chunks of ``full``'s first ``aligned`` slots with ``queries`` (``[L, 1, H_q, 1, D]``,
         post-RoPE), then place the recent tokens ``[aligned, n_committed)`` (official ``init_graph_cache``, and
         ``update_graph_cache_retrieval`` for a rebuild). Every layer at once: a handful of ops at any depth."""
         self.aligned = aligned
         n_sel, c = self.budget // self.chunk, self.chunk
         kv = full.kv[:, :, 0, :, :aligned]  # [2, L, H_kv, T', D]
-        q = torch.stack([queries[layer][0, :, 0] for layer in sorted(queries)])  # [L, H_q, D]
+        q = queries[:, 0, :, 0]  # [L, H_q, D]
         idx = select_chunks(kv[0], q, c, n_sel, self.reduce)  # [L, H_kv, n_sel]
         blocks = kv.unflatten(3, (aligned // c, c))  # [2, L, H_kv, C, c, D]
         idx = idx[None, :, :, :, None, None].expand(2, -1, -1, -1, c, blocks.shape[-1])
@@ -125,21 +125,23 @@ class StreamingDraft:
     def _slot(self, p: int) -> int:
         return p if p < self.start else self.start + (p - self.start) % self.window
 
-    def _forward(self, tokens: list[int], p0: int, logits, pad: int = 0):
+    def _forward(self, tokens: list[int], p0: int, logits, pad: int = 0, greedy: bool = False, into=None):
         """Run ``tokens`` at positions p0.. (p0 >= D), KV into scratch; they see committed slots and scratch < p0.
         With ``pad`` under ``engine.static_shapes`` (``logits="last"`` only): pieces of ``tokens`` padded to ``pad``
         tokens, the padding's KV in scratch past the real tokens' (no forward reads it before real tokens overwrite
-        it; a commit moves real tokens only). Returns the last real token's logits, [1, 1, V]."""
+        it; a commit moves real tokens only). Returns the last real token's logits, [1, 1, V] (``greedy``: its
+        argmax, [1, 1], written ``into`` a tensor when one is given)."""
         if not (pad and self.engine.static_shapes):
-            return self._run(tokens, p0, logits)
+            return self._run(tokens, p0, logits, greedy=greedy, into=into)
         assert logits == "last", logits
         for s in range(0, len(tokens), pad):
             piece = tokens[s : s + pad]
             last = [len(piece) - 1]  # a fixed count (1) of logits rows, uploaded with the step's inputs
-            out = self._run(piece + piece[-1:] * (pad - len(piece)), p0 + s, last)
+            out = self._run(piece + piece[-1:] * (pad - len(piece)), p0 + s, last, greedy=greedy, into=into)
         return out
 
-    def _run(self, tokens: list[int], p0: int, logits, eager: bool = False, kind: str = "verify"):
+    def _run(self, tokens: list[int], p0: int, logits, eager: bool = False, kind: str = "verify",
+             greedy: bool = False, into=None):
         """One forward of ``tokens`` at positions p0.., slots right after the committed ones and scratch < p0
         (``eager``: never compiled, for the prompt's chunks, whose lengths vary)."""
         off = self._base() + p0 - self.D
@@ -147,7 +149,8 @@ class StreamingDraft:
             raise RuntimeError(f"triforce draft scratch overflow ({off + len(tokens)} > {self.kv.max_len} slots)")
         n = len(tokens)  # host positions and slots: one upload with the tokens
         return self.engine.forward(self.kv, tokens, list(range(p0, p0 + n)), list(range(off, off + n)),
-                                   causal_plan(off), logits=logits, eager=eager, kind=kind)
+                                   causal_plan(off), logits=logits, eager=eager, kind=kind, greedy=greedy,
+                                   into=into)
 
     def prefill(self, prompt: list[int]) -> None:
         self.reset()
@@ -170,7 +173,8 @@ class StreamingDraft:
         (``start <= D``); KV already in scratch for a matching prefix is reused. Greedy unless ``pick``
         (``pick(logits_row [V], drafted_so_far) -> token``: the sampled path, which records its q rows).
 
-        Greedy, the chain is :func:`greedy_chain`'s: on a device one read per proposal, not one per token."""
+        Greedy, the chain is :func:`greedy_chain`'s (the argmax in each forward): on a device one read per
+        proposal, not one per token."""
         end = start + len(tokens)
         del self.spec[self._common(tokens, start, end - 1 - self.D) :]  # keep >= 1 token to feed
         if n == 0:
@@ -178,11 +182,11 @@ class StreamingDraft:
         feed = tokens[self.D + len(self.spec) - start :]  # host tokens whose KV this proposal writes, then its drafts
         p = self.D + len(self.spec)  # the next forward's first position
 
-        def forward(tokens, i):  # static shapes: the catch-up padded to CATCH_UP tokens, then single drafted tokens
+        def forward(tokens, i, into=None):  # static shapes: the catch-up padded to CATCH_UP tokens, then 1 token
             nonlocal p
-            logits = self._forward(tokens, p, logits="last", pad=self.CATCH_UP if i == 0 else 0)
+            out = self._forward(tokens, p, "last", self.CATCH_UP if i == 0 else 0, greedy=pick is None, into=into)
             p += len(tokens)
-            return logits[0, -1]
+            return out if pick is None else out[0, -1]  # the token [1, 1], or the logits row [V]
 
         if pick is None:
             out = greedy_chain(forward, feed, n, self.chain)

@@ -112,14 +112,14 @@ class Step:
         drafted: guess tokens this step verified (None: the method does not draft).
         rows: rows of the step's forward whose KV the commit keeps, in commit order (a list or a 1-D integer
             array: a tree's accepted path, FAFO's current token and accepted candidate); empty when none move.
-        queries: post-RoPE queries the step's forward returned ({layer: [B, H_q, R, D]}), for a commit that
+        queries: post-RoPE queries the step's forward returned (``[L, B, H_q, R, D]``), for a commit that
             re-selects a compressed cache with them (Quest, SnapKV, TriForce's rebuild); None: none captured.
     """
 
     tokens: list[int]
     drafted: int | None = None
     rows: Sequence[int] = ()
-    queries: dict | None = None
+    queries: torch.Tensor | None = None
 
     @property
     def accepted(self) -> int:

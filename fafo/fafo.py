@@ -203,7 +203,7 @@ class FAFOState(StepState):
         plan.capture_rows = self.cfg.compress.prefill_query_rows(T)
         logits, queries = self.engine.forward(self.cache, self.prompt, torch.arange(T), torch.arange(T), plan,
                                               logits="last", kind="prefill", queries=True)
-        self.layout.prefill(T, queries or None)
+        self.layout.prefill(T, queries)
         if self.sampling is None:
             self.cur = int(logits[0, -1].argmax())
         else:
@@ -310,7 +310,7 @@ class FAFOState(StepState):
         """Keep the KV of the current token and the accepted candidate tokens; the bonus becomes current."""
         new, kv_rows = step.tokens, step.rows
         last = int(kv_rows[-1])  # query-aware C re-selects with the newest committed token's query
-        query = {layer: q[:, :, last : last + 1] for layer, q in (step.queries or {}).items()} or None
+        query = None if step.queries is None else step.queries[..., last : last + 1, :]
         self.layout.commit((self.scratch + kv_rows).tolist(), query)
         self.history.extend(new)
         self.cur = new[-1]

@@ -24,7 +24,7 @@ from fafo.engine.attention import AttentionPlan
 from fafo.engine.compiled import CompileOptions
 from fafo.engine.engine import Engine
 from fafo.engine.batching import (StepInputs, StepLogits, argmax_rows, batch_bucket, forward_one, forward_rows,
-                                  greedy_chain)
+                                  greedy_chain, host_logits)
 from fafo.errors import ConfigError
 from fafo.fafo import fafo_step_mask
 from fafo.sampling import Sampling
@@ -426,20 +426,28 @@ def test_host_argmax_reads_what_the_device_argmax_reads(dtype):
 @pytest.mark.parametrize("stop, length", [((), 8), ((15,), 3), ((5, 4), 2)])  # the chain: 8 4 15 5 8 4 15 5
 def test_a_greedy_chain_on_a_device_is_read_once_and_equals_the_host_chain(stop, length):
     """``greedy_chain`` on host logits reads each token and stops after a stop token; on a device (any torch mode on
-    the stack: the CPU takes the device's path) each token is fed where it lies and the chain is read once, the
-    forwards past a stop token run and are cut: the same tokens, each forward fed its predecessor."""
+    the stack: the CPU takes the device's path) each token is written to its buffer, fed from there and the chain is
+    read once, the forwards past a stop token run and are cut: the same tokens, each forward fed its predecessor.
+    The forwards are :meth:`Engine.forward`'s greedy ones: the argmax token, written ``into`` the buffer where the
+    engine does (not where numpy reads it)."""
     table = torch.randn(16, 16, generator=torch.Generator().manual_seed(2))  # next-token logits of each token
 
     def chain(fed):
-        def forward(feed, i):
+        def forward(feed, i, into):
+            feed = torch.as_tensor(feed).view(-1)
             fed.append([int(t) for t in feed])
-            return table[feed[-1]]
+            row = table[feed[-1]][None, None]  # [1, 1, V]
+            if host_logits([row]):
+                return torch.from_numpy(row.numpy().argmax(-1))
+            return torch.argmax(row, -1, out=into)
         return forward
 
     host_fed, device_fed = [], []
     want = greedy_chain(chain(host_fed), [5], 8, torch.empty(8, dtype=torch.long), stop)
+    chain_buffer = torch.empty(8, dtype=torch.long)
     with ReadsOnTheHost() as reads:
-        got = greedy_chain(chain(device_fed), [5], 8, torch.empty(8, dtype=torch.long), stop)
+        got = greedy_chain(chain(device_fed), [5], 8, chain_buffer, stop)
     assert got == want and reads.n == 1
     assert host_fed == [[5]] + [[t] for t in want[:-1]] and device_fed[: len(want)] == host_fed
+    assert chain_buffer[: len(want)].tolist() == want  # where the device path left its tokens
     assert len(want) == length and len(device_fed) == 8  # the device does not see the stop token

@@ -32,7 +32,7 @@ def random_region(compression, n=61, layers=2, heads=2, q_heads=4, dim=8, seed=0
     for buf in cache.keys + cache.values:
         buf.copy_(torch.randn(buf.shape, generator=g))
     rows = compression.prefill_query_rows(n)
-    queries = {i: torch.randn(1, q_heads, len(rows), dim, generator=g) for i in range(layers)}
+    queries = torch.randn(layers, 1, q_heads, len(rows), dim, generator=g)  # [L, B, H_q, R, D]
     region = FixedRegion(cache, compression, capacity=n + 4)
     keys_before = [k.clone() for k in cache.keys]
     region.prefill(n, queries)
@@ -90,7 +90,7 @@ def test_quest_upper_bound_bounds_every_key_of_its_page():
     region, queries, keys = random_region(QUEST)
     for layer in range(2):
         q = queries[layer][:, :, -1]
-        ub = QUEST.upper_bound(q, region.state["kmax"][layer], region.state["kmin"][layer])  # [1, Hq, pages]
+        ub = QUEST.upper_bound(q, region.state["bounds"][layer])  # [1, Hq, pages]
         k = keys[layer][0]  # [H_kv, n, D]
         dots = torch.einsum("hd,hnd->hn", q[0], k.repeat_interleave(2, 0))  # [H_q, n]
         for p in range(ub.shape[-1]):
@@ -191,13 +191,13 @@ def test_region_update_of_a_step_never_waits_for_the_device(compress, prompt):
     rows = compress.prefill_query_rows(prompt)
     n_rows = 0 if rows is None else len(rows)
     region = FixedRegion(cache, compress, capacity)
-    region.prefill(prompt, {i: torch.randn(1, q_heads, n_rows, dim, generator=g) for i in range(layers)})
+    region.prefill(prompt, torch.randn(layers, 1, q_heads, n_rows, dim, generator=g))
     assert region_holds_selection(region)
     for a in steps:
         scratch = torch.arange(capacity, capacity + a)  # the step's new KV, computed beyond the committed slots
         for buf, by_pos in zip(cache.keys + cache.values, ref):
             buf[:, :, scratch] = by_pos[:, :, region.n : region.n + a]
-        query = {i: torch.randn(1, q_heads, 1, dim, generator=g) for i in range(layers)}
+        query = torch.randn(layers, 1, q_heads, 1, dim, generator=g)  # [L, B, H_q, 1, D]
         with NoHostSync():
             region.commit(scratch, query)
         n, sel = region.n, compress.select(region).expand(layers, heads, -1)
@@ -243,7 +243,7 @@ def test_a_host_selected_region_lays_entries_out_as_the_device_path_does(make, p
         cache = KVCache(2, 1, 2, capacity + 1 + max(steps), 8, torch.float32, "cpu")
         cache.kv.copy_(torch.randn(cache.kv.shape, generator=g))
         rows = compress.prefill_query_rows(prompt)
-        queries = {i: torch.randn(1, 4, 0 if rows is None else len(rows), 8, generator=g) for i in range(2)}
+        queries = torch.randn(2, 1, 4, 0 if rows is None else len(rows), 8, generator=g)  # [L, B, H_q, R, D]
         regions.append(FixedRegion(cache, compress, capacity))
         regions[-1].prefill(prompt, queries)
     host, device = regions

@@ -291,12 +291,13 @@ class StepShapes:
 
     def wrap(self, forward):
         def record(cache, tokens, positions, slots, plan, logits="all", skip=None, eager=False, kind="verify",
-                   queries=False):
+                   queries=False, greedy=False, into=None):
             if self.on and plan.prefix > 0 and not eager:  # eager: the draft's chunked prefill
                 rows = {"all": len(tokens), "last": 1}[logits] if isinstance(logits, str) else len(logits)
                 shape = (len(tokens), len(positions), len(slots), rows)
                 self.seen.setdefault(self.kind(cache), set()).add(shape)
-            return forward(cache, tokens, positions, slots, plan, logits, skip, eager, kind, queries=queries)
+            return forward(cache, tokens, positions, slots, plan, logits, skip, eager, kind, queries=queries,
+                           greedy=greedy, into=into)
 
         return record
 

@@ -32,7 +32,8 @@ class Compression(ABC):
     ``budget_fields`` the settings that size the fixed region (what an error asks to lower when it is too large).
 
     Hooks receive the :class:`FixedRegion` (its cache, ``n``, and a ``state`` dict for per-generation data) and
-    the post-RoPE queries the engine captured (``{layer: [B, H_q, R, D]}``) for the rows named by :attr:`query_rows`.
+    the post-RoPE queries the engine captured (``[L, B, H_q, R, D]``, every layer's) for the rows named by
+    :meth:`prefill_query_rows` (prefill) or by the decoder (decoding).
     """
 
     label: ClassVar[str] = "custom"
@@ -66,13 +67,13 @@ class Compression(ABC):
         """Prompt rows whose queries :meth:`after_prefill` needs (None: none)."""
         return None
 
-    def after_prefill(self, region: "FixedRegion", queries: dict[int, torch.Tensor] | None) -> None:
+    def after_prefill(self, region: "FixedRegion", queries: torch.Tensor | None) -> None:
         """Called once the prompt's KV is cached (identity layout: slot = position)."""
 
-    def after_append(self, region: "FixedRegion", new_slots: torch.Tensor, query: dict | None) -> None:
+    def after_append(self, region: "FixedRegion", new_slots: torch.Tensor, query: torch.Tensor | None) -> None:
         """Called when new entries were appended at ``new_slots`` (before reselection): slots ``[region.n - a,
-        region.n)`` for ``a`` entries, each at slot = position. ``query`` holds the latest decode query per layer
-        ([B, H_q, 1, D]) when the decoder captured one."""
+        region.n)`` for ``a`` entries, each at slot = position. ``query`` holds the latest decode query of every layer
+        (``[L, B, H_q, 1, D]``) when the decoder captured one."""
 
     @abstractmethod
     def select(self, region: "FixedRegion") -> torch.Tensor:
@@ -182,7 +183,7 @@ class FixedRegion:
         """Positions ``[start, end)`` on the device (a view: no op), ``0 <= start <= end <= capacity``."""
         return self._arange[start:end]
 
-    def prefill(self, n_prompt: int, queries: dict | None = None) -> None:
+    def prefill(self, n_prompt: int, queries: torch.Tensor | None = None) -> None:
         """The prompt's KV sits at slots ``[0, T)`` in position order; select C and swap it into place."""
         self.n = n_prompt
         self.compression.after_prefill(self, queries)
@@ -190,7 +191,7 @@ class FixedRegion:
         if self.compression.host_selection == "host_after_prefill":
             self._move_to_host()
 
-    def commit(self, scratch_slots, query: dict | None = None) -> None:
+    def commit(self, scratch_slots, query: torch.Tensor | None = None) -> None:
         """Append entries computed in scratch slots (positions ``n, n+1, ...``), then swap the fixed region so
         it holds exactly C(kv) again: newly selected entries in, evicted ones out to where those came from.
 

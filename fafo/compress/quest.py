@@ -12,6 +12,7 @@ into the fixed region (the paper's "dynamic" case), so the static block mask sti
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -61,33 +62,40 @@ class Quest(Compression):
 
     def after_prefill(self, region, queries) -> None:
         keys = region.cache.kv[0]  # [L, B, H_kv, S, D]; identity layout after prefill: slot = position
-        n_pages = -(-region.capacity // self.page_size)
-        shape = (*keys.shape[:3], n_pages, keys.shape[-1])  # [L, B, H_kv, pages, D]
-        region.state["kmax"] = torch.full(shape, float("-inf"), dtype=keys.dtype, device=keys.device)
-        region.state["kmin"] = torch.full(shape, float("inf"), dtype=keys.dtype, device=keys.device)
+        n_pages, D = -(-region.capacity // self.page_size), keys.shape[-1]
+        # [L, B, H_kv, pages, 2D]: each page's elementwise max key, then its min key (one row: one score matmul)
+        bounds = torch.empty((*keys.shape[:3], n_pages, 2 * D), dtype=keys.dtype, device=keys.device)
+        bounds[..., :D], bounds[..., D:] = float("-inf"), float("inf")
+        region.state.update(bounds=bounds, kmax=bounds[..., :D], kmin=bounds[..., D:])
         region.state["page_of"] = region.arange(0, region.capacity) // self.page_size  # [capacity]: a position's page
-        self._update(region, 0, region.n)
-        region.state["query"] = _stacked(queries)
+        region.state["page_tokens"] = torch.arange(n_pages * self.page_size, device=keys.device).view(n_pages, -1)
+        with warnings.catch_warnings():  # torch warns once per process that index_reduce_ is a beta API
+            warnings.filterwarnings("ignore", "index_reduce", UserWarning)
+            self._update(region, 0, region.n)
+        region.state["query"] = queries
 
     def after_append(self, region, new_slots, query) -> None:
         self._update(region, region.n - len(new_slots), region.n)
         if query is not None:
-            region.state["query"] = _stacked(query)
+            region.state["query"] = query
 
     def _update(self, region, lo: int, hi: int) -> None:
         """Fold the keys of positions ``[lo, hi)`` into their pages' min/max, every layer at once (two ops). They
-        are the prompt's or the newest entries, which sit at slot = position until a reselection moves them."""
+        are the prompt's or the newest entries, which sit at slot = position until a reselection moves them.
+        ``index_reduce_`` takes the pages as one ``[hi - lo]`` index (a ``scatter_reduce_`` needs it expanded
+        to the keys' shape: on a CPU 2-3x slower for a step's few entries)."""
         new = region.cache.kv[0, ..., lo:hi, :]  # [L, B, H_kv, N, D]: a view
-        idx = region.state["page_of"][lo:hi, None].expand_as(new)
-        region.state["kmax"].scatter_reduce_(3, idx, new, reduce="amax")
-        region.state["kmin"].scatter_reduce_(3, idx, new, reduce="amin")
+        pages = region.state["page_of"][lo:hi]
+        region.state["kmax"].index_reduce_(3, pages, new, "amax")
+        region.state["kmin"].index_reduce_(3, pages, new, "amin")
 
-    def upper_bound(self, q: torch.Tensor, kmax: torch.Tensor, kmin: torch.Tensor) -> torch.Tensor:
-        """q: [..., H_q, D]; kmax/kmin: [..., H_kv, P, D] -> [..., H_q, P] page scores (>= q.k for the page's keys)."""
-        h_kv = kmax.shape[-3]
-        qg = q.unflatten(-2, (h_kv, -1))[..., None, :]  # [..., H_kv, G, 1, D]
-        hi, lo = kmax[..., None, :, :], kmin[..., None, :, :]  # [..., H_kv, 1, P, D]
-        return torch.maximum(qg * hi, qg * lo).sum(-1).flatten(-3, -2)
+    def upper_bound(self, q: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+        """q: [..., H_q, D]; bounds: [..., H_kv, P, 2D] each page's max then min key -> [..., H_q, P] page scores
+        (>= q.k for the page's keys): ``sum_i max(q_i M_i, q_i m_i)`` is ``q+ . M + q- . m`` (q+ and q- the
+        positive and negative parts of q), one matmul of ``[q+ | q-]`` with ``[M | m]``."""
+        h_kv = bounds.shape[-3]
+        signed = torch.cat([q.clamp(min=0), q.clamp(max=0)], -1).unflatten(-2, (h_kv, -1))  # [..., H_kv, G, 2D]
+        return (signed @ bounds.transpose(-1, -2)).flatten(-3, -2)
 
     def select(self, region) -> torch.Tensor:
         """Every layer at once: [L, H_kv, K] positions (the top pages per KV head, then the current page)."""
@@ -95,14 +103,15 @@ class Quest(Compression):
         n_pages, page_budget = -(-n // P), self.budget // P
         if n_pages <= page_budget:
             return region.arange(0, n)
-        last = region.arange((n_pages - 1) * P, n)
         q = region.state["query"][..., -1, :].float()  # [L, B, H_q, D]
-        kmax = region.state["kmax"][..., : n_pages - 1, :].float()  # [L, B, H_kv, P', D]
-        kmin = region.state["kmin"][..., : n_pages - 1, :].float()
-        scores = group_scores(self.upper_bound(q, kmax, kmin), kmax.shape[-3], self.gqa_reduce)[:, 0]  # [L, H, P']
+        bounds = region.state["bounds"][..., : n_pages - 1, :].float()  # [L, B, H_kv, P', 2D]
+        scores = group_scores(self.upper_bound(q, bounds), bounds.shape[-3], self.gqa_reduce)[:, 0]  # [L, H, P']
         pages = topk_positions_per_head(scores, page_budget - 1)  # [L, H_kv, page_budget - 1]
-        tokens = (pages[..., None] * P + region.arange(0, P)).flatten(-2)
-        return torch.cat([tokens, last.expand(*tokens.shape[:2], -1)], dim=-1)  # [L, H_kv, K]
+        first = (n_pages - 1) * P  # the current page's first position
+        current = region.state["page_of"][first : first + 1].expand(*pages.shape[:2], 1)  # [L, H_kv, 1]: a view
+        pages = torch.cat([pages, current], -1)
+        # each page's positions, the current page's cut at n: [L, H_kv, K]
+        return region.state["page_tokens"][pages].flatten(-2)[..., : (page_budget - 1) * P + n - first]
 
     def max_swaps(self, region, n_appended: int) -> int:
         # While every page fits, C(kv) is the whole cache and nothing moves. Past that, the top pages are chosen
@@ -110,7 +119,3 @@ class Quest(Compression):
         n_pages = -(-region.n // self.page_size)
         return 0 if n_pages <= self.budget // self.page_size else self.budget
 
-
-def _stacked(queries: dict | None) -> torch.Tensor | None:
-    """Captured queries ``{layer: [B, H_q, R, D]}`` as one ``[L, B, H_q, R, D]`` tensor (one op)."""
-    return None if queries is None else torch.stack([queries[layer] for layer in sorted(queries)])

@@ -62,7 +62,7 @@ class AttentionPlan:
             (:mod:`fafo.engine.batching`) ``[B]``: each row's own lengths among the ``prefix`` (``region_len``)
             slots read, the token's own slot counted in both when ``step_in_cache``.
         dense_layers: layers in which the region queries see the whole prefix after all (Quest's dense layers).
-        capture_rows: rows whose post-RoPE queries the forward returns beside its logits ({layer: [B, H_q, R, D]};
+        capture_rows: rows whose post-RoPE queries the forward returns beside its logits (``[L, B, H_q, R, D]``;
             :meth:`fafo.engine.engine.Engine.forward` ``queries=True``), for query-aware compression (Quest,
             SnapKV) and TriForce's retrieval.
         step_in_cache: set by the engine when a causal step's KV was written to slots ``[prefix, prefix + Q)``

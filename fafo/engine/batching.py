@@ -71,7 +71,7 @@ def forward_one(engine, cache: KVCache, steps: list[StepInputs]) -> StepLogits:
         out = engine.forward(cache, s.tokens, s.positions, s.slots, s.plan, s.logits, kind=s.kind, pad_to=s.pad_to,
                              **({"queries": True} if capture else {}))
         outs.append(out[0] if capture else out)
-        queries.append((out[1] or None) if capture else None)
+        queries.append(out[1] if capture else None)
     return StepLogits(outs, queries=queries)
 
 
@@ -99,10 +99,10 @@ class StepLogits:
     in ONE device read, however many requests and forwards the step has (one sync per step on a GPU)."""
 
     def __init__(self, outs: list[torch.Tensor], counts: list[list[int]] | None = None,
-                 queries: list[dict | None] | None = None):
+                 queries: list[torch.Tensor | None] | None = None):
         self.outs = outs
         self.counts = counts or [[o.shape[1]] * o.shape[0] for o in outs]
-        self.queries = queries or [None] * len(outs)  # per forward: {layer: [B, H_q, R, D]} (plan.capture_rows)
+        self.queries = queries or [None] * len(outs)  # per forward: [L, B, H_q, R, D] (plan.capture_rows)
         self._argmax: list[np.ndarray] | None = None
         self._topk: dict[int, list[np.ndarray]] = {}
 
@@ -143,20 +143,22 @@ def argmax_rows(logits: torch.Tensor) -> list | int:
 
 
 def greedy_chain(forward, feed, n: int, buffer: torch.Tensor, stop=()) -> list[int]:
-    """``n`` greedy tokens, each the argmax of ``forward(feed, i)`` (a logits row ``[V]``) and the ``feed`` of the
-    next call. Where the rows are host memory (:func:`host_logits`) each is read by numpy and fed as ``[token]``,
-    and the chain stops after a token in ``stop``. On a device each token is fed where the argmax leaves it (the
-    one-element view ``buffer[i : i + 1]``; ``buffer``: ``[>= n]`` long on the device) and the chain is read once at
-    its end, then cut after its first token in ``stop``: one sync per chain instead of one per token, and the
-    device runs the forwards past a stop token that the host could not see."""
+    """``n`` greedy tokens, each ``forward(feed, i, into)``: the argmax of the forward's last logits row as a
+    ``[1, 1]`` long tensor (:meth:`~fafo.engine.engine.Engine.forward` with ``greedy=True`` and ``into``), the
+    ``feed`` of the next call. On the host (numpy's argmax) each is read as it comes and the chain stops after a
+    token in ``stop``. On a device each token is written to ``buffer[i]`` (``into``: ``buffer``, ``[>= n]`` long on
+    the device) and fed from there, and the chain is read once at its end, then cut after its first token in
+    ``stop``: one sync per chain instead of one per token, and the device runs the forwards past a stop token that
+    the host could not see. A compiled step computes the argmax in its graph and copies it into the buffer, the one
+    copy a CUDA graph's output needs anyway: a launch per token, not two."""
     out, on_device = [], None
     for i in range(n):
-        row = forward(feed, i)
-        on_device = not host_logits([row]) if on_device is None else on_device  # every row is where the first is
+        token = forward(feed, i, buffer[i : i + 1].view(1, 1))
+        on_device = not (token.is_cpu and not modes_active()) if on_device is None else on_device
         if on_device:
-            feed = torch.argmax(row, -1, keepdim=True, out=buffer[i : i + 1])
+            feed = token
             continue
-        out.append(int(row.numpy().argmax()))  # host_logits: numpy's argmax is torch's (argmax_rows)
+        out.append(int(token))
         feed = out[-1:]
         if out[-1] in stop:
             break
@@ -213,16 +215,16 @@ class RowLogits:
         return top if rows is None else top[rows]
 
     @property
-    def queries(self) -> dict | None:
-        """The post-RoPE queries of the rows its plan's ``capture_rows`` named ({layer: [1, H_q, R, D]}), or None."""
+    def queries(self) -> torch.Tensor | None:
+        """The post-RoPE queries of the rows its plan's ``capture_rows`` named (``[L, 1, H_q, R, D]``), or None."""
         queries = self.step.queries[self.f]
-        return None if queries is None else {layer: q[self.b : self.b + 1] for layer, q in queries.items()}
+        return None if queries is None else queries[:, self.b : self.b + 1]
 
 
 def forward_rows(engine, cache: KVCache, steps: list[StepInputs]) -> tuple[torch.Tensor, dict | None, list[int], int]:
     """One forward of ``steps[b]`` in cache row ``b`` for every b (rows ``[0, len(steps))`` of ``cache``): the
     requests' own forwards of one kind, batched. Returns the logits ``[B', R, V]`` (B' >= B: padding rows of a
-    compiled step come last), the captured queries (``{layer: [B', H_q, R, D]}``, None when the plans capture
+    compiled step come last), the captured queries (``[L, B', H_q, R, D]``, None when the plans capture
     none), how many of its rows each request asked for, and the tokens each row computed.
 
     Every step must be of the same kind and method (equal region start, region capacity, dense layers and
@@ -256,7 +258,7 @@ def forward_rows(engine, cache: KVCache, steps: list[StepInputs]) -> tuple[torch
     capture = plan.capture_rows is not None
     out = engine.forward(view, tokens, positions, _slots([s.slots for s in steps], lens, Q), plan, logits,
                          kind=first.kind, **({"queries": True} if capture else {}))
-    logits, queries = (out[0], out[1] or None) if capture else (out, None)
+    logits, queries = out if capture else (out, None)
     return logits, queries, counts[:n], Q
 
 

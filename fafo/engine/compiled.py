@@ -108,16 +108,23 @@ class CompiledStep:
         self._step_buffers: dict[tuple, tuple[torch.Tensor, object]] = {}
         self._in_buffer: dict[tuple, tuple] = {}  # the mask each buffer holds a copy of, and its write count
 
-    def __call__(self, tokens, positions, cache: Cache, slots, plan: AttentionPlan, logits="all", skip=None):
+    def __call__(self, tokens, positions, cache: Cache, slots, plan: AttentionPlan, logits="all", skip=None,
+                 greedy: bool = False, into: torch.Tensor | None = None):
+        """One compiled forward (:meth:`Transformer.forward`'s arguments); ``greedy`` computes the rows' argmax
+        inside the graph, written ``into`` a caller's tensor when one is given (the one copy a CUDA graph's output
+        needs anyway)."""
         plan = self.static_plan(cache, plan, tokens.shape[1])
         if skip is not None:  # no CUDA graphs there: outputs are the caller's
-            return self.skip_fn(self.model, tokens, positions, cache, slots, plan, self.attention, logits, skip)
+            out = self.skip_fn(self.model, tokens, positions, cache, slots, plan, self.attention, logits, skip)
+            return (torch.argmax(out, -1, out=into) if into is not None else out.argmax(-1)) if greedy else out
         if self.options.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        out = self.fn(tokens, positions, cache, slots, plan, self.attention, logits, skip)
+        out = self.fn(tokens, positions, cache, slots, plan, self.attention, logits, skip, greedy)
+        if into is not None:
+            return into.copy_(out)
         if self.options.cudagraphs:  # graph outputs are overwritten by the next replay: keep copies
             if isinstance(out, tuple):
-                return out[0].clone(), {layer: q.clone() for layer, q in out[1].items()}
+                return out[0].clone(), out[1].clone()
             out = out.clone()
         return out
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fafo.engine.attention import BACKENDS, AttentionPlan, causal_plan
+from fafo.engine.batching import host_logits
 from fafo.engine.cache import Cache, KVCache
 from fafo.engine.compiled import CompiledStep, CompileOptions
 from fafo.engine.context import context_limit
@@ -211,11 +212,17 @@ class Engine:
         return out
 
     def forward(self, cache: Cache, tokens, positions, slots, plan: AttentionPlan, logits="all", skip=None,
-                eager: bool = False, kind: str = "verify", pad_to: int | None = None, queries: bool = False):
+                eager: bool = False, kind: str = "verify", pad_to: int | None = None, queries: bool = False,
+                greedy: bool = False, into: torch.Tensor | None = None):
         """One model step (see :meth:`Transformer.forward`); tokens/positions/slots may be lists or tensors.
         ``kind`` is what the forward is for, recorded in :attr:`ledger` (``prefill``, ``verify``, ``draft``,
         ``aux``: :mod:`fafo.engine.ledger`). ``queries=True``: returns ``(logits, queries)``, the post-RoPE queries
-        of the rows ``plan.capture_rows`` names per layer ({} when it names none).
+        of the rows ``plan.capture_rows`` names, ``[L, B, H_q, R, D]`` (None when it names none). ``greedy=True``:
+        each logits row's argmax token instead of the row, ``[B, Q']`` long (a greedy decoder reads nothing else): a
+        compiled step computes it in its graph; eagerly it is one op after the forward, or numpy's argmax where the
+        logits are host memory (:func:`~fafo.engine.batching.host_logits`). ``into``: a ``[B, Q']`` long tensor the
+        tokens are written to and returned in, except where read by numpy (:func:`~fafo.engine.batching.greedy_chain`'s
+        buffer: no op of its own).
 
         ``pad_to``: the most rows this kind of step can have (host inputs only). Under :attr:`static_shapes` the
         step is padded to it (:mod:`fafo.engine.static_shapes`) and only the real rows come back.
@@ -273,14 +280,20 @@ class Engine:
             share = 1 - (len(skip[0]) + len(skip[1])) / (2 * self.model.args.n_layers) if skip is not None else 1.0
             self.ledger.record(kind, tokens.shape[-1], prefix, region_rows, plan.region_len, share, tokens.shape[0])
             if self.compiled is not None and plan.prefix > 0 and not eager:
-                out = self.compiled(tokens, positions, cache, slots, plan, logits, skip)  # times its graphs
+                out = self.compiled(tokens, positions, cache, slots, plan, logits, skip, greedy, into)  # timed inside
+                greedy = False  # computed in the graph
             else:
                 if self.backend == "flex":  # the block masks the plan implies, built once (fafo.engine.flex_masks)
                     self._flex = self._flex or FlexMasks(device)
                     plan = self._flex.fill(plan, tokens.shape[-1])
                 out = model_call(self.model, tokens, positions, cache, slots, plan, self.backend, logits, skip,
                                  device=device)
-            out, captured = out if isinstance(out, tuple) else (out, {})
+            out, captured = out if isinstance(out, tuple) else (out, None)
+            if greedy:
+                if host_logits([out]):
+                    out = torch.from_numpy(out.numpy().argmax(-1))
+                else:
+                    out = torch.argmax(out, -1, out=into) if into is not None else out.argmax(-1)
             out = out[:, :n_real] if n_real is not None and isinstance(logits, str) else out
             return (out, captured) if queries else out
 

@@ -119,7 +119,7 @@ class Attention(nn.Module):
             self.qkv_proj = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
             del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x, cos, sin, cache: Cache, slots, plan: AttentionPlan, backend: str, queries: dict | None):
+    def forward(self, x, cos, sin, cache: Cache, slots, plan: AttentionPlan, backend: str, queries: list | None):
         B, Q, _ = x.shape
         d = self.args.head_dim
         if self.qkv_proj is not None:
@@ -130,8 +130,8 @@ class Attention(nn.Module):
         k = k.view(B, Q, -1, d).transpose(1, 2)  # [B, Hkv, Q, D]
         v = v.view(B, Q, -1, d).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if queries is not None:  # the forward returns them (plan.capture_rows)
-            queries[self.layer] = q[:, :, plan.capture_rows]
+        if queries is not None:  # the forward returns them, every layer's in order (plan.capture_rows)
+            queries.append(q[:, :, plan.capture_rows])
         out = cache.attend(self.layer, q, k, v, slots, plan.for_layer(self.layer), self.scale, backend)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
 
@@ -276,6 +276,7 @@ class Transformer(nn.Module):
         backend: str = "sdpa",
         logits: str | torch.Tensor = "all",
         skip: tuple[frozenset, frozenset] | None = None,
+        greedy: bool = False,
     ) -> torch.Tensor:
         """Run one step.
 
@@ -292,18 +293,25 @@ class Transformer(nn.Module):
                 [B, K]: each batch row's own.
             skip: optional (attention layers, MLP layers) to skip (self-speculative drafting); a skipped
                 attention layer writes no KV.
+            greedy: return each logits row's argmax token instead of the row: ``[B, Q']`` long, computed in the
+                forward (inside a compiled step's graph: no launch of its own, and a few bytes to copy out of it).
 
         Returns:
-            [B, Q', V] logits (``Q'`` = rows asked for), or [B, Q, dim] hidden states for ``logits="none"``; with
-            ``plan.capture_rows`` the pair (that, {layer: [B, H_q, R, D] post-RoPE queries of those rows}).
+            [B, Q', V] logits (``Q'`` = rows asked for; ``[B, Q']`` tokens when ``greedy``), or [B, Q, dim] hidden
+            states for ``logits="none"``; with
+            ``plan.capture_rows`` the pair (that, [L, B, H_q, R, D]: every layer's post-RoPE queries of those rows,
+            stacked in the forward: one tensor to copy out of a CUDA graph and to slice, whatever the depth).
         """
         x, cos, sin = self.embed(tokens, positions)
         skip_attn, skip_mlp = skip or (frozenset(), frozenset())
-        queries = {} if plan.capture_rows is not None else None
+        queries = [] if plan.capture_rows is not None else None
+        if queries is not None and skip_attn:
+            raise ValueError("a forward that captures queries (plan.capture_rows) runs every attention layer")
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, cache, slots, plan, backend, i in skip_attn, i in skip_mlp, queries)
         out = self.project(x, logits)
-        return out if queries is None else (out, queries)
+        out = out.argmax(-1) if greedy else out
+        return out if queries is None else (out, torch.stack(queries))
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The step's input: embeddings [B, Q, dim] and the rotary cos, sin of its positions ([Q] or [B, Q])."""
