@@ -153,7 +153,7 @@ def greedy_chain(forward, feed, n: int, buffer: torch.Tensor, stop=()) -> list[i
     copy a CUDA graph's output needs anyway: a launch per token, not two."""
     out, on_device = [], None
     for i in range(n):
-        token = forward(feed, i, buffer[i : i + 1].view(1, 1))
+        token = forward(feed, i, None if on_device is False else buffer[i : i + 1].view(1, 1))  # host: read
         on_device = not (token.is_cpu and not modes_active()) if on_device is None else on_device
         if on_device:
             feed = token
