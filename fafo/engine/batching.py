@@ -145,16 +145,17 @@ def argmax_rows(logits: torch.Tensor) -> list | int:
 def greedy_chain(forward, feed, n: int, buffer: torch.Tensor, stop=()) -> list[int]:
     """``n`` greedy tokens, each ``forward(feed, i, into)``: the argmax of the forward's last logits row as a
     ``[1, 1]`` long tensor (:meth:`~fafo.engine.engine.Engine.forward` with ``greedy=True`` and ``into``), the
-    ``feed`` of the next call. On the host (numpy's argmax) each is read as it comes and the chain stops after a
-    token in ``stop``. On a device each token is written to ``buffer[i]`` (``into``: ``buffer``, ``[>= n]`` long on
-    the device) and fed from there, and the chain is read once at its end, then cut after its first token in
-    ``stop``: one sync per chain instead of one per token, and the device runs the forwards past a stop token that
-    the host could not see. A compiled step computes the argmax in its graph and copies it into the buffer, the one
-    copy a CUDA graph's output needs anyway: a launch per token, not two."""
-    out, on_device = [], None
+    ``feed`` of the next call. On the host (a CPU outside any torch mode: numpy's argmax) each is read as it comes
+    and the chain stops after a token in ``stop``. On a device each token is written to ``buffer[i]`` (``into``:
+    ``buffer``, ``[>= n]`` long where the forwards run) and fed from there, and the chain is read once at its end,
+    then cut after its first token in ``stop``: one sync per chain instead of one per token, and the device runs the
+    forwards past a stop token that the host could not see. A compiled step computes the argmax in its graph and
+    copies it into the buffer, the one copy a CUDA graph's output needs anyway: a launch per token, not two."""
+    if n == 0:
+        return []
+    out, on_device = [], not (buffer.is_cpu and not modes_active())  # the buffer is where the forwards run
     for i in range(n):
-        token = forward(feed, i, None if on_device is False else buffer[i : i + 1].view(1, 1))  # host: read
-        on_device = not (token.is_cpu and not modes_active()) if on_device is None else on_device
+        token = forward(feed, i, buffer[i : i + 1].view(1, 1) if on_device else None)
         if on_device:
             feed = token
             continue
