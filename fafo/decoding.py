@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+import torch
+
 from fafo.engine.batching import RowLogits, StepInputs, forward_one
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
