@@ -115,6 +115,31 @@ def test_a_forward_runs_in_inference_mode_and_leaves_it(engine):
     assert not torch.is_inference_mode_enabled()
 
 
+
+def test_a_greedy_forward_returns_each_rows_argmax_and_writes_it_into_a_given_tensor(engine):
+    """``greedy=True``: the argmax tokens of the rows the forward would return, ``[B, Q']``; on the host by numpy
+    (``into`` untouched), on a device's path (any torch mode on the stack) written into ``into`` and returned in it.
+    Captured queries come back beside them, one ``[L, B, H_q, R, D]`` tensor."""
+    eng = engine("llama_gqa")
+    cache = eng.cache(16)
+    eng.prefill(cache, [1, 2, 3])
+    plan = causal_plan(3)
+    logits = eng.forward(cache, [4, 5, 6], [3, 4, 5], [3, 4, 5], plan)
+    want = logits.argmax(-1)
+    assert torch.equal(eng.forward(cache, [4, 5, 6], [3, 4, 5], [3, 4, 5], plan, greedy=True), want)
+    into = torch.full((1, 1), -1)
+    host = eng.forward(cache, [4, 5, 6], [3, 4, 5], [3, 4, 5], plan, logits="last", greedy=True, into=into)
+    assert host.tolist() == want[:, -1:].tolist() and into.item() == -1
+    with ReadsOnTheHost():
+        device = eng.forward(cache, [4, 5, 6], [3, 4, 5], [3, 4, 5], plan, logits="last", greedy=True, into=into)
+    assert device is into and into.tolist() == want[:, -1:].tolist()
+    capture = causal_plan(3)
+    capture.capture_rows = torch.tensor([0, 2])
+    tokens, queries = eng.forward(cache, [4, 5, 6], [3, 4, 5], [3, 4, 5], capture, greedy=True, queries=True)
+    args = eng.model.args
+    assert torch.equal(tokens, want) and queries.shape == (args.n_layers, 1, args.n_heads, 2, args.head_dim)
+
+
 ONE_TOKEN_STEPS = [  # (tokens, slots, plan, whether the engine reads the token's KV from the cache)
     ([5], [7], causal_plan(7), True),
     (5, 7, causal_plan(7), True),

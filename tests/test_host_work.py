@@ -86,7 +86,7 @@ def test_compiled_steps_add_one_write_per_forward_and_no_read(name, ckpt_root):
     # once per generation)
     per_forward = 2 if name in ("lookahead", "prompt_lookup") else 1
     moved = eager.names["aten::argmax"] - comp.names["aten::argmax"]  # computed in the graphs
-    assert (moved > 0) == name.startswith("triforce") and comp.names["aten::argmax"] >= 0, moved
+    assert (moved > 0) == name.startswith("triforce"), moved
     extra = sum(s["ops"] for s in comp.steps) - (sum(s["ops"] for s in eager.steps) - moved)
     assert 0 < extra <= per_forward * forwards[True] + 2, (extra, forwards[True])
 
