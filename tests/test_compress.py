@@ -25,14 +25,16 @@ SNAP = SnapKV(capacity=8, window=2, kernel=3, local=4)
 COMPRESSIONS = {"quest": QUEST, "snapkv": SNAP}
 
 
-def random_region(compression, n=61, layers=2, heads=2, q_heads=4, dim=8, seed=0):
-    """A FixedRegion over a random cache holding n entries (slot = position), prefilled with random queries."""
+def random_region(compression, n=61, layers=2, heads=2, q_heads=4, dim=8, seed=0, dtype=torch.float32,
+                  values=torch.float32):
+    """A FixedRegion over a random cache of ``dtype`` holding n entries (slot = position), prefilled with random
+    queries; keys, values and queries are random values rounded to ``values``' precision."""
     g = torch.Generator().manual_seed(seed)
-    cache = KVCache(layers, 1, heads, n + 8, dim, torch.float32, "cpu")
+    cache = KVCache(layers, 1, heads, n + 8, dim, dtype, "cpu")
     for buf in cache.keys + cache.values:
-        buf.copy_(torch.randn(buf.shape, generator=g))
+        buf.copy_(torch.randn(buf.shape, generator=g).to(values))
     rows = compression.prefill_query_rows(n)
-    queries = torch.randn(layers, 1, q_heads, len(rows), dim, generator=g)  # [L, B, H_q, R, D]
+    queries = torch.randn(layers, 1, q_heads, len(rows), dim, generator=g).to(values).to(dtype)  # [L, B, H_q, R, D]
     region = FixedRegion(cache, compression, capacity=n + 4)
     keys_before = [k.clone() for k in cache.keys]
     region.prefill(n, queries)
@@ -90,13 +92,29 @@ def test_quest_upper_bound_bounds_every_key_of_its_page():
     region, queries, keys = random_region(QUEST)
     for layer in range(2):
         q = queries[layer][:, :, -1]
-        ub = QUEST.upper_bound(q, region.state["bounds"][layer])  # [1, Hq, pages]
+        ub = QUEST.upper_bound(q, region.state["bounds"][layer], region.state["signs"])  # [1, Hq, pages]
         k = keys[layer][0]  # [H_kv, n, D]
         dots = torch.einsum("hd,hnd->hn", q[0], k.repeat_interleave(2, 0))  # [H_q, n]
         for p in range(ub.shape[-1]):
             page = dots[:, 4 * p : min(4 * p + 4, 61)]  # the cache holds 61 entries
             if page.numel():
                 assert (ub[0, :, p : p + 1] >= page - 1e-5).all()
+
+
+def test_quest_scores_half_precision_pages_in_float32_as_its_float32_copy():
+    """Half-precision keys and queries: the page bounds are float32 (each page's keys' max and min, exact), the
+    scores float32, and the selection the one a float32 cache of the same values makes."""
+    half, queries, keys = random_region(QUEST, dtype=torch.float16, values=torch.float16)
+    full, _, _ = random_region(QUEST, values=torch.float16)  # the same values in float32
+    assert half.state["bounds"].dtype == torch.float32
+    first_page = torch.stack([k[0, :, :4].float() for k in keys])  # [L, H_kv, 4, D]
+    assert torch.equal(half.state["kmax"][:, 0, :, 0], first_page.amax(2))
+    assert torch.equal(half.state["kmin"][:, 0, :, 0], first_page.amin(2))
+    q = queries[..., -1, :]  # [L, 1, H_q, D] float16
+    scores = QUEST.upper_bound(q, half.state["bounds"][..., :15, :], half.state["signs"])  # the 15 full pages
+    assert scores.dtype == torch.float32
+    assert torch.equal(scores, QUEST.upper_bound(q.float(), full.state["bounds"][..., :15, :], full.state["signs"]))
+    assert torch.equal(QUEST.select(half), QUEST.select(full))
 
 
 def test_quest_selection_equals_brute_force_top_pages_per_kv_head():

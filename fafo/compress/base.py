@@ -227,10 +227,10 @@ class FixedRegion:
         if width:
             want = torch.zeros(*sel.shape[:-1], self.n, dtype=torch.bool, device=self.device)
             want.scatter_(-1, sel, True)
-            evict = ~want.gather(-1, pos[..., :K])  # [..., K]: region slots holding unselected entries
+            kept = want.gather(-1, pos[..., :K])  # [..., K]: False where a region slot holds an unselected entry
             admit_slots = slot_of.gather(-1, sel)  # [..., K]: where the selected entries are now
-            src_out = _first_true(None, evict, width, self._junk)
-            src_in = _first_true(admit_slots, admit_slots >= K, width, self._junk)
+            src_out = _first_where(None, kept, False, width, self._junk)
+            src_in = _first_where(admit_slots, admit_slots >= K, True, width, self._junk)
             pairs = torch.cat([src_out, src_in, src_in, src_out], -1)  # swap pairs: src then dst
             src, dst = pairs[..., : 2 * width], pairs[..., 2 * width :]
             if self.uniform:
@@ -278,10 +278,12 @@ class FixedRegion:
         self.region_len = K
 
 
-def _first_true(values: torch.Tensor | None, mask: torch.Tensor, width: int, fill: torch.Tensor) -> torch.Tensor:
-    """Per row, the values where mask is True (``values=None``: their indices), first ``width`` of them, padded
-    with ``fill`` (a 0-d tensor): [..., width]."""
-    flags, order = torch.sort(mask.view(torch.int8), dim=-1, descending=True, stable=True)  # True first, in order
+def _first_where(values: torch.Tensor | None, mask: torch.Tensor, flag: bool, width: int,
+                 fill: torch.Tensor) -> torch.Tensor:
+    """Per row, the values where ``mask`` is ``flag`` (``values=None``: their indices), first ``width`` of them,
+    padded with ``fill`` (a 0-d tensor): [..., width]. One stable sort brings them first, in order."""
+    flags, order = torch.sort(mask.view(torch.int8), dim=-1, descending=flag, stable=True)
     order = order[..., :width]
     picked = order if values is None else values.gather(-1, order)
-    return torch.where(flags[..., :width].view(torch.bool), picked, fill)
+    hit = flags[..., :width].view(torch.bool)  # the row's mask at the picked places: ``flag`` where one was found
+    return torch.where(hit, picked, fill) if flag else torch.where(hit, fill, picked)

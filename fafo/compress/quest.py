@@ -63,10 +63,14 @@ class Quest(Compression):
     def after_prefill(self, region, queries) -> None:
         keys = region.cache.kv[0]  # [L, B, H_kv, S, D]; identity layout after prefill: slot = position
         n_pages, D = -(-region.capacity // self.page_size), keys.shape[-1]
-        # [L, B, H_kv, pages, 2D]: each page's elementwise max key, then its min key (one row: one score matmul)
-        bounds = torch.empty((*keys.shape[:3], n_pages, 2 * D), dtype=keys.dtype, device=keys.device)
+        # [L, B, H_kv, pages, 2D] float32: each page's elementwise max key, then its min key (one row: one score
+        # matmul). Scores are computed in float32; bounds kept in it cost no conversion of them per step.
+        bounds = torch.empty((*keys.shape[:3], n_pages, 2 * D), dtype=torch.float32, device=keys.device)
         bounds[..., :D], bounds[..., D:] = float("-inf"), float("inf")
         region.state.update(bounds=bounds, kmax=bounds[..., :D], kmin=bounds[..., D:])
+        # [2 (min, max), 2, D]: clamping a query to these gives its positive part, then its negative part
+        inf = float("inf")
+        region.state["signs"] = torch.tensor([[0.0, -inf], [inf, 0.0]], device=keys.device)[..., None].repeat(1, 1, D)
         region.state["page_of"] = region.arange(0, region.capacity) // self.page_size  # [capacity]: a position's page
         region.state["page_tokens"] = torch.arange(n_pages * self.page_size, device=keys.device).view(n_pages, -1)
         with warnings.catch_warnings():  # torch warns once per process that index_reduce_ is a beta API
@@ -85,17 +89,23 @@ class Quest(Compression):
         ``index_reduce_`` takes the pages as one ``[hi - lo]`` index (a ``scatter_reduce_`` needs it expanded
         to the keys' shape: on a CPU 2-3x slower for a step's few entries)."""
         new = region.cache.kv[0, ..., lo:hi, :]  # [L, B, H_kv, N, D]: a view
+        new = new if new.dtype == torch.float32 else new.float()  # half precision: one op for both reductions
         pages = region.state["page_of"][lo:hi]
         region.state["kmax"].index_reduce_(3, pages, new, "amax")
         region.state["kmin"].index_reduce_(3, pages, new, "amin")
 
-    def upper_bound(self, q: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
-        """q: [..., H_q, D]; bounds: [..., H_kv, P, 2D] each page's max then min key -> [..., H_q, P] page scores
-        (>= q.k for the page's keys): ``sum_i max(q_i M_i, q_i m_i)`` is ``q+ . M + q- . m`` (q+ and q- the
-        positive and negative parts of q), one matmul of ``[q+ | q-]`` with ``[M | m]``."""
+    def upper_bound(self, q: torch.Tensor, bounds: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+        """Page scores ``[..., H_q, P]`` float32, each >= q.k for every key of its page.
+
+        q: [..., H_q, D]; bounds: [..., H_kv, P, 2D] float32, each page's max key M then min key m; signs:
+        [2, 2, D] the lower limits (0, -inf) and upper limits (inf, 0) of a clamp giving q+ then q- (a query's
+        positive and negative parts). ``sum_i max(q_i M_i, q_i m_i)`` is ``q+ . M + q- . m``: one clamp (which
+        also makes a half-precision query float32, by type promotion) and one matmul of ``[q+ | q-]`` with
+        ``[M | m]``."""
         h_kv = bounds.shape[-3]
-        signed = torch.cat([q.clamp(min=0), q.clamp(max=0)], -1).unflatten(-2, (h_kv, -1))  # [..., H_kv, G, 2D]
-        return (signed @ bounds.transpose(-1, -2)).flatten(-3, -2)
+        signed = torch.clamp(q[..., None, :], min=signs[0], max=signs[1]).flatten(-2)  # [..., H_q, 2D]
+        signed = signed.unflatten(-2, (h_kv, -1))  # [..., H_kv, G, 2D]
+        return (signed @ bounds.transpose(-1, -2)).flatten(-3, -2)  # [..., H_kv, G, P] -> [..., H_q, P]
 
     def select(self, region) -> torch.Tensor:
         """Every layer at once: [L, H_kv, K] positions (the top pages per KV head, then the current page)."""
@@ -103,9 +113,10 @@ class Quest(Compression):
         n_pages, page_budget = -(-n // P), self.budget // P
         if n_pages <= page_budget:
             return region.arange(0, n)
-        q = region.state["query"][..., -1, :].float()  # [L, B, H_q, D]
-        bounds = region.state["bounds"][..., : n_pages - 1, :].float()  # [L, B, H_kv, P', 2D]
-        scores = group_scores(self.upper_bound(q, bounds), bounds.shape[-3], self.gqa_reduce)[:, 0]  # [L, H, P']
+        q = region.state["query"][..., -1, :]  # [L, B, H_q, D]
+        bounds = region.state["bounds"][..., : n_pages - 1, :]  # [L, B, H_kv, P', 2D]
+        scores = self.upper_bound(q, bounds, region.state["signs"])
+        scores = group_scores(scores, bounds.shape[-3], self.gqa_reduce)[:, 0]  # [L, H_kv, P']
         pages = topk_positions_per_head(scores, page_budget - 1)  # [L, H_kv, page_budget - 1]
         first = (n_pages - 1) * P  # the current page's first position
         current = region.state["page_of"][first : first + 1].expand(*pages.shape[:2], 1)  # [L, H_kv, 1]: a view
