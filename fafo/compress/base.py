@@ -210,7 +210,9 @@ class FixedRegion:
         self._reselect(self.compression.max_swaps(self, a))
 
     def _reselect(self, max_swaps: int) -> None:
-        """Swap C's current selection into slots ``[0, K)``; ``max_swaps`` bounds the evictions of any row."""
+        """Swap C's current selection into slots ``[0, K)``; ``max_swaps`` bounds the evictions of any row. Each row
+        pairs its region slots holding unselected entries with the selected entries' slots past the region, both in
+        slot order."""
         if self.on_host:
             return self._reselect_on_host(max_swaps)
         L, H, _ = self._pos.shape
@@ -229,8 +231,9 @@ class FixedRegion:
             want.scatter_(-1, sel, True)
             kept = want.gather(-1, pos[..., :K])  # [..., K]: False where a region slot holds an unselected entry
             admit_slots = slot_of.gather(-1, sel)  # [..., K]: where the selected entries are now
-            src_out = _first_where(None, kept, False, width, self._junk)
-            src_in = _first_where(admit_slots, admit_slots >= K, True, width, self._junk)
+            # each [..., width]: the row's padding, then its evicted slots in order, then its admitted ones (as many)
+            src_out = _last_false(kept, width, self._junk)
+            src_in = _last_from(admit_slots, K, width, self._junk)
             pairs = torch.cat([src_out, src_in, src_in, src_out], -1)  # swap pairs: src then dst
             src, dst = pairs[..., : 2 * width], pairs[..., 2 * width :]
             if self.uniform:
@@ -253,9 +256,9 @@ class FixedRegion:
         self._host = (line, np.arange(self.capacity + 1), np.arange(self.capacity + 1))
 
     def _reselect_on_host(self, max_swaps: int) -> None:
-        """:meth:`_reselect` on the host row: the same swaps (the region's slots holding unselected entries, in slot
-        order, exchanged with the selected entries' slots past the region, in selection order), so the layout is
-        the device path's, slot for slot."""
+        """:meth:`_reselect` on the host row: the same swaps (the region's slots holding unselected entries exchanged
+        with the selected entries' slots past the region, both in slot order), so the layout is the device path's,
+        slot for slot."""
         line, slot_of, moved_from = self._host
         sel = self.compression.select_host(self)
         K = self.frozen + len(sel)
@@ -265,7 +268,7 @@ class FixedRegion:
             want[sel] = True
             evict = np.flatnonzero(~want[line[self.frozen : K]]) + self.frozen
             admit = slot_of[sel]
-            admit = admit[admit >= K]
+            admit = np.sort(admit[admit >= K])  # in slot order, as the device path takes them
             m = min(width, len(evict), len(admit))  # equal counts when the region held C's last selection
             evict, admit = evict[:m], admit[:m]
             if m:
@@ -278,12 +281,16 @@ class FixedRegion:
         self.region_len = K
 
 
-def _first_where(values: torch.Tensor | None, mask: torch.Tensor, flag: bool, width: int,
-                 fill: torch.Tensor) -> torch.Tensor:
-    """Per row, the values where ``mask`` is ``flag`` (``values=None``: their indices), first ``width`` of them,
-    padded with ``fill`` (a 0-d tensor): [..., width]. One stable sort brings them first, in order."""
-    flags, order = torch.sort(mask.view(torch.int8), dim=-1, descending=flag, stable=True)
-    order = order[..., :width]
-    picked = order if values is None else values.gather(-1, order)
-    hit = flags[..., :width].view(torch.bool)  # the row's mask at the picked places: ``flag`` where one was found
-    return torch.where(hit, picked, fill) if flag else torch.where(hit, fill, picked)
+def _last_false(mask: torch.Tensor, width: int, fill: torch.Tensor) -> torch.Tensor:
+    """Per row, the indices where ``mask`` is False in order, the last ``width`` places of a row ending in them and
+    padded in front with ``fill`` (a 0-d tensor): [..., width]. One stable sort puts them last."""
+    flags, order = torch.sort(mask.view(torch.int8), dim=-1, descending=True, stable=True)
+    return torch.where(flags[..., -width:].view(torch.bool), fill, order[..., -width:])
+
+
+def _last_from(values: torch.Tensor, lower: int, width: int, fill: torch.Tensor) -> torch.Tensor:
+    """Per row, the ``values`` at or above ``lower`` in ascending order, the last ``width`` places of a row ending
+    in them and padded in front with ``fill``: [..., width]. A row's values are distinct (slots): any sort
+    orders them alike."""
+    top = torch.sort(values, dim=-1).values[..., -width:]
+    return torch.where(top >= lower, top, fill)
