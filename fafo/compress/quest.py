@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from fafo.compress.base import Compression, group_scores, topk_positions_per_head
+from fafo.compress.base import Compression, group_scores
 from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 
@@ -108,7 +108,8 @@ class Quest(Compression):
         return (signed @ bounds.transpose(-1, -2)).flatten(-3, -2)  # [..., H_kv, G, P] -> [..., H_q, P]
 
     def select(self, region) -> torch.Tensor:
-        """Every layer at once: [L, H_kv, K] positions (the top pages per KV head, then the current page)."""
+        """Every layer at once: [L, H_kv, K] positions (the top pages per KV head in no particular order, then the
+        current page)."""
         n, P = region.n, self.page_size
         n_pages, page_budget = -(-n // P), self.budget // P
         if n_pages <= page_budget:
@@ -117,7 +118,8 @@ class Quest(Compression):
         bounds = region.state["bounds"][..., : n_pages - 1, :]  # [L, B, H_kv, P', 2D]
         scores = self.upper_bound(q, bounds, region.state["signs"])
         scores = group_scores(scores, bounds.shape[-3], self.gqa_reduce)[:, 0]  # [L, H_kv, P']
-        pages = topk_positions_per_head(scores, page_budget - 1)  # [L, H_kv, page_budget - 1]
+        # [L, H_kv, page_budget - 1] in no particular order: the region orders its swaps by slot, not by selection
+        pages = torch.topk(scores, page_budget - 1, dim=-1, sorted=False).indices
         first = (n_pages - 1) * P  # the current page's first position
         current = region.state["page_of"][first : first + 1].expand(*pages.shape[:2], 1)  # [L, H_kv, 1]: a view
         pages = torch.cat([pages, current], -1)
