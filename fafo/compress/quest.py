@@ -68,9 +68,10 @@ class Quest(Compression):
         bounds = torch.empty((*keys.shape[:3], n_pages, 2 * D), dtype=torch.float32, device=keys.device)
         bounds[..., :D], bounds[..., D:] = float("-inf"), float("inf")
         region.state.update(bounds=bounds, kmax=bounds[..., :D], kmin=bounds[..., D:])
-        # [2 (min, max), 2, D]: clamping a query to these gives its positive part, then its negative part
-        inf = float("inf")
-        region.state["signs"] = torch.tensor([[0.0, -inf], [inf, 0.0]], device=keys.device)[..., None].repeat(1, 1, D)
+        # [2 (min, max), 2, D]: clamping a query to these gives its positive part, then its negative part (filled on
+        # the device: no host data to copy)
+        signs = region.state["signs"] = torch.zeros(2, 2, D, device=keys.device)
+        signs[0, 1], signs[1, 0] = float("-inf"), float("inf")
         region.state["page_of"] = region.arange(0, region.capacity) // self.page_size  # [capacity]: a position's page
         region.state["page_tokens"] = torch.arange(n_pages * self.page_size, device=keys.device).view(n_pages, -1)
         with warnings.catch_warnings():  # torch warns once per process that index_reduce_ is a beta API
