@@ -27,7 +27,8 @@ import torch
 
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.batching import StepInputs, argmax_rows, forward_one
-from fafo.engine.engine import Engine, upload
+from fafo.engine.engine import Engine
+from fafo.engine.upload import upload
 from fafo.sampling import Sampling
 
 

@@ -37,7 +37,7 @@ VARIANTS = ("control", "nocg", "exactmask", "syncupload", "fp32", "eagerflex", "
 
 
 def sync_upload(values, device, dtype=torch.long):
-    """:func:`fafo.engine.engine.upload` without pinned memory or non-blocking copies: one copy per value."""
+    """:func:`fafo.engine.upload.upload` without pinned memory or non-blocking copies: one copy per value."""
     device, out, moved = torch.device(device), list(values), False
     for i, v in enumerate(values):
         if v is None or (isinstance(v, torch.Tensor) and v.device == device):

@@ -266,7 +266,7 @@ def test_engine_pads_a_step_to_its_static_shape(engine, monkeypatch, masked):
 def test_host_key_lists_of_a_step_mask_are_the_device_ones(static):
     """``host_gathered`` (numpy, for masks built on the host) gives exactly ``GatheredMask``'s key lists: visible
     keys first in key order, padding pointing at key 0, for one mask and a batch of masks."""
-    from fafo.engine.engine import host_gathered
+    from fafo.engine.upload import host_gathered
     from fafo.engine.kernels import GatheredMask
 
     g = torch.Generator().manual_seed(0)

@@ -14,6 +14,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 import fafo.engine.attention as attention
 import fafo.engine.engine as engine_module
+import fafo.engine.upload as upload_module
 import fafo.tree
 from baselines.vanilla import VanillaDecoder
 from fafo.bench.metrics import summarize
@@ -190,20 +191,20 @@ def test_vanilla_compiled_step_reads_its_token_from_the_cache(attention_kind, ch
 def test_upload_is_one_packed_copy_with_aligned_views():
     """What a device gets (the packed path, forced on the CPU here)."""
     mask = torch.eye(3, dtype=torch.bool)
-    tokens, positions, none, got = engine_module.upload([[5, 6, 7], range(10, 13), None, mask], "cpu", pack=True)
+    tokens, positions, none, got = upload_module.upload([[5, 6, 7], range(10, 13), None, mask], "cpu", pack=True)
     assert tokens.tolist() == [5, 6, 7] and positions.tolist() == [10, 11, 12] and none is None
     assert got.dtype == torch.bool and torch.equal(got, mask)
-    assert positions.data_ptr() - tokens.data_ptr() == 8 * engine_module.ALIGN  # one buffer, aligned views
+    assert positions.data_ptr() - tokens.data_ptr() == 8 * upload_module.ALIGN  # one buffer, aligned views
     # flat lists of ints (a decode step's inputs) are packed by one conversion; other values beside them by numpy
     for values in ([[5], [300], list(range(9)), []], [[5], np.array([[1, 2], [3, 4]]), [[6, 7], [8, 9]], [True]]):
-        got = engine_module.upload(values, "cpu", pack=True)
+        got = upload_module.upload(values, "cpu", pack=True)
         assert [g.tolist() for g in got] == [np.asarray(v).tolist() for v in values]
         assert [g.dtype for g in got] == [torch.bool if np.asarray(v).dtype == bool else torch.long for v in values]
-        assert all(g.data_ptr() % (8 * engine_module.ALIGN) == got[0].data_ptr() % (8 * engine_module.ALIGN)
+        assert all(g.data_ptr() % (8 * upload_module.ALIGN) == got[0].data_ptr() % (8 * upload_module.ALIGN)
                    for g in got if g.numel() and g.dtype == torch.long)  # (a bool value is converted, not a view)
     for floats in (torch.ones(2), np.ones(2), [[0.5, 1.5]]):
         with pytest.raises(TypeError, match="integer and bool"):
-            engine_module.upload([[5], floats], "meta")
+            upload_module.upload([[5], floats], "meta")
 
 
 UPLOADS = [[[5], [300], list(range(9)), []], [[5], np.array([[1, 2], [3, 4]]), [[6, 7], [8, 9]], [True]],
@@ -216,8 +217,8 @@ def test_upload_on_the_cpu_gives_the_packed_values_in_arrays_of_their_own(values
     """On the CPU each value becomes its own array (no copy to save): the same values, shapes and dtypes as the
     packed path's, none sharing memory with the caller's arrays; under a torch mode (a probe counting what a device
     runs) the packed path runs."""
-    got = engine_module.upload(values, "cpu", dtype)
-    packed = engine_module.upload(values, "cpu", dtype, pack=True)
+    got = upload_module.upload(values, "cpu", dtype)
+    packed = upload_module.upload(values, "cpu", dtype, pack=True)
     for g, p, v in zip(got, packed, values):
         if v is None:
             assert g is None and p is None
@@ -230,7 +231,7 @@ def test_upload_on_the_cpu_gives_the_packed_values_in_arrays_of_their_own(values
     assert len({g.data_ptr() for g in got if g is not None and g.numel()}) == sum(
         1 for g in got if g is not None and g.numel())  # separate arrays, not views of one buffer
     with FactoryCopies():
-        under_mode = engine_module.upload(values, "cpu", dtype)
+        under_mode = upload_module.upload(values, "cpu", dtype)
     starts = [g.data_ptr() for g, v in zip(under_mode, values)
               if v is not None and not isinstance(v, torch.Tensor) and g.numel() and g.dtype != torch.bool]
     assert max(starts) - min(starts) < 8 * 64  # views of one packed buffer
