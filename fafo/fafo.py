@@ -43,7 +43,7 @@ import torch
 
 from fafo.compress.base import Compression, FixedRegion
 from fafo.compress.stream import StreamingLLM
-from fafo.decoding import Clock, Decoder, Generation, Step, StepState, decode
+from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import AttentionPlan, causal_plan
 from fafo.engine.batching import RowLogits, StepInputs, forward_one
 from fafo.engine.engine import Engine
@@ -121,6 +121,10 @@ class FAFODecoder(Decoder):
         """[current | m x k candidates | n x k streams] in one forward, or the fumble and verify forwards."""
         verify, fumble = 1 + self.n_candidates * self.k, self.n * self.k
         return (verify + fumble,) if self.fused else (1 + fumble, verify)
+
+    def plan_bytes(self, args, slots: int, nbytes: int, compiled: bool) -> Buffers:
+        """The compression's selection state, per generation (Quest's page bounds, SnapKV's picks)."""
+        return Buffers(transient=self.compress.state_bytes(args, slots))
 
     def new_state(self, engine, prompt_ids, max_new_tokens, eos_ids=(), sampling=None, generator=None, cache=None):
         return FAFOState(self, engine, prompt_ids, max_new_tokens, sampling, generator, cache)

@@ -117,6 +117,23 @@ def test_quest_scores_half_precision_pages_in_float32_as_its_float32_copy():
     assert torch.equal(QUEST.select(half), QUEST.select(full))
 
 
+@pytest.mark.parametrize("compress", [QUEST, SNAP], ids=["quest", "snapkv"])
+def test_state_bytes_count_what_a_region_allocates(compress):
+    """``bench.plan``'s estimate of a compression's state equals what a region over a cache of its widths holds
+    after the prefill (every tensor of its state but the captured query, a step's output, and its per-head
+    bookkeeping) plus a step's selection mask."""
+    from types import SimpleNamespace
+
+    region, _, _ = random_region(compress)  # 2 layers, 2 KV heads, head_dim 8; SnapKV keeps picks of 61 entries
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for key, t in region.state.items() if isinstance(t, torch.Tensor) and key != "query"}
+    assert not region.uniform
+    held = sum(storages.values()) + region._pos.nbytes + region._slot_of.nbytes
+    want = 2 * 2 * region.capacity if isinstance(compress, Quest) else 0  # [L, H_kv, n] bool, n <= capacity
+    args = SimpleNamespace(n_layers=2, n_kv_heads=2, head_dim=8)
+    assert compress.state_bytes(args, region.capacity) == held + want
+
+
 def test_quest_selection_equals_brute_force_top_pages_per_kv_head():
     region, queries, keys = random_region(QUEST, n=61)
     sel = QUEST.select(region)  # [L, H_kv, K]

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 from transformers import AutoConfig
 
-from fafo.bench.plan import JobPlan, _fix, assess, memory
+from fafo.bench.plan import GB, JobPlan, _fix, assess, memory
 from fafo.bench.runner import Runner
 from fafo.bench.spec import resolve
 from fafo.engine.context import context_limit, trained_context
@@ -215,6 +215,28 @@ def test_memory_agrees_with_independent_counts():
     memory(plan, spec, 99_000)
     assert abs(plan.kv_gb * 1e9 / (cache_slots(100_000) * 2**17) - 1) < 0.1
     assert abs(plan.weights_gb * 1e9 / (8.03e9 * 2) - 1) < 0.1
+
+
+def test_memory_holds_a_fafo_compressions_state_per_request():
+    """FAFO-Quest's page bounds and per-head bookkeeping at Llama-2-7B's widths after 32K positions (2.7 GB),
+    SnapKV's picks: the method's per-request bytes; StreamingLLM's one row of bookkeeping: none."""
+    from baselines.vanilla import VanillaDecoder
+    from fafo.compress.quest import Quest
+    from fafo.compress.snapkv import SnapKV
+    from fafo.compress.stream import StreamingLLM
+
+    config = hf_config("meta-llama/Llama-2-7b-chat-hf")
+    args, slots = ModelArgs.from_hf(config), cache_slots(32_768)
+    for compress, low, high in ((Quest(), 2.6, 2.8), (SnapKV(), 0.5, 0.6), (StreamingLLM(), 0, 0)):
+        plans = []
+        for rows in (1, 4):
+            spec = SimpleNamespace(dtype="float16", compile=True, method=FAFODecoder(compress=compress),
+                                   reference=VanillaDecoder(), ckpt=SimpleNamespace(config=config))
+            plans.append(JobPlan(cache_slots=32_768, batch_size=rows))
+            memory(plans[-1], spec, 30_000)
+        one, four = plans
+        assert one.method_gb * GB == pytest.approx(compress.state_bytes(args, slots)) and low <= one.method_gb <= high
+        assert four.method_gb == pytest.approx(4 * one.method_gb)  # one state per request of a batch
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "qwen2_gqa"])  # qwen2: qkv bias, tied embeddings

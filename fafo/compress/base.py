@@ -92,6 +92,12 @@ class Compression(ABC):
         of bookkeeping on the host (numpy) and moves entries by slice copies, so no index reaches the device."""
         raise NotImplementedError(f"{type(self).__name__} selects on the device")
 
+    def state_bytes(self, args, slots: int) -> int:
+        """Device bytes one generation's selection state takes at most beside the cache, for a region over
+        ``slots`` cached positions of a model of ``args`` (``bench.plan``, before anything loads). None by default
+        (a selection the same in every layer and head keeps one row of bookkeeping)."""
+        return 0
+
     def max_swaps(self, region: "FixedRegion", n_appended: int) -> int:
         """How many entries, at most, any (layer, KV head) must swap into the fixed region when it is reselected
         right after ``n_appended`` entries were appended (``region.n`` counts them) to a cache whose region held
@@ -102,6 +108,12 @@ class Compression(ABC):
         swaps. The default, the budget, always holds: a selection has at most ``budget`` entries.
         """
         return self.budget
+
+
+def per_head_bookkeeping_bytes(args, slots: int) -> int:
+    """A region's bookkeeping once its selections differ by layer and KV head: the position each slot holds and
+    the slot each position sits in, ``[L, H_kv, slots + 1]`` int64 each (:class:`FixedRegion`)."""
+    return 2 * args.n_layers * args.n_kv_heads * (slots + 1) * 8
 
 
 def topk_positions_per_head(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from fafo.compress.base import Compression, group_scores
+from fafo.compress.base import Compression, group_scores, per_head_bookkeeping_bytes
 from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 
@@ -126,6 +126,14 @@ class Quest(Compression):
         pages = torch.cat([pages, current], -1)
         # each page's positions, the current page's cut at n: [L, H_kv, K]
         return region.state["page_tokens"][pages].flatten(-2)[..., : (page_budget - 1) * P + n - first]
+
+    def state_bytes(self, args, slots: int) -> int:
+        """The page bounds (float32), the clamp's limits, the page tables, the region's per-head bookkeeping and a
+        step's selection mask ``[L, H_kv, n]``: at Llama-2-7B's widths after 32K positions, 2.1 + 0.5 GB."""
+        L, H, D, pages = args.n_layers, args.n_kv_heads, args.head_dim, -(-slots // self.page_size)
+        bounds, signs = L * H * pages * 2 * D * 4, 2 * 2 * D * 4
+        tables = (slots + pages * self.page_size) * 8  # each position's page, each page's positions
+        return bounds + signs + tables + per_head_bookkeeping_bytes(args, slots) + L * H * slots
 
     def max_swaps(self, region, n_appended: int) -> int:
         # While every page fits, C(kv) is the whole cache and nothing moves. Past that, the top pages are chosen

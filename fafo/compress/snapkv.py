@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fafo.compress.base import Compression, group_scores, topk_positions_per_head
+from fafo.compress.base import Compression, group_scores, per_head_bookkeeping_bytes, topk_positions_per_head
 from fafo.bounds import at_least, check_bounds, one_of
 from fafo.errors import ConfigError
 
@@ -59,6 +59,12 @@ class SnapKV(Compression):
     @property
     def budget(self) -> int:
         return self.capacity + self.local
+
+    def state_bytes(self, args, slots: int) -> int:
+        """The prompt picks ``[L, H_kv, capacity]`` and the region's per-head bookkeeping (the prefill's selection
+        differs by head). The prefill's scoring (one layer's window logits at a time, after the prefill's own
+        activations are freed) is below those activations, which the plan counts."""
+        return args.n_layers * args.n_kv_heads * self.capacity * 8 + per_head_bookkeeping_bytes(args, slots)
 
     def prefill_query_rows(self, n_prompt: int) -> torch.Tensor:
         return torch.arange(max(0, n_prompt - self.window), n_prompt)
