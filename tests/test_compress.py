@@ -101,7 +101,7 @@ def test_quest_upper_bound_bounds_every_key_of_its_page():
                 assert (ub[0, :, p : p + 1] >= page - 1e-5).all()
 
 
-def test_quest_scores_half_precision_pages_in_float32_as_its_float32_copy():
+def test_quest_scores_half_precision_keys_in_float32_as_a_float32_cache_does():
     """Half-precision keys and queries: the page bounds are float32 (each page's keys' max and min, exact), the
     scores float32, and the selection the one a float32 cache of the same values makes."""
     half, queries, keys = random_region(QUEST, dtype=torch.float16, values=torch.float16)
