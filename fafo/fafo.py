@@ -304,11 +304,10 @@ class FAFOState(StepState):
     def _advance_streams(self, new_tokens: np.ndarray) -> None:
         dropped = self.streams[:, 0].tolist()
         self.streams = np.concatenate([self.streams[:, 1:], new_tokens[:, None]], axis=1)
-        for i, state in enumerate(self.streams.tolist()):
-            buf = self.discarded[i]
-            buf.append(dropped[i])
+        for buf, token in zip(self.discarded, dropped):
+            buf.append(token)
             del buf[: -self.k]
-            self.pool.add_stream(buf, state)
+        self.pool.add_streams(self.discarded, self.streams.tolist())
 
     def commit(self, step: Step) -> None:
         """Keep the KV of the current token and the accepted candidate tokens; the bonus becomes current."""

@@ -67,6 +67,27 @@ def test_pool_caches_under_every_discard_suffix_with_lru_cap():
     assert pool.retrieve([4, 4], m=5) == []
 
 
+def test_a_steps_streams_added_at_once_leave_the_pool_as_added_one_by_one():
+    """``add_streams`` skips a stream that a later one repeats (the same dropped tokens and state): every bucket's
+    values and LRU order stay those of adding each stream in order, on steps full of repeats and evictions."""
+    import random
+
+    rng = random.Random(0)
+    one_by_one, at_once = CandidatePool(k=3, cap=2), CandidatePool(k=3, cap=2)
+    skipped = 0
+    for _ in range(200):
+        kinds = [([rng.randrange(3) for _ in range(rng.randrange(1, 4))], tuple(rng.randrange(3) for _ in range(3)))
+                 for _ in range(5)]
+        streams = [rng.choice(kinds) for _ in range(8)]  # converged streams repeat one another
+        for buf, state in streams:
+            one_by_one.add_stream(buf, state)
+        at_once.add_streams([b for b, _ in streams], [s for _, s in streams])
+        skipped += len(streams) - len({(tuple(b), s) for b, s in streams})
+        assert {key: list(v) for key, v in at_once.table.items()} == {
+            key: list(v) for key, v in one_by_one.table.items()}
+    assert skipped > 100 and max(len(v) for v in at_once.table.values()) == 2  # repeats and full buckets met
+
+
 def test_pool_seeding_from_text():
     pool = CandidatePool(k=2, cap=4)
     pool.add_text([1, 2, 3, 4])
