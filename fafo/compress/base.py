@@ -150,8 +150,7 @@ class FixedRegion:
     Args:
         cache: the static cache whose slots are moved (batch 1).
         compression: the function C.
-        capacity: slots available for committed entries (scratch for a step's new KV lies beyond; one slot past
-            ``capacity`` must exist in the cache: it is the no-op target of padded swaps).
+        capacity: slots available for committed entries (scratch for a step's new KV lies beyond).
     """
 
     def __init__(self, cache: KVCache, compression: Compression, capacity: int):
@@ -161,8 +160,7 @@ class FixedRegion:
         self.device = cache.keys[0].device
         L, H = len(cache.keys), cache.keys[0].shape[1]
         self._arange = torch.arange(capacity + 1, device=self.device)  # slices of it are every step's ranges
-        self._junk = self._arange[capacity]  # padded swaps pair this unused slot with itself
-        # [L, H, capacity + 1] (slot `capacity`: the junk slot); while every selection has been the same for all
+        # [L, H, capacity + 1] (position `capacity`: one no selection holds, see _move_to_host); while every selection has been the same for all
         # layers and heads, one row stands for all of them (expanded views of ``_line``)
         self._line = (self._arange.clone(), self._arange.clone())
         self._pos, self._slot_of = (line.expand(L, H, -1) for line in self._line)
@@ -239,13 +237,14 @@ class FixedRegion:
         K = sel.shape[-1]
         width = min(max_swaps, K)  # Python ints: no row evicts (nor admits: as many) more than this
         if width:
-            want = torch.zeros(*sel.shape[:-1], self.n, dtype=torch.bool, device=self.device)
-            want.scatter_(-1, sel, True)
-            kept = want.gather(-1, pos[..., :K])  # [..., K]: False where a region slot holds an unselected entry
             admit_slots = slot_of.gather(-1, sel)  # [..., K]: where the selected entries are now
-            # each [..., width]: the row's padding, then its evicted slots in order, then its admitted ones (as many)
-            src_out = _last_false(kept, width, self._junk)
-            src_in = _last_from(admit_slots, K, width, self._junk)
+            held = torch.zeros(*sel.shape[:-1], self.n, dtype=torch.bool, device=self.device)
+            held.scatter_(-1, admit_slots, True)  # [..., n]: the slots holding a selected entry
+            # each [..., width] in slot order, ending in the row's e real pairs: the region's slots holding an
+            # unselected entry (evicted), the selected entries' slots past the region (admitted); before them the
+            # same region slots kept in both lists, so every other pair is a slot with itself (a no-op swap)
+            src_out = _unheld_last(held[..., :K], width)
+            src_in = torch.sort(admit_slots, dim=-1).values[..., -width:]
             pairs = torch.cat([src_out, src_in, src_in, src_out], -1)  # swap pairs: src then dst
             src, dst = pairs[..., : 2 * width], pairs[..., 2 * width :]
             if self.uniform:
@@ -293,16 +292,7 @@ class FixedRegion:
         self.region_len = K
 
 
-def _last_false(mask: torch.Tensor, width: int, fill: torch.Tensor) -> torch.Tensor:
-    """Per row, the indices where ``mask`` is False in order, the last ``width`` places of a row ending in them and
-    padded in front with ``fill`` (a 0-d tensor): [..., width]. One stable sort puts them last."""
-    flags, order = torch.sort(mask.view(torch.int8), dim=-1, descending=True, stable=True)
-    return torch.where(flags[..., -width:].view(torch.bool), fill, order[..., -width:])
-
-
-def _last_from(values: torch.Tensor, lower: int, width: int, fill: torch.Tensor) -> torch.Tensor:
-    """Per row, the ``values`` at or above ``lower`` in ascending order, the last ``width`` places of a row ending
-    in them and padded in front with ``fill``: [..., width]. A row's values are distinct (slots): any sort
-    orders them alike."""
-    top = torch.sort(values, dim=-1).values[..., -width:]
-    return torch.where(top >= lower, top, fill)
+def _unheld_last(held: torch.Tensor, width: int) -> torch.Tensor:
+    """Per row, the last ``width`` slots of the row's held ones then its unheld ones, each in slot order: [...,
+    width]. One stable sort puts the unheld (False) ones last."""
+    return torch.sort(held.view(torch.int8), dim=-1, descending=True, stable=True).indices[..., -width:]
