@@ -102,11 +102,13 @@ class Quest(Compression):
         [2, 2, D] the lower limits (0, -inf) and upper limits (inf, 0) of a clamp giving q+ then q- (a query's
         positive and negative parts). ``sum_i max(q_i M_i, q_i m_i)`` is ``q+ . M + q- . m``: one clamp (which
         also makes a half-precision query float32, by type promotion) and one matmul of ``[q+ | q-]`` with
-        ``[M | m]``."""
-        h_kv = bounds.shape[-3]
+        ``[M | m]``, batched over the leading dims and KV heads (one ``bmm``: ``matmul`` on 5-d operands adds a
+        reshape of its output)."""
+        h_kv, n_pages, width = bounds.shape[-3:]
         signed = torch.clamp(q[..., None, :], min=signs[0], max=signs[1]).flatten(-2)  # [..., H_q, 2D]
-        signed = signed.unflatten(-2, (h_kv, -1))  # [..., H_kv, G, 2D]
-        return (signed @ bounds.transpose(-1, -2)).flatten(-3, -2)  # [..., H_kv, G, P] -> [..., H_q, P]
+        scores = torch.bmm(signed.view(-1, signed.shape[-2] // h_kv, width),  # [... * H_kv, G, 2D]
+                           bounds.flatten(0, -3).transpose(1, 2))  # [... * H_kv, 2D, P]
+        return scores.view(*signed.shape[:-1], n_pages)  # [..., H_q, P]
 
     def select(self, region) -> torch.Tensor:
         """Every layer at once: [L, H_kv, K] positions (the top pages per KV head in no particular order, then the
