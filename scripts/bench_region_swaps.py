@@ -4,7 +4,8 @@ against only the pairs that move an entry.
 FAFO keeps its compressed view C(kv) in the first slots of the static cache by swapping entries in and out (FAFO
 paper, section 4.4 and App. H). Per (layer, KV head) the swap lists are padded to the most entries any row may swap,
 computed from Python ints (``Compression.max_swaps``), so that a step reads nothing back: for Quest that bound is its
-whole ``token_budget``, since each step's query may choose other pages. The padding pairs a spare slot with itself.
+whole ``token_budget``, since each step's query may choose other pages. The padding pairs each region slot that
+keeps its entry with itself.
 On a device the padded lists are one gather into a temporary and one scatter back (``KVCache.move_rows``), so the
 padding costs memory traffic; on a CPU the cache drops it first (reading host lists costs no sync).
 
@@ -41,14 +42,13 @@ DEFAULT_WIDTHS = {"cuda": (32, 32, 128, "float16"), "cpu": (32, 2, 16, "float32"
 
 
 def swap_lists(layers: int, heads: int, width: int, real: int, slots: int, generator: torch.Generator):
-    """``(src, dst)``, each ``[L, H, 2 * width]``, laid out as ``FixedRegion`` lays out a reselection's swaps: the
-    first ``real`` pairs of every row exchange a region slot (below ``width``) with a slot past the region, each
-    row its own random picks, and the rest pair the spare slot ``slots - 1`` with itself."""
-    rows, junk = layers * heads, slots - 1
-    out = torch.full((rows, width), junk)
-    into = torch.full((rows, width), junk)
-    out[:, :real] = torch.rand(rows, width, generator=generator).argsort(-1)[:, :real]
-    into[:, :real] = torch.rand(rows, junk - width, generator=generator).argsort(-1)[:, :real] + width
+    """``(src, dst)``, each ``[L, H, 2 * width]``, laid out as ``FixedRegion`` lays out a reselection's swaps: in
+    every row ``real`` pairs exchange a region slot (below ``width``) with a slot past the region, each row its own
+    random picks, and the other region slots, which keep their entries, are paired with themselves."""
+    rows = layers * heads
+    out = torch.rand(rows, width, generator=generator).argsort(-1)  # the region's slots, the evicted ones first
+    into = out.clone()  # the kept slots pair with themselves
+    into[:, :real] = torch.rand(rows, slots - width, generator=generator).argsort(-1)[:, :real] + width
     out, into = out.view(layers, heads, width), into.view(layers, heads, width)
     return torch.cat([out, into], -1), torch.cat([into, out], -1)
 
@@ -56,7 +56,7 @@ def swap_lists(layers: int, heads: int, width: int, real: int, slots: int, gener
 def region_swaps(device: torch.device, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, slots: int,
                  width: int, fractions: list[float], repeats: int, seed: int = 0) -> list[dict]:
     """One row per (fraction, variant): the median and fastest ``move_rows`` over ``repeats`` calls
-    (``0 < width < slots - width``: as many slots past the region as in it, and the spare one)."""
+    (``0 < width <= slots - width``: as many slots past the region as in it)."""
     cache = KVCache(layers, 1, kv_heads, slots, head_dim, dtype, device)
     cache.kv.normal_()
     cache.entry_table()  # built once, as FixedRegion builds it before decoding
@@ -105,9 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if any(not 0 < f <= 1 for f in args.fractions):
         p.error("--fractions: each must be in (0, 1]")
-    if not 0 < args.width < args.slots - args.width:
+    if not 0 < args.width <= args.slots - args.width:
         p.error(f"--width {args.width} must be positive and leave as many slots past the region (--slots "
-                f"{args.slots} > 2 x width); raise --slots or lower --width")
+                f"{args.slots} >= 2 x width); raise --slots or lower --width")
     return args
 
 

@@ -12,22 +12,23 @@ from tests.helpers import REPO, import_script
 swaps = import_script("bench_region_swaps")
 
 
-def test_swap_lists_exchange_distinct_region_and_outside_slots_then_pad_with_the_spare_slot():
+def test_swap_lists_exchange_distinct_region_and_outside_slots_and_pair_the_kept_slots_with_themselves():
     L, H, width, real, slots = 3, 2, 8, 5, 40
     src, dst = swaps.swap_lists(L, H, width, real, slots, torch.Generator().manual_seed(1))
     assert src.shape == dst.shape == (L, H, 2 * width)
     out, into = src[..., :width], src[..., width:]
     assert torch.equal(dst, torch.cat([into, out], -1))  # each pair swaps: out -> into and into -> out
     assert bool((out[..., :real] < width).all()) and bool((into[..., :real] >= width).all())
-    assert bool((into[..., :real] < slots - 1).all())
+    assert bool((into[..., :real] < slots).all())
     for row in torch.cat([out[..., :real], into[..., :real]], -1).view(L * H, -1):  # every slot in one pair at most
         assert row.unique().numel() == 2 * real
-    assert bool((out[..., real:] == slots - 1).all()) and bool((into[..., real:] == slots - 1).all())
+    assert torch.equal(out[..., real:], into[..., real:])  # the other pairs: a kept region slot with itself
+    assert torch.equal(out.sort(-1).values, torch.arange(width).expand(L, H, -1))  # every region slot once
 
 
 def test_swap_lists_that_move_every_entry_use_every_region_slot_and_every_slot_past_it():
     width = 6
-    src, _ = swaps.swap_lists(2, 2, width, width, 2 * width + 1, torch.Generator().manual_seed(3))
+    src, _ = swaps.swap_lists(2, 2, width, width, 2 * width, torch.Generator().manual_seed(3))
     assert torch.equal(src[..., :width].sort(-1).values, torch.arange(width).expand(2, 2, -1))
     assert torch.equal(src[..., width:].sort(-1).values, torch.arange(width, 2 * width).expand(2, 2, -1))
 
