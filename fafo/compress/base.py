@@ -160,8 +160,8 @@ class FixedRegion:
         self.device = cache.keys[0].device
         L, H = len(cache.keys), cache.keys[0].shape[1]
         self._arange = torch.arange(capacity + 1, device=self.device)  # slices of it are every step's ranges
-        # [L, H, capacity + 1] (position `capacity`: one no selection holds, see _move_to_host); while every selection has been the same for all
-        # layers and heads, one row stands for all of them (expanded views of ``_line``)
+        # [L, H, capacity + 1] (position `capacity`: one no selection holds, see _move_to_host); while every
+        # selection has been the same for all layers and heads, one row stands for all of them (views of ``_line``)
         self._line = (self._arange.clone(), self._arange.clone())
         self._pos, self._slot_of = (line.expand(L, H, -1) for line in self._line)
         self.uniform = True
