@@ -67,25 +67,64 @@ def test_pool_caches_under_every_discard_suffix_with_lru_cap():
     assert pool.retrieve([4, 4], m=5) == []
 
 
-def test_a_steps_streams_added_at_once_leave_the_pool_as_added_one_by_one():
-    """``add_streams`` skips a stream that a later one repeats (the same dropped tokens and state): every bucket's
-    values and LRU order stay those of adding each stream in order, on steps full of repeats and evictions."""
+def test_pool_matches_algorithms_2_and_3_written_plainly():
+    """The trie pool against Alg. 2-3 as written (a dict of suffix tuples, LRU buckets): the same buckets in the
+    same LRU order and the same retrievals, over steps full of repeated streams, refreshes and evictions."""
     import random
+    from collections import OrderedDict
+
+    k, cap = 3, 2
+    plain: dict = {}
+
+    def plain_add(buf, state):
+        for length in range(1, len(buf[-k:]) + 1):
+            bucket = plain.setdefault(tuple(buf[-length:]), OrderedDict())
+            bucket.pop(tuple(state), None)
+            bucket[tuple(state)] = None
+            if len(bucket) > cap:
+                bucket.popitem(last=False)
+
+    def plain_retrieve(context, m):
+        found = {}
+        for length in range(min(k, len(context)), 0, -1):
+            for value in reversed(plain.get(tuple(context[-length:]), {})):
+                found.setdefault(value, None)
+                if len(found) == m:
+                    return list(found)
+        return list(found)
 
     rng = random.Random(0)
-    one_by_one, at_once = CandidatePool(k=3, cap=2), CandidatePool(k=3, cap=2)
-    skipped = 0
+    pool = CandidatePool(k=k, cap=cap)
+    retrieved = 0
     for _ in range(200):
-        kinds = [([rng.randrange(3) for _ in range(rng.randrange(1, 4))], tuple(rng.randrange(3) for _ in range(3)))
+        kinds = [([rng.randrange(3) for _ in range(rng.randrange(0, 5))], [rng.randrange(3) for _ in range(3)])
                  for _ in range(5)]
         streams = [rng.choice(kinds) for _ in range(8)]  # converged streams repeat one another
         for buf, state in streams:
-            one_by_one.add_stream(buf, state)
-        at_once.add_streams([b for b, _ in streams], [s for _, s in streams])
-        skipped += len(streams) - len({(tuple(b), s) for b, s in streams})
-        assert {key: list(v) for key, v in at_once.table.items()} == {
-            key: list(v) for key, v in one_by_one.table.items()}
-    assert skipped > 100 and max(len(v) for v in at_once.table.values()) == 2  # repeats and full buckets met
+            plain_add(buf, state)
+        pool.add_streams([b for b, _ in streams], [s for _, s in streams])
+        assert pool.table == {key: list(v) for key, v in plain.items()} and len(pool) == sum(map(len, plain.values()))
+        context, m = [rng.randrange(4) for _ in range(rng.randrange(0, 5))], rng.randrange(1, 6)
+        assert pool.retrieve(context, m) == plain_retrieve(context, m)
+        retrieved += len(plain_retrieve(context, m))
+    assert retrieved > 200 and max(len(v) for v in plain.values()) == cap  # retrievals and full buckets met
+
+
+def test_the_pool_holds_nothing_the_garbage_collector_tracks():
+    """A pool of thousands of keys adds no object to CPython's cyclic collections (a tracked dict per key made
+    them a third or more of the pool's time)."""
+    import gc
+    import random
+
+    rng = random.Random(0)
+    pool = CandidatePool(k=6, cap=4)
+    for _ in range(50):
+        pool.add_streams([[rng.randrange(50) for _ in range(6)] for _ in range(8)],
+                         [[rng.randrange(50) for _ in range(6)] for _ in range(8)])
+    gc.collect()
+    containers = [pool._child, pool._ids, *pool._buckets]
+    assert len(pool._buckets) > 1000 and not any(gc.is_tracked(c) for c in containers)
+    assert not any(gc.is_tracked(v) for v in pool._values)
 
 
 def test_pool_seeding_from_text():
@@ -186,3 +225,23 @@ def test_bad_hyperparameters_and_sampling_are_refused():
     with pytest.raises(ConfigError, match="method.compress"):
         StreamingLLM(sink=2, local=0)
     FAFODecoder().check_sampling(Sampling(temperature=0.7))  # sampling is supported (tests/test_sampling.py)
+
+
+def test_bench_pool_times_the_pool_in_live_and_replayed_generations(tmp_path):
+    """``scripts/bench_pool.py`` as run by hand: one row per generation and mode, the same steps in both modes."""
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_pool.py"
+    out = tmp_path / "pool.csv"
+    run = subprocess.run([sys.executable, str(script), "--layers", "2", "--new-tokens", "12", "--generations", "2",
+                          "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    rows = list(csv.DictReader(open(out)))
+    assert [(r["mode"], r["generation"]) for r in rows] == [("live", "0"), ("replayed", "0"), ("live", "1"),
+                                                            ("replayed", "1")]
+    assert len({r["steps"] for r in rows}) == 1 and int(rows[0]["steps"]) > 1
+    assert all(float(r["pool_us_per_step"]) >= float(r["add_us_per_step"]) > 0 for r in rows)
+    assert "fafo_stream replayed: pool" in run.stdout
