@@ -16,8 +16,8 @@ first missing token. Nodes are integers, the trie's edges one flat dict of integ
 value ids (a state's tuple hashed once per addition, not once per key). CPython's cyclic garbage collector tracks
 none of them (nor, after one collection, a tuple of ints), so a pool of 10^5 keys adds nothing to a collection's
 work; with a dict per key, collections took about a third of the pool's time. The pool is most of a FAFO step's
-host work: k bucket updates for each of the n streams every step. Ids live as long as the pool (one generation), at most
-n new ones a step, a few MB over thousands of steps.
+host work: k bucket updates for each of the n streams every step. Ids live as long as the pool (one generation),
+at most n new ones a step, a few MB over thousands of steps.
 """
 
 from __future__ import annotations
