@@ -10,14 +10,15 @@ paper leaves the order open; recent guesses were made with a context closer to t
 
 The keys form a trie read from their last token backwards: key ``t_{-L} .. t_{-1}`` is the child, by token
 ``t_{-L}``, of key ``t_{-L+1} .. t_{-1}``, so storing a state under all k suffixes of a buffer is one walk of k
-integer lookups (no key tuple built or hashed), and a retrieval walks the context's suffix once. Every key of
-length L > 1 has its suffix of length L - 1 stored too (a state goes under every suffix), so a walk stops at the
-first missing token. Nodes are integers, the trie's edges one flat dict of integers and a bucket a dict of integer
-value ids (a state's tuple hashed once per addition, not once per key). CPython's cyclic garbage collector tracks
-none of them (nor, after one collection, a tuple of ints), so a pool of 10^5 keys adds nothing to a collection's
-work; with a dict per key, collections took about a third of the pool's time. The pool is most of a FAFO step's
-host work: k bucket updates for each of the n streams every step. Ids live as long as the pool (one generation),
-at most n new ones a step, a few MB over thousands of steps.
+integer lookups (no key tuple built or hashed), and a retrieval walks the context's suffix once. Every key of length
+L > 1 has its suffix of length L - 1 stored too (a state goes under every suffix), so a walk stops at the first
+missing token. Nodes are integers, the trie's edges one flat dict of integers and a bucket a dict of integer value
+ids (a state's tuple hashed once per addition, not once per key). CPython's cyclic garbage collector tracks none of
+them before 3.14 (a dict of atomic values is untracked; so is a tuple of ints after one collection), so a pool of
+10^5 keys adds nothing to a collection's work; with a tracked dict per key (the pool before, and any dict on 3.14),
+collections took about a third of the pool's time. The pool is most of a FAFO step's host work: k bucket updates for
+each of the n streams every step. Ids live as long as the pool (one generation), at most n new ones a step, a few MB
+over thousands of steps.
 """
 
 from __future__ import annotations
