@@ -231,7 +231,8 @@ def test_bad_hyperparameters_and_sampling_are_refused():
 
 
 def test_bench_pool_times_the_pool_in_live_and_replayed_generations(tmp_path):
-    """``scripts/bench_pool.py`` as run by hand: one row per generation and mode, the same steps in both modes."""
+    """``scripts/bench_pool.py`` as run by hand: one row per generation and mode, the same steps in both modes, the
+    pool timed once per decoding step (a seeding from the prompt excluded)."""
     import csv
     import subprocess
     import sys
@@ -240,11 +241,14 @@ def test_bench_pool_times_the_pool_in_live_and_replayed_generations(tmp_path):
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_pool.py"
     out = tmp_path / "pool.csv"
     run = subprocess.run([sys.executable, str(script), "--layers", "2", "--new-tokens", "12", "--generations", "2",
-                          "--out", str(out)], capture_output=True, text=True, timeout=600)
+                          "--out", str(out), "--override", "method.pool_from_prompt=true"],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     rows = list(csv.DictReader(open(out)))
     assert [(r["mode"], r["generation"]) for r in rows] == [("live", "0"), ("replayed", "0"), ("live", "1"),
                                                             ("replayed", "1")]
-    assert len({r["steps"] for r in rows}) == 1 and int(rows[0]["steps"]) > 1
+    # one pool update per decoding step: the prompt's seeding (pool_from_prompt) is not a step
+    assert {(r["steps"], r["pool_steps"]) for r in rows} == {(rows[0]["steps"], rows[0]["steps"])}
+    assert int(rows[0]["steps"]) > 1
     assert all(float(r["pool_us_per_step"]) >= float(r["add_us_per_step"]) > 0 for r in rows)
     assert "fafo_stream replayed: pool" in run.stdout
