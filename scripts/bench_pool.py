@@ -90,10 +90,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from fafo.engine.engine import Engine
+    from fafo.fafo import FAFODecoder
 
+    method = host_work.build_method(args.method, [*host_work.budget_overrides(args.method), *args.override])
+    if not isinstance(method, FAFODecoder):
+        ap.error(f"--method {args.method} has no candidate pool: give a FAFO preset (fafo_stream, fafo_quest, ...)")
     engine = Engine.from_pretrained(str(host_work.host_model(args.layers)))
     ids = engine.tokenizer(host_work.PROMPT * (args.prompt_tokens // 10)).input_ids[: args.prompt_tokens]
-    method = host_work.build_method(args.method, [*host_work.budget_overrides(args.method), *args.override])
     snapshot, probe, rows = method.snapshot(), ReplayedForwards(), []
     method.generate(engine, ids, args.new_tokens, engine.eos_ids)  # warm-up
     for g in range(args.generations):

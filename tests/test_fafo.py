@@ -252,3 +252,6 @@ def test_bench_pool_times_the_pool_in_live_and_replayed_generations(tmp_path):
     assert int(rows[0]["steps"]) > 1
     assert all(float(r["pool_us_per_step"]) >= float(r["add_us_per_step"]) > 0 for r in rows)
     assert "fafo_stream replayed: pool" in run.stdout
+    wrong = subprocess.run([sys.executable, str(script), "--method", "vanilla"], capture_output=True, text=True,
+                           timeout=600)
+    assert wrong.returncode == 2 and "--method vanilla has no candidate pool" in wrong.stderr
