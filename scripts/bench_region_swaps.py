@@ -2,17 +2,19 @@
 against only the pairs that move an entry.
 
 FAFO keeps its compressed view C(kv) in the first slots of the static cache by swapping entries in and out (FAFO
-paper, section 4.4 and App. H). Per (layer, KV head) the swap lists are padded to the most entries any row may swap,
-computed from Python ints (``Compression.max_swaps``), so that a step reads nothing back: for Quest that bound is its
-whole ``token_budget``, since each step's query may choose other pages. The padding pairs each region slot that
-keeps its entry with itself.
-On a device the padded lists are one gather into a temporary and one scatter back (``KVCache.move_rows``), so the
-padding costs memory traffic; on a CPU the cache drops it first (reading host lists costs no sync).
+paper, section 4.4 and App. H). Per (layer, KV head) the swap lists pair each row's evicted region slots with the
+slots of the entries it admits, and each other region slot, which keeps its entry, with itself. A step could pad
+them to the most entries any row may swap, computed from Python ints (``Compression.max_swaps``), and read nothing
+back: for Quest that bound is its whole ``token_budget``, since each step's query may choose other pages. A step
+instead reads back how many entries its busiest row swaps (one sync) and lists that many pairs per row.
+On a device the lists are one gather into a temporary and one scatter back (``KVCache.move_rows``), so padding costs
+memory traffic; on a CPU the cache drops the self-pairs first (reading host lists costs no sync).
 
 This times ``KVCache.move_rows`` on a cache of a model's widths for lists of ``--width`` pairs per (layer, KV head),
-of which ``--fractions`` move an entry: ``padded`` as a step runs them, ``compact`` as a step would run them if it
-read the count back (one sync per step). Both variants are checked to leave the same cache. On CUDA the defaults are
-Llama-2-7B's widths in float16 and Quest's default budget::
+of which ``--fractions`` move an entry: ``padded`` to the bound, ``compact`` as a step runs them when every row
+swaps as many entries (the busiest row's count is then every row's). Both variants are checked to leave the same
+cache. The difference is what the step's one read saves; a sync costs some tens of microseconds on a GPU. On CUDA
+the defaults are Llama-2-7B's widths in float16 and Quest's default budget::
 
     python scripts/bench_region_swaps.py --device cuda --out results/bench/region_swaps.csv
     python scripts/bench_region_swaps.py --device cuda --kv-heads 8   # a GQA model of 8 KV heads

@@ -104,7 +104,7 @@ METHODS: dict[str, Case] = {
     "fafo_2forward": Case(compiled=lambda: FAFODecoder(compress=COMPILED_STREAM, n=6, k=3, fused=False),
                           traffic=Traffic(1, 1), ops=7),
     "fafo_quest": Case(compiled=lambda: FAFODecoder(compress=Quest(token_budget=16, page_size=4, dense_layers=1),
-                                                    n=4, k=3), traffic=Traffic(1, 1), ops=25),
+                                                    n=4, k=3), traffic=Traffic(1, 2), ops=27),
     "fafo_snapkv": Case(compiled=lambda: FAFODecoder(compress=SnapKV(capacity=16, window=4, kernel=3, local=4), n=4,
                                                      k=3), traffic=Traffic(1, 1), ops=9),
     "lossy": Case(lossless=False, ops=20),

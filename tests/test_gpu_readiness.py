@@ -34,7 +34,7 @@ from tests.methods import METHODS as CASES
 # KV move). Device-to-host reads (each a sync on CUDA): the step's verification, plus each drafted token of a
 # drafting loop on the host (TriForce's middle level, SWIFT's confidence), a greedy draft chain once (QuantSpec's
 # drafts, TriForce's draft model per proposal: fafo.engine.batching.greedy_chain), LongSpec's tree once, Token
-# Recycling's top-k.
+# Recycling's top-k, FAFO-Quest's count of swaps (its busiest row's, which sizes the swap lists).
 TRAFFIC = {name: case for name, case in CASES.items() if case.traffic}
 
 

@@ -103,9 +103,10 @@ class Compression(ABC):
         right after ``n_appended`` entries were appended (``region.n`` counts them) to a cache whose region held
         the previous selection.
 
-        Computed from Python ints alone: it sizes the step's padded swap lists, so the step reads nothing back
-        from the device. A bound that is too small would leave the region stale; a larger one only adds no-op
-        swaps. The default, the budget, always holds: a selection has at most ``budget`` entries.
+        Computed from Python ints alone: where it is 0 a step neither selects nor reads anything, and it bounds the
+        swaps of a region kept on the host; a selection made on the device is counted exactly (one read back) and
+        swaps no more than that. A bound that is too small would leave the region stale; a larger one costs
+        nothing more. The default, the budget, always holds: a selection has at most ``budget`` entries.
         """
         return self.budget
 
@@ -140,7 +141,8 @@ class FixedRegion:
     slot ``n`` sits at position ``n`` until a swap moves it, so appending writes nothing.
 
     Every step's bookkeeping is a fixed handful of ops over all layers and heads at once (the selection, the swap
-    lists, one gather and one scatter of the cache: :meth:`KVCache.move_rows`), whatever the depth. While every
+    lists, one gather and one scatter of the cache: :meth:`KVCache.move_rows`), whatever the depth; the lists are as
+    long as the most entries any row swaps, a count read back once per step. While every
     selection is one list for all layers and heads, the layout is too: the bookkeeping runs on one row and the swaps
     move the same slots everywhere (:meth:`KVCache.move`, a 1-d index). Where C's changes are known on the host
     (:attr:`Compression.host_selection`), the swaps move the same slots everywhere even when the prefill's selection
@@ -205,9 +207,10 @@ class FixedRegion:
         """Append entries computed in scratch slots (positions ``n, n+1, ...``), then swap the fixed region so
         it holds exactly C(kv) again: newly selected entries in, evicted ones out to where those came from.
 
-        Nothing here waits for the device (no host read of device data, no data-dependent shape), so a decoding
-        step's only synchronisation stays the decoder's read of its accepted tokens. ``scratch_slots``: a host list
-        of slots (moved by slice copies, :meth:`KVCache.copy_slots`) or a device tensor.
+        A selection made on the device is read back once (one number: how many entries the busiest row swaps, a
+        sync on a GPU) so that the swaps move only that many pairs per row; the rest runs without waiting for the
+        device and without data-dependent shapes. A selection known on the host reads nothing. ``scratch_slots``: a
+        host list of slots (moved by slice copies, :meth:`KVCache.copy_slots`) or a device tensor.
         """
         a = len(scratch_slots)
         if isinstance(scratch_slots, torch.Tensor):
@@ -220,9 +223,9 @@ class FixedRegion:
         self._reselect(self.compression.max_swaps(self, a))
 
     def _reselect(self, max_swaps: int) -> None:
-        """Swap C's current selection into slots ``[0, K)``; ``max_swaps`` bounds the evictions of any row. Each row
-        pairs its region slots holding unselected entries with the selected entries' slots past the region, both in
-        slot order."""
+        """Swap C's current selection into slots ``[0, K)``; ``max_swaps`` bounds the evictions of any row, and the
+        swap lists are as long as the most evictions of a row (read back). Each row pairs its region slots holding
+        unselected entries with the selected entries' slots past the region, both in slot order."""
         if self.on_host:
             return self._reselect_on_host(max_swaps)
         L, H, _ = self._pos.shape
@@ -240,6 +243,10 @@ class FixedRegion:
             admit_slots = slot_of.gather(-1, sel)  # [..., K]: where the selected entries are now
             held = torch.zeros(*sel.shape[:-1], self.n, dtype=torch.bool, device=self.device)
             held.scatter_(-1, admit_slots, True)  # [..., n]: the slots holding a selected entry
+            # the most evictions of any row, read back: lists padded to the Python bound alone would copy every
+            # region entry of every row each step (Quest's whole budget: about 1 GB at Llama-2-7B's widths)
+            width = K - int(held[..., :K].sum(-1, dtype=torch.int32).min())
+        if width:
             # each [..., width] in slot order, ending in the row's e real pairs: the region's slots holding an
             # unselected entry (evicted), the selected entries' slots past the region (admitted); before them the
             # same region slots kept in both lists, so every other pair is a slot with itself (a no-op swap)

@@ -149,12 +149,12 @@ class KVCache(Cache):
         one ``index_copy_`` of whole rows: on a CPU 3-4x faster than a ``gather`` / ``scatter_`` over
         ``[2, L, B, H_kv, N, D]``, which index element by element (FAFO-Quest's swaps on the host table's 32-layer
         model: 820 -> 210 us). On a CPU, outside a probe's torch mode, the lists are first read to drop the pairs
-        of a slot with itself (the padding of FAFO's swap lists, most of Quest's pairs): on a device that read
-        would be a sync and a data-dependent size, and the padded lists are one kernel each anyway."""
+        of a slot with itself (FAFO's swap lists pad each row to its busiest row's swaps with kept slots): on a
+        device that read would be a sync and a data-dependent size, and the lists are one kernel each anyway."""
         entries, first = self.entry_table()
         src, dst = torch.add(first, src[None]).flatten(), torch.add(first, dst[None]).flatten()  # [2 L B H_kv N]
         if entries.device.type == "cpu" and not modes_active():  # host memory: reading the lists costs no sync
-            moved = torch.nonzero(src != dst).view(-1)  # padded swap lists pair a spare slot with itself: no-op copies
+            moved = torch.nonzero(src != dst).view(-1)  # a slot paired with itself: a no-op copy
             src, dst = src.index_select(0, moved), dst.index_select(0, moved)
         entries.index_copy_(0, dst, entries.index_select(0, src))
 
