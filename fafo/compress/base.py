@@ -103,10 +103,10 @@ class Compression(ABC):
         right after ``n_appended`` entries were appended (``region.n`` counts them) to a cache whose region held
         the previous selection.
 
-        Computed from Python ints alone: where it is 0 a step neither selects nor reads anything, and it bounds the
-        swaps of a region kept on the host; a selection made on the device is counted exactly (one read back) and
-        swaps no more than that. A bound that is too small would leave the region stale; a larger one costs
-        nothing more. The default, the budget, always holds: a selection has at most ``budget`` entries.
+        Computed from Python ints alone: where it is 0 a step swaps and reads nothing, and it bounds the swaps of a
+        region kept on the host; a selection made on the device is counted exactly (one read back) and swaps no more
+        than that. A bound that is too small would leave the region stale; a larger one costs nothing more. The
+        default, the budget, always holds: a selection has at most ``budget`` entries.
         """
         return self.budget
 
