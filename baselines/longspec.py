@@ -121,7 +121,6 @@ class LongSpecDecoder(Decoder):
     def layer(self):
         return self._loaded[1]
 
-    @torch.no_grad()  # not inference_mode: the engine caches masks by version counter
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         self.setup(engine)

@@ -134,7 +134,6 @@ class QuantSpecDecoder(Decoder):
         return self.weight_bytes() + (self._kept[1].nbytes if self._kept is not None else 0)
 
     # ---------------------------------------------------------------- decoding
-    @torch.inference_mode()
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         if sampling is not None:

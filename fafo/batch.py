@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fafo.decoding import STEP_HOOKS, Decoder, Generation, Step, StepState, truncate_at_stop
+from fafo.decoding import STEP_HOOKS, Decoder, Generation, Step, StepState, in_inference_mode, truncate_at_stop
 from fafo.engine.batching import StepInputs, StepLogits, bucket_count, forward_rows
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
@@ -173,6 +173,7 @@ class _Row:
                           self.accepted, self.state.extras(), math.nan)
 
 
+@in_inference_mode  # as every method's generate (fafo.decoding.Decoder)
 def decode_batch(decoder: Decoder, engine: Engine, requests: list[Request], batch_size: int,
                  batching: str = "static", sampling: Sampling | None = None) -> BatchResult:
     """Decode ``requests`` at most ``batch_size`` at a time (module docstring)."""

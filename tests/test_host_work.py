@@ -210,3 +210,27 @@ def test_a_replayed_generation_takes_the_same_steps_without_running_the_model(na
         VanillaDecoder().generate(eng, ids, 8)
     with pytest.raises(RuntimeError, match="more model calls"), probe.replaying():
         VanillaDecoder().generate(eng, ids, 9)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_methods_steps_and_commits_run_in_inference_mode(name, engine, monkeypatch):
+    """A method's generate runs in inference mode (torch skips autograd's dispatch on every op outside the forwards
+    too), each step and its commit included, and a batch's steps likewise; the caches it leaves on the engine stay
+    normal tensors, which a later method writes in place outside the mode."""
+    import fafo.batch
+    from fafo import decoding
+    from fafo.batch import Request, decode_batch
+
+    eng, method = engine("llama_gqa"), build_method(name, [*METHODS[name].overrides, *budget_overrides(name)])
+    ids = eng.tokenizer(PROMPTS[0] * 3).input_ids
+    seen = []
+    hooks = [lambda: seen.append(torch.is_inference_mode_enabled())]
+    monkeypatch.setattr(decoding, "STEP_HOOKS", hooks)
+    monkeypatch.setattr(fafo.batch, "STEP_HOOKS", hooks)
+    method.generate(eng, ids, 8)
+    assert seen and all(seen) and not torch.is_inference_mode_enabled()
+    assert not any(c.kv.is_inference() for c in [eng.cache(len(ids)), *eng.decoder_caches])
+    if not method.batch_refusal:
+        seen.clear()
+        decode_batch(method, eng, [Request(ids, 6), Request(ids[:-3], 6)], 2)
+        assert seen and all(seen)

@@ -151,8 +151,10 @@ _gathered: dict[tuple[int, bool], tuple] = {}
 
 
 def written(mask: torch.Tensor) -> int:
-    """How often ``mask`` was written in place (a cache key). A tensor made under ``torch.inference_mode`` (a mask
-    the engine uploaded) tracks no count: it is never edited in place, so 0."""
+    """How often ``mask`` was written in place (a cache key). A tensor made under ``torch.inference_mode`` tracks no
+    count, so 0: every mask made in a generation is one (a method's ``generate`` runs in inference mode, and the
+    engine uploads masks in it), and none is edited in place once a forward has read it (the step masks are built
+    once per shape, or anew each step)."""
     return 0 if mask.is_inference() else mask._version
 
 
