@@ -245,9 +245,9 @@ class Decoder(ABC):
 
     def __init_subclass__(cls, **kwargs):
         """Every method's :meth:`generate` runs in inference mode, its prefill, steps, drafts and commits as its
-        forwards do (:meth:`Engine.forward`): torch then skips autograd's and the version counters' dispatch on
-        every op outside the forwards too (FAFO-Quest's bookkeeping: about 8 % of its host time per step on a CPU).
-        What a generation leaves for later ones stays writable: the engine allocates caches as normal tensors
+        forwards do (:meth:`Engine.forward`): torch then skips autograd's dispatch and the views' version tracking
+        on every op outside the forwards too (on a CPU, 3-14 % of most methods' host time per step). What a
+        generation leaves for later ones stays writable: the engine allocates caches as normal tensors
         (:meth:`Engine.new_cache`), and a restored snapshot is a copy made outside the mode."""
         super().__init_subclass__(**kwargs)
         if "generate" in cls.__dict__:
