@@ -64,12 +64,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fafo.decoding import STEP_HOOKS, Decoder, Generation, Step, StepState, in_inference_mode, truncate_at_stop
+from fafo.decoding import STEP_HOOKS, Decoder, Generation, Step, StepState, truncate_at_stop
 from fafo.engine.batching import StepInputs, StepLogits, bucket_count, forward_rows
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from fafo.engine.ledger import MODEL_TIME, ForwardCounts
-from fafo.engine.torch_compat import raise_recompile_limit
+from fafo.engine.torch_compat import in_inference_mode, raise_recompile_limit
 from fafo.errors import ConfigError
 from fafo.sampling import GREEDY, Sampling
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import math
 import time
 from abc import ABC, abstractmethod
@@ -36,7 +35,7 @@ from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
 from fafo.engine.ledger import MODEL_TIME, ForwardCounts
 from fafo.engine.model import ModelArgs
-from fafo.engine.torch_compat import inference_mode
+from fafo.engine.torch_compat import in_inference_mode
 from fafo.sampling import Sampling
 
 
@@ -322,17 +321,6 @@ class Decoder(ABC):
     def generate(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, eos_ids: tuple[int, ...] = (),
                  sampling: Sampling | None = None, generator=None, clock: Clock | None = None) -> Generation:
         """Decode up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after any of ``eos_ids``."""
-
-
-def in_inference_mode(fn):
-    """``fn`` run in inference mode (the C++ guard of :func:`~fafo.engine.torch_compat.inference_mode`)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with inference_mode():
-            return fn(*args, **kwargs)
-
-    return wrapper
 
 
 def truncate_at_stop(tokens: list[int], max_new_tokens: int, eos_ids) -> tuple[list[int], bool]:

@@ -24,6 +24,8 @@ indices instead (:mod:`fafo.engine.block_masks`).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.nn.attention import flex_attention as _fa
 
@@ -89,3 +91,14 @@ def inference_mode():
 
 
 _INFERENCE_MODE = getattr(torch._C, "_InferenceMode", None) or torch.inference_mode
+
+
+def in_inference_mode(fn):
+    """``fn`` run in :func:`inference_mode` (what ``@torch.inference_mode()`` does, by the guard alone)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with inference_mode():
+            return fn(*args, **kwargs)
+
+    return wrapper
