@@ -6,7 +6,8 @@ The target model drafts for itself: ``gamma`` tokens, one forward each, reading 
 ``[current | drafts]`` commits the longest argmax-matching prefix plus the target's next token. The verifier reads
 the INT8 view (``target: int8kv``, the paper: exact against :class:`Int8KVReference`, the autoregressive decoder on
 the same INT8 cache, not against full-precision vanilla) or a full-precision cache kept beside the draft's planes
-(``fp16``: token-identical to vanilla, no memory saving). One cache serves both (:mod:`baselines.quantspec_cache`).
+(``fp16``: token-identical to vanilla, no memory saving). One cache serves both (:mod:`baselines.quantspec_cache`);
+the draft's 4-bit MLPs are :mod:`baselines.quantspec_weights`.
 The first author's code (``rishabh-16/QuantSpec``) was read to learn the layout; this is our own implementation.
 Choices where the paper is silent, memory accounting and ``extras``: docs/methods/quantspec.md.
 """
@@ -18,7 +19,8 @@ from typing import ClassVar
 
 import torch
 
-from baselines.quantspec_cache import Int4MLP, QuantKVCache, cache_bytes, swapped_mlps
+from baselines.quantspec_cache import QuantKVCache, cache_bytes
+from baselines.quantspec_weights import Int4MLP, swapped_mlps
 from fafo.decoding import Buffers, Clock, Decoder, Generation, Step, StepState, decode
 from fafo.engine.attention import causal_plan
 from fafo.engine.batching import greedy_chain

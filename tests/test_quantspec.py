@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from baselines.quantspec import Int8KVReference, QuantSpecDecoder
-from baselines.quantspec_cache import (Int4Linear, QuantKVCache, dequantize, pack, quantize, quantized_count,
-                                       swapped_mlps, unpack)
+from baselines.quantspec_cache import QuantKVCache, dequantize, pack, quantize, quantized_count, unpack
+from baselines.quantspec_weights import Int4Linear, swapped_mlps
 from baselines.vanilla import VanillaDecoder
 from fafo.errors import ConfigError
 from tests.conftest import LOSSLESS_MODELS
