@@ -2,9 +2,10 @@
 
 Paper: QuantSpec (Tiwari et al., 2025, https://arxiv.org/abs/2502.10424), section 4.1 (the draft is the target with
 4-bit weights and the 4-bit view of its hierarchical KV cache) and section 5.3 (what the weights' and the cache's
-quantization each add). The paper quantizes with GPTQ; here the MLP's weights are rounded to nearest, asymmetric per
-group of inputs, with the cache's ``quantize`` and ``pack`` (:mod:`baselines.quantspec_cache`); attention projections
-stay full precision, as in its code. A draft forward runs the target's model with each block's MLP swapped for its
+quantization each add). The first author's code loads GPTQ checkpoints (4 bits, groups of 128) run by a Marlin
+kernel, for the draft's MLP only; here the MLP's weights are rounded to nearest, asymmetric per group of inputs, with
+the cache's ``quantize`` and ``pack`` (:mod:`baselines.quantspec_cache`), and attention projections stay full
+precision, as there. A draft forward runs the target's model with each block's MLP swapped for its
 4-bit twin (:func:`swapped_mlps`).
 """
 
