@@ -180,7 +180,7 @@ class StepState(ABC):
         return 0, 0
 
 
-#: callables run after each decoding step (its commit included): host-work probes (fafo.bench.tools.host_work)
+#: callables run after each decoding step (its commit included): host-work probes (fafo.bench.tools.host_probe)
 STEP_HOOKS: list = []
 
 

@@ -376,11 +376,11 @@ def test_cuda_graphs_record_batched_steps(checkpoint, engine, fresh_dynamo):
 
 @pytest.mark.parametrize("name", ["vanilla", "prompt_lookup", "token_recycling", "sam_decoding", "lookahead"])
 def test_host_work_per_step_does_not_grow_with_the_batch(name, engine):
-    """Outside its forwards a batched step launches what one request's step does (fafo/bench/tools/host_work.py's
+    """Outside its forwards a batched step launches what one request's step does (fafo/bench/tools/host_probe.py's
     probe): one upload per forward and one for every row's KV moves, one read of every row's argmax (and top-k),
     two ops for the moves (counted over steps that no request finished before: a finished request adds the copy
     that moves the last one into its row). FAFO's per-request region swaps are per row: its step grows with B."""
-    from fafo.bench.tools.host_work import HostWork
+    from fafo.bench.tools.host_probe import HostWork
 
     eng = engine("qwen2_gqa_rep")
     texts = ["The quick brown fox", "def fibonacci(n):\n    if n < 2:", "1, 2, 3, 4, 5, 6", "The quick brown fox" * 3]

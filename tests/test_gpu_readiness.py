@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
-from torch.utils.weak import WeakIdKeyDictionary
 
 import fafo.engine.attention as attention
 import fafo.engine.engine as engine_module
@@ -20,6 +18,7 @@ from baselines.vanilla import VanillaDecoder
 from fafo.bench.metrics import summarize
 from fafo.bench.runner import Runner
 from fafo.bench.spec import resolve
+from fafo.bench.tools.host_probe import DeviceTraffic
 from fafo.engine.compiled import CompiledStep, CompileOptions, reset_compiled_state
 from fafo.engine.cache import KVCache
 from fafo.engine.engine import Engine
@@ -57,61 +56,25 @@ class FactoryCopies(TorchFunctionMode):
 READS_PER_GENERATION = 5  # the prompt's next token, and a gathered step mask built once per mask
 
 
-class DeviceReads(TorchFunctionMode):
-    """Counts reads of device values on the host, with the CPU standing in for the device: a tensor is on the
-    device when it is a weight, was made with ``device=`` or moved with ``.to(device)``, or was computed from one.
-    A read is ``.tolist()``, ``.item()``, ``int()`` / ``float()`` / ``bool()`` / indexing with it, ``.cpu()``,
-    ``.numpy()``, or a device value written into a host tensor."""
-
-    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"}
-    FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "randint", "rand", "randn"}
-
-    def __init__(self, weights):
-        super().__init__()
-        self.on_device = WeakIdKeyDictionary({w: True for w in weights})
-        self.n = 0
-
-    def _any_on_device(self, values) -> bool:
-        return any(isinstance(x, torch.Tensor) and x in self.on_device for x in values)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs, name = kwargs or {}, getattr(func, "__name__", "")
-        out = func(*args, **kwargs)
-        flat = tree_flatten((args, kwargs))[0]
-        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if name in self.READS and first is not None and first in self.on_device:
-            self.n += 1
-            return out.clone() if out is first else out  # on the CPU .cpu() returns the tensor itself
-        if name in ("__setitem__", "copy_") and first is not None and first not in self.on_device \
-                and self._any_on_device(flat[1:]):
-            self.n += 1
-            return out
-        moved = name in ("to", *self.FACTORIES) and (kwargs.get("device") is not None or any(
-            isinstance(a, torch.device) for a in args[1:]))
-        if moved or self._any_on_device(flat):
-            for o in tree_flatten(out)[0] + ([first] if name.endswith("_") and first is not None else []):
-                if isinstance(o, torch.Tensor):
-                    self.on_device[o] = True
-        return out
-
-
 @pytest.mark.parametrize("name", sorted(TRAFFIC))
 def test_device_to_host_reads_per_step(name, engine):
     eng = engine("llama_gqa")
     ids = eng.tokenizer(PROMPTS[0] * 2).input_ids
     method = TRAFFIC[name].traffic_instance()
-    with DeviceReads(eng.model.parameters()) as reads:
+    with DeviceTraffic(eng.model.parameters()) as traffic:
         method.setup(eng)
         gen = method.generate(eng, ids, 40)
-    steps = len(gen.accept_lengths)
+    steps, reads = len(gen.accept_lengths), traffic.d2h
     assert gen.tokens == VanillaDecoder().generate(eng, ids, 40).tokens
-    assert steps and reads.n >= steps, "every step reads its committed tokens: the probe missed them"
-    assert reads.n <= TRAFFIC[name].traffic.reads * steps + READS_PER_GENERATION, f"{reads.n} reads in {steps} steps"
+    assert steps and reads >= steps, "every step reads its committed tokens: the probe missed them"
+    assert reads <= TRAFFIC[name].traffic.reads * steps + READS_PER_GENERATION, f"{reads} reads in {steps} steps"
 
 
 def test_the_read_probe_sees_each_kind_of_read():
+    """The host-work probe's transfers (:class:`DeviceTraffic`), which the read budgets above and the host table
+    count with."""
     w = torch.ones(3)
-    with DeviceReads([w]) as reads:
+    with DeviceTraffic([w]) as traffic:
         x = (w * 2).argmax()
         host = torch.zeros(2, dtype=torch.long)
         copied = (w + 1).cpu()
@@ -119,9 +82,10 @@ def test_the_read_probe_sees_each_kind_of_read():
         host[0] = x
         on_device = torch.arange(3, device=w.device)
         _ = on_device.tolist(), torch.tensor([1, 2]).to(w.device).sum().item()
-        before = reads.n
+        before = traffic.d2h
         _ = host.tolist(), torch.arange(4).sum().item(), copied.tolist()  # host values: free
-    assert before == 9 and reads.n == before
+    assert before == 9 and traffic.d2h == before
+    assert traffic.h2d == 1  # the host tensor moved with .to(device); arange(device=) is made there
 
 
 @pytest.mark.parametrize("name", sorted(TRAFFIC))

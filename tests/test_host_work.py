@@ -1,6 +1,6 @@
-"""Host work per decoding step (fafo/bench/tools/host_work.py): every method config dispatches a listed handful of ops
-per step outside its model forwards, the same number at 4 layers as at 8, and the probe, the host-time measurement and
-the ``host`` table count what they say."""
+"""Host work per decoding step (fafo/bench/tools/host_probe.py, host_work.py): every method config dispatches a
+listed handful of ops per step outside its model forwards, the same number at 4 layers as at 8, and the probe, the
+host-time measurement and the ``host`` table count what they say."""
 
 import csv
 import importlib.util
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fafo.bench.tools.host_work import (HostWork, budget_overrides, build_method, count_host_work, host_model,
-                                        identity_layers)
+from fafo.bench.tools.host_probe import HostWork, count_host_work
+from fafo.bench.tools.host_work import budget_overrides, build_method, host_model, identity_layers
 from fafo.engine.attention import causal_plan
 from fafo.engine.engine import Engine
 from tests.helpers import make_cfg, read_rows

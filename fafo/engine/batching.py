@@ -175,7 +175,7 @@ def host_logits(outs: list[torch.Tensor]) -> bool:
     On the CPU the logits already are host memory, and torch's CPU ``argmax`` is not vectorised: over FAFO's
     281 rows of a 1024-token vocabulary it takes about 8x numpy's time (the same rule: the first index of the
     largest value, NaN counting as the largest). Under a torch mode (a probe counting what a device launches and
-    reads, :mod:`fafo.bench.tools.host_work`) the device path runs, as it does on a GPU."""
+    reads, :mod:`fafo.bench.tools.host_probe`) the device path runs, as it does on a GPU."""
     if modes_active():
         return False
     for o in outs:  # a loop, not all() over a generator: asked once or more per forward

@@ -131,7 +131,7 @@ class CompiledStep:
     def buffers(self) -> list[torch.Tensor]:
         """The device tensors kept from step to step outside the graphs (live lengths, their block masks' counts,
         the step mask buffers): device memory to a probe that counts what the host reads
-        (:mod:`fafo.bench.tools.host_work`)."""
+        (:mod:`fafo.bench.tools.host_probe`)."""
         out = [*self._live.values(), *(buf for buf, _ in self._step_buffers.values())]
         return out + [t for length in self._lengths.values() for t in length.tensors()]
 

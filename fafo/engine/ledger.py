@@ -15,7 +15,7 @@ engine (LongSpec's draft layer) reports its forwards to the decode loop directly
 
 Every model call (any engine's, and LongSpec's draft layer) also goes through :func:`model_call`, which adds its
 duration to the process-wide :data:`MODEL_TIME`: the decode loop's *host time* is its wall time minus that
-(:func:`fafo.decoding.decode`). Host-work probes (:mod:`fafo.bench.tools.host_work`) registered in
+(:func:`fafo.decoding.decode`). Host-work probes (:mod:`fafo.bench.tools.host_probe`) registered in
 :data:`MODEL_TIME` are suspended inside model calls, so they count only the work a step does around its forwards.
 """
 
@@ -109,7 +109,7 @@ class ModelTime:
     def __init__(self):
         self._seconds = 0.0
         self._events: list = []  # (start, end) CUDA event pairs not yet read
-        self.probes: list = []  # objects with .around(call) -> call() (fafo.bench.tools.host_work)
+        self.probes: list = []  # objects with .around(call) -> call() (fafo.bench.tools.host_probe)
 
     @property
     def seconds(self) -> float:

@@ -51,7 +51,7 @@ def modes_active() -> bool:
     """Whether a torch function or dispatch mode is on the stack (torch 2.11 and 2.13 keep both counts in
     ``torch._C``; a torch without them counts as a mode being active, so the device path runs). Host shortcuts
     for CPU tensors (numpy reads, compacted index lists) check it: a probe counting what a device launches and
-    reads (:mod:`fafo.bench.tools.host_work`) runs under a mode and sees the device path."""
+    reads (:mod:`fafo.bench.tools.host_probe`) runs under a mode and sees the device path."""
     if _MODE_COUNTS is None:
         return True
     functions, dispatches = _MODE_COUNTS
