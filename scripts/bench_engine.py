@@ -323,9 +323,6 @@ def fumble_report(args, rows: list[dict]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- command line
-
-
-# ----------------------------------------------------------------------------------------------- command line
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

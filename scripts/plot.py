@@ -43,10 +43,11 @@ import matplotlib.pyplot as plt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generic_table
-import make_tables as mt
+from fafo.bench.tools import paper_table as pt
 from fafo.bench.tools import report
 from fafo.bench.tools import report_format as rf
 from fafo.bench.tools import tables
+from fafo.bench.tools.paper import AXIS_LABELS
 from fafo.extras import available, install_hint
 
 METRICS = [("speedup", "speedup over vanilla (×)"),
@@ -109,7 +110,7 @@ def figure(data: list[dict], xlabel: str, title: str, summaries, notes=(), logx:
     return fig
 
 
-def series(table: mt.Table, axis: str) -> list[dict]:
+def series(table: pt.Table, axis: str) -> list[dict]:
     """One entry per (model, method) row: its label and the (x, y) points of ours and of the paper, per metric."""
     models = {row[0] for row in table.rows}
     out = []
@@ -135,14 +136,14 @@ def series(table: mt.Table, axis: str) -> list[dict]:
     return out
 
 
-def plot_table(table: mt.Table, axis: str | None = None, logx: bool = False):
+def plot_table(table: pt.Table, axis: str | None = None, logx: bool = False):
     """The figure (two panels: speedup and tau vs the axis) and the series it shows."""
     if not table.axes:
         raise SystemExit(f"error: {table.name} has no ablation axis to plot; use scripts/make_tables.py for it")
     axis = axis or table.axes[0]
     data = series(table, axis)
     summaries = [c.ours.summary for c in table.cells.values() if c.ours is not None]
-    return figure(data, mt.AXIS_LABELS.get(axis, axis), table.title, summaries, table.coverage, logx), data
+    return figure(data, AXIS_LABELS.get(axis, axis), table.title, summaries, table.coverage, logx), data
 
 
 def sweep_series(roots, key: str) -> list[dict]:
@@ -227,7 +228,7 @@ def main(argv=None) -> int:
     ap.add_argument("--logx", action="store_true", help="a log x axis")
     ap.add_argument("--batch", action="store_true", help="speedup and throughput vs bench.batch_size, the "
                     "break-even batch marked (experiment=batch_sweep)")
-    ap.add_argument("--paper", default=str(mt.PAPER_DIR), help="directory of published numbers")
+    ap.add_argument("--paper", default=str(pt.PAPER_DIR), help="directory of published numbers")
     ap.add_argument("--out", help="output directory (default: <first root>/plots)")
     ap.add_argument("--wandb-mode", default=os.environ.get("WANDB_MODE", "offline"),
                     choices=["offline", "online", "disabled"], help="W&B logging (default $WANDB_MODE or offline)")
@@ -246,12 +247,12 @@ def main(argv=None) -> int:
         (fig, data), name, axis = plot_sweep(args.roots, args.x, args.logx), f"runs_by_{args.x}", args.x
         print(sweep_table(data, args.x))
     else:
-        if not args.table and not mt.paper_runs(tables.collect(args.roots).runs):
+        if not args.table and not pt.paper_runs(tables.collect(args.roots).runs):
             print(f"error: the runs under {', '.join(args.roots)} come from no paper preset, so there is no table "
                   f"axis to plot; plot them against a config key with --x KEY ({swept_hint(args.roots)})",
                   file=sys.stderr)
             return 2
-        table = mt.make_table(args.roots, args.table, args.paper)
+        table = pt.make_table(args.roots, args.table, args.paper)
         name, axis = table.name, args.axis or (table.axes[0] if table.axes else None)
         fig, data = plot_table(table, axis, args.logx)
     out = Path(args.out or Path(args.roots[0]) / "plots")

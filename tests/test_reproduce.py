@@ -17,6 +17,8 @@ from omegaconf import OmegaConf
 import fafo.bench  # noqa: F401  (registers the fafo_run_dir resolver used by hydra.run.dir)
 from fafo.bench.records import SAMPLE_COLUMNS
 from fafo.bench.spec import build, method_node
+from fafo.bench.tools import paper, paper_table
+from fafo.bench.tools.tables import norm_value
 from fafo.decoding import Decoder
 
 from tests.helpers import CONF, PRESETS, REPO, compose_with, import_script, preset_jobs, run_cli
@@ -46,16 +48,16 @@ def run_label(cfg) -> tuple[str, str, str, dict]:
 # ------------------------------------------------------------------ presets compose and cover the paper
 def test_every_paper_table_and_figure_has_a_preset_and_published_numbers():
     assert set(PAPER_ITEMS) <= set(PRESETS), f"missing presets: {set(PAPER_ITEMS) - set(PRESETS)}"
-    titles = mt.titles()  # one source: each preset's paper.title; a table without a preset, make_tables.TITLES
+    titles = paper.titles()  # one source: each preset's paper.title; a table without a preset, paper.TITLES
     for preset in PRESETS:
         assert titles[preset] == OmegaConf.load(CONF / "experiment" / f"{preset}.yaml").paper.title
-    assert not set(mt.TITLES) & set(PRESETS) and set(mt.paper_tables()) <= set(titles)
+    assert not set(paper.TITLES) & set(PRESETS) and set(paper_table.paper_tables()) <= set(titles)
     assert "LongBench" in titles["table3"] and "Llama-3.1-8B-Instruct" in titles["table3"]
     for item in PAPER_ITEMS:
-        rows = mt.load_paper(item)
+        rows = paper_table.load_paper(item)
         assert rows or item == "figure1", f"results/paper/{item}.csv is missing"
         for r in rows:
-            assert list(r) == list(mt.load_paper("table1")[0]), f"{item}.csv has other columns"
+            assert list(r) == list(paper_table.load_paper("table1")[0]), f"{item}.csv has other columns"
             assert r["table"] == item and r["paper"] == "fafo"
             for key in ("speedup", "tau", "peak_mem_mb"):
                 assert r[key] == "" or float(r[key]) > 0, (item, r)
@@ -89,8 +91,8 @@ def test_preset_composes_and_its_sweep_covers_the_published_table(preset, tmp_pa
     assert default_excluded == set(base.hydra.job.config.override_dirname.exclude_keys)  # one source: config.yaml
     jobs = list(preset_jobs(preset))
     assert jobs, f"{preset} has no hydra.sweeper.params"
-    paper = mt.load_paper(preset)
-    axes = list(dict.fromkeys(r["axis"] for r in paper)) if paper else mt.TABLE_AXES.get(preset, [""])
+    published = paper_table.load_paper(preset)
+    axes = list(dict.fromkeys(r["axis"] for r in published)) if published else paper.TABLE_AXES.get(preset, [""])
     got, dirs = {}, set()
     for i, (job, cfg) in enumerate(jobs):
         HydraConfig().set_config(cfg)
@@ -100,27 +102,27 @@ def test_preset_composes_and_its_sweep_covers_the_published_table(preset, tmp_pa
         for axis in axes:
             # Spec-Bench's subtasks (axis category) all come from one run, split by make_tables; a run whose own
             # size is not the paper's key records the paper's (paper.cell)
-            value = mt.norm_value((resolved.get("paper", {}).get("cell") or {}).get(axis) or mt.AXES[axis](resolved)) \
+            value = norm_value((resolved.get("paper", {}).get("cell") or {}).get(axis) or paper.AXES[axis](resolved)) \
                 if axis and axis != "category" else ""
             got.setdefault((model, method, task, value), resolved)
     assert len(dirs) == len(jobs), f"{preset}: two jobs of the sweep would write the same run directory"
-    for row in paper:  # every published cell is produced by exactly the sweep's configs
+    for row in published:  # every published cell is produced by exactly the sweep's configs
         if "no fafo-bench method" in row["note"]:  # other papers' baselines, shown for reference
             continue
-        value = mt.norm_value(row["value"]) if row["axis"] != "category" else ""
+        value = norm_value(row["value"]) if row["axis"] != "category" else ""
         key = (row["model"], row["method"], row["task"], value)
         assert key in got, f"{preset}: no job of the sweep produces the paper's cell {key}"
         if preset == "table4":  # each model samples with its own generation_config.json, as the paper says
             assert got[key]["sampling"]["from_generation_config"] is True and "sampling T=" in row["setting"]
     table = mt.make_table([tmp_path], preset)  # the fake tree, as make_tables reads a real one
     rule = (OmegaConf.to_container(base.paper).get("match") or {})
-    for row in paper:
+    for row in published:
         if "no fafo-bench method" in row["note"]:
             continue
-        col = (row["task"], row["axis"], mt.norm_value(row["value"]))
+        col = (row["task"], row["axis"], norm_value(row["value"]))
         cell = table.cells.get(((row["model"], row["method"]), col))
         assert cell is not None and cell.ours is not None, f"{preset}: the table has no run beside {row}"
-        assert not mt.mismatches(cell.ours, rule), (preset, cell.ours.rel, rule)
+        assert not paper.mismatches(cell.ours, rule), (preset, cell.ours.rel, rule)
     if preset == "quantspec_table3":  # both references run; the paper's (fp) is beside it, int8 in its own row
         assert rule == {"bench.reference.kv": "fp"}
         assert ("llama-2-7b-32k-instruct", "quantspec [bench.reference.kv=int8]") in table.rows
@@ -357,7 +359,7 @@ def test_plot_refuses_a_table_without_an_axis(tmp_path):
 
 def test_make_tables_handles_every_published_table_without_runs(tmp_path):
     (tmp_path / "empty").mkdir()
-    for name in mt.paper_tables():
+    for name in paper_table.paper_tables():
         table = mt.make_table([tmp_path / "empty"], name)
         assert table.rows and table.cols
         md = mt.to_markdown(table)

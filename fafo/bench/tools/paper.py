@@ -1,7 +1,8 @@
 """What a paper table's cell is, for ``scripts/make_tables.py`` and ``scripts/plot.py``: the axes of the published
 tables and where each one's value lives in a run's resolved ``config.yaml``, each table's title, the preset's rule
 for the one run shown beside a published cell (``paper.match``; the paper's own key, ``paper.cell``, is read by
-make_tables), and when a run's number does not measure what the paper's does (:func:`not_comparable`)."""
+:mod:`fafo.bench.tools.paper_table`), and when a run's number does not measure what the paper's does
+(:func:`not_comparable`)."""
 
 from __future__ import annotations
 
