@@ -85,6 +85,14 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if item not in drop]
 
 
+@pytest.fixture(scope="module")
+def tok():
+    """The embedded tiny tokenizer (its chat template renders ``<s><|user|>\\n{content}<|end|>\\n``)."""
+    from fafo.engine.tiny_tokenizer import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
 @pytest.fixture(scope="session")
 def ckpt_root(tmp_path_factory):
     return tmp_path_factory.mktemp("ckpts")

@@ -1,6 +1,6 @@
 """Helpers shared by the test modules: composing configs, running the CLI (in a subprocess or in this process),
-reading a run's rows, building task files, and the tiny draft model. Test modules import from here, never from
-each other."""
+reading a run's rows, building task files, rendering the tiny tokenizer's prompts, and the tiny draft model. Test
+modules import from here, never from each other."""
 
 import copy
 import functools
@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 
 from fafo.bench.naming import CONF
 from fafo.bench.records import read_rows as read_samples_csv
+from fafo.engine.tiny_tokenizer import CHAT_MARKERS
 from tasks.spec_bench import SUBTASKS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,6 +138,29 @@ def cli_in_process(args, monkeypatch, capsys, out_dir, loads=False):
         HydraConfig.instance().cfg = None  # later in-process tests must not see this run's overrides
     err = capsys.readouterr().err
     return code, [line for line in err.splitlines() if line.strip() and not line.startswith(NOISE)]
+
+
+def chat(*turns, system=None):
+    """The tiny template's rendering of alternating user/assistant turns, ending with the generation prompt."""
+    out = "<s>" + (f"<|system|>\n{system}<|end|>\n" if system is not None else "")
+    for i, content in enumerate(turns):
+        out += f"<|{'user' if i % 2 == 0 else 'assistant'}|>\n{content}<|end|>\n"
+    return out + "<|assistant|>\n"
+
+
+def ids_of(tok, text, special=False):
+    return tok(text, add_special_tokens=special).input_ids
+
+
+def is_raw(tok, ids):
+    """A raw prompt: BOS first and no chat marker anywhere."""
+    return ids[0] == tok.bos_token_id and not set(tok.convert_tokens_to_ids(list(CHAT_MARKERS))) & set(ids)
+
+
+def words(n, seed=0):
+    """``n`` words of plain prose (a full stop every ninth), different per ``seed``."""
+    vocab = ["river", "bridge", "garden", "letter", "window", "summer", "market", "lantern", "harbour", "meadow"]
+    return " ".join(vocab[(i * 7 + seed) % len(vocab)] + ("." if i % 9 == 8 else "") for i in range(n))
 
 
 def write_jsonl(path, rows):

@@ -26,11 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 CATEGORIES = {"chat", "multi-turn", "code", "math", "long", "structured"}
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return build_tiny_tokenizer()
-
-
 class ListTask(Task):
     """A task over a fixed list, for selection tests."""
 
