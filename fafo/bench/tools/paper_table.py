@@ -195,6 +195,8 @@ def split_by_category(collected: Collected) -> Collected:
 
 
 def make_table(roots, table: str | None = None, paper_dir=PAPER_DIR, only_paper_rows: bool = False) -> Table:
+    """The table ``table`` (default: the one the runs' ``config.yaml`` name) of every run under ``roots`` beside its
+    published numbers; a table with neither published numbers nor a preset is an error listing those there are."""
     collected = collect(roots)
     table = table or infer_table(collected.runs)
     paper = load_paper(table, paper_dir)
