@@ -97,7 +97,7 @@ def test_every_query_count_has_a_kernel(model):
     assert kernels == {"decoding", "attention"}
 
 
-# the step shapes issue 36 names, on the models where they had no kernel (G = 4) or a slow one (G = 7)
+# each method's step shape (tokens per forward), on the models where they had no kernel (G = 4) or a slow one (G = 7)
 NAMED = {"token_recycling": 81, "suffix_decoding": 65, "sam_decoding": 40, "lookahead": 120,
          "lookahead_specbench": 56, "longspec": 69, "fafo_stream": 481, "vanilla": 1}
 

@@ -1,6 +1,6 @@
-"""The metrics mean what DESIGN.md defines: recomputable from samples.csv alone, tau by the paper's definition,
-tau_all charging self-drafts, token-normalised speedups, no state leaking between generations, fp32-classified
-mismatches."""
+"""The metrics mean what docs/metrics.md ("Metric definitions") defines: recomputable from samples.csv alone,
+tau by the paper's definition, tau_all charging self-drafts, token-normalised speedups, no state leaking between
+generations, fp32-classified mismatches."""
 
 import json
 import shutil

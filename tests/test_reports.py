@@ -1,6 +1,6 @@
 """Tables and plots show coverage and uncertainty, compare methods on common samples, break results down per
 category, show vanilla as the A/A noise floor in the main job, and still read run directories written before the
-forward ledger (DESIGN.md "Runner and records")."""
+forward ledger (docs/metrics.md, "Metric definitions")."""
 
 import json
 import os
