@@ -181,9 +181,9 @@ def reference_throughput(run: Run) -> float | None:
 
 
 def aa_band(summaries) -> tuple[float, float] | None:
-    """How far apart two timings of the same vanilla land in this job (the A/A band, as a ratio): the vanilla
-    row's A/A interval (vanilla against its own interleaved run), else the widest of the methods' own A/A
-    intervals (``aa_speedup``: vanilla again right after each method); widened to hold 1. None without either."""
+    """How far apart two timings of the same vanilla land in this job (the A/A band, as a ratio): the span of all
+    its A/A intervals together, the vanilla row's (vanilla against its own interleaved run) and each method's
+    (``aa_speedup``: vanilla again right after that method), widened to hold 1. None without any."""
     summaries = list(summaries)
     lows, highs = [], []
     for s in summaries:
