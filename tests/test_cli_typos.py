@@ -37,3 +37,52 @@ def test_valid_settings_pass_the_check():
                  ["-m", "experiment=table2", "bench.plan=true"], ["~model.name"], ["++model.tiny.seed=3"],
                  ["hydra/launcher=slurm"], ["--help"], ["-m", "bench.max_new_tokens=4,6", "method=prompt_lookup"]):
         check_command_line(argv)
+
+
+COMPARED = [(["experiment=demo", "method.compress.token_budget=48"], "method.compress.token_budget=48: a comparison"),
+            (["compare.methods=[vanilla,lookahead]", "method.window=3"], "method.window=3: a comparison")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,start", COMPARED)
+def test_a_method_override_in_a_comparison_is_one_line_with_where_it_goes(args, start, tmp_path):
+    """A comparison composes each method from its own name: a command-line method setting would reach none of them
+    (and the default method may not have it), so it is refused with the per-method form, before a model loads."""
+    proc = run_cli(*args, "model=tiny_llama", f"bench.output_dir={tmp_path}", cwd=tmp_path, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: {start}") and "compare.overrides.<method>" in lines[0]
+    assert proc.stdout == "" and not list(tmp_path.rglob("*")), "nothing may run or be written"
+
+
+def test_method_overrides_are_refused_only_in_a_comparison():
+    from fafo.bench.cli_check import check_command_line
+    from fafo.errors import ConfigError
+
+    for argv in (["experiment=demo", "method=fafo_quest"], ["experiment=demo", "method/compress=quest"],
+                 ["experiment=demo", "+method.foo=1"], ["-m", "experiment=demo", "method.n=4,8"],
+                 ["compare.methods=[vanilla,fafo_stream]", "method=fafo_stream", "method.n=4"]):
+        with pytest.raises(ConfigError, match=r"a comparison \(compare\.methods\) composes every method"):
+            check_command_line(argv)
+    for argv in (["method=fafo_quest", "method.n=4"], ["experiment=demo", "compare.methods=[]", "method=fafo_quest",
+                                                      "method.n=4"], ["experiment=demo", "task.ids=[chat-01]"],
+                 ["experiment=demo", "++compare.overrides.vanilla=['method.name=x']"]):
+        check_command_line(argv)
+
+
+def test_a_comparison_refuses_a_method_override_that_reaches_hydra():
+    """The same rule where the command line's check steps aside (a user's own config directory): the comparison's
+    composition refuses a method override instead of dropping it."""
+    from hydra import compose, initialize_config_dir
+
+    from fafo.bench.compare import method_configs
+    from fafo.bench.naming import CONF
+    from fafo.errors import ConfigError
+
+    command = ["experiment=demo", "compare.methods=[vanilla,fafo_quest]"]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=command)
+        assert list(method_configs(cfg, command)) == ["vanilla", "fafo_quest"]
+        for bad in ("method.n=4", "method=fafo_stream", "~method.compress"):
+            with pytest.raises(ConfigError, match=rf"^{bad}: a comparison"):
+                method_configs(cfg, [*command, bad])

@@ -1,6 +1,7 @@
 """The command line checked before Hydra composes it: a misspelt group option (``method=fafo_steam``) or setting
 (``bench.max_new_token=5``, ``+bench.max_new_token=5``) is one ``error:`` line naming the closest valid name
-(:func:`difflib.get_close_matches`), instead of Hydra's multi-line error or a run that loads a model first.
+(:func:`difflib.get_close_matches`), instead of Hydra's multi-line error or a run that loads a model first. So is a
+method override in a comparison (``experiment=demo method.n=4``), which would reach none of the compared methods.
 
 Only what is certainly wrong is refused; anything this check cannot judge (a malformed override, a config that
 does not compose) is left to Hydra and the run's own checks.
@@ -77,6 +78,7 @@ def check_command_line(argv: list[str], conf: Path = CONF) -> None:
                                   f"{suggest(value, groups[group], prefix=f'{group}=')} (the options: "
                                   f"conf/{group}/*.yaml)")
         chosen[o.key_or_group] = values
+    check_comparison(parsed, chosen, conf)
     settings = [o for o in parsed if not o.is_hydra_override() and not o.is_delete() and not o.is_force_add()
                 and o.key_or_group not in groups and "@" not in o.key_or_group]
     if not settings:
@@ -101,6 +103,27 @@ def check_command_line(argv: list[str], conf: Path = CONF) -> None:
         known = [k for c in configs for k in dotted_keys(c)] + list(groups)
         raise ConfigError(f"{key} is not a setting{suggest(key, known)} (every setting: docs/running.md; a key "
                           "no config has is added with +key=value)")
+
+
+def check_comparison(parsed: list, chosen: dict[str, list[str]], conf: Path) -> None:
+    """A method override in a comparison (``experiment=demo method.n=4``) is refused with where it goes instead, before
+    the setting checks would call it unknown (the default method may lack it) or the run would drop it."""
+    from fafo.bench.compare import is_method_override, method_override_error
+
+    method_args = [o for o in parsed if not o.is_hydra_override() and is_method_override(o.input_line)]
+    if not method_args:
+        return
+    given = [o for o in parsed if o.key_or_group == "compare.methods" and not o.is_delete()]
+    if given:
+        comparing = bool(given[-1].value())
+    elif "experiment" not in chosen:
+        comparing = False  # config.yaml compares nothing; only a preset does
+    else:
+        # composed without the method's own groups: a comparison does not hang on them, and vanilla has no compress
+        configs = compositions({g: v for g, v in chosen.items() if not is_method_override(g)}, conf, every_job=False)
+        comparing = bool(configs and (configs[0].get("compare") or {}).get("methods"))
+    if comparing:
+        raise method_override_error(method_args[0].input_line)
 
 
 def compositions(chosen: dict[str, list[str]], conf: Path, every_job: bool = True) -> list:

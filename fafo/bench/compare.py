@@ -7,6 +7,7 @@ of every method on the (sample, turn)s all of them completed (:mod:`fafo.bench.t
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -22,14 +23,18 @@ REFERENCE = "vanilla"
 def method_configs(cfg: DictConfig, overrides: list[str]) -> dict[str, DictConfig]:
     """``{method: composed config}`` for every method of ``cfg.compare.methods``.
 
-    ``overrides`` are the command line's; its ``method``/``compare`` overrides are replaced per method."""
+    ``overrides`` are the command line's; its ``compare`` overrides are replaced per method, and a ``method``
+    override is refused (:func:`method_override_error`)."""
     from hydra import compose
 
     methods = list(cfg.compare.get("methods") or [])
     if not methods:
         raise ConfigError("compare.methods is empty; list conf/method names, e.g. compare.methods=[vanilla,lookahead]")
     per_method = cfg.compare.get("overrides") or {}
-    keep = [o for o in overrides if not o.lstrip("+~").startswith(("method", "compare"))]
+    for o in overrides:
+        if is_method_override(o):
+            raise method_override_error(o)
+    keep = [o for o in overrides if not o.lstrip("+~").startswith("compare")]
     available = {p.stem for p in (CONF / "method").glob("*.yaml")}
     configs = {}
     for i, name in enumerate(methods):
@@ -45,6 +50,24 @@ def method_configs(cfg: DictConfig, overrides: list[str]) -> dict[str, DictConfi
             with_cfg["bench"]["aa_floor"] = True
         configs[name] = OmegaConf.create(with_cfg)
     return configs
+
+
+def is_method_override(override: str) -> bool:
+    """Whether a command-line override picks or sets the method (``method=``, ``method.k=``, ``method/compress=``)."""
+    return re.split(r"[./=@]", override.lstrip("+~"), maxsplit=1)[0] == "method"
+
+
+def method_override_error(override: str) -> ConfigError:
+    """A method override on a comparison's command line: every compared method is composed from its own name, so
+    the override would reach none of them; the error says where it goes instead."""
+    if override.lstrip("+~").split("=", 1)[0] == "method":
+        fix = "list the methods to compare in compare.methods=[...]"
+    else:
+        fix = (f"give it per method, \"++compare.overrides.<method>=['{override}']\" (this replaces the "
+               "list the preset gives that method: repeat the entries to keep)")
+    return ConfigError(f"{override}: a comparison (compare.methods) composes every method from its own name, so a "
+                       f"method override on the command line would reach none of them; {fix}, or run one method "
+                       "alone: compare.methods=[] method=<name>")
 
 
 def run_compare(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
