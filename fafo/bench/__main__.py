@@ -29,7 +29,7 @@ def main() -> None:
     from fafo.bench.cli_check import check_command_line
 
     try:
-        check_command_line(sys.argv[1:])
+        sys.argv[1:] = check_command_line(sys.argv[1:])
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -108,6 +108,21 @@ def say(line: str | None) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def config_names(cfg: DictConfig) -> dict[str, str]:
+    """The model, method and task names a config gives, for a job that failed before its run was resolved; a
+    method's ``fafo-{compress}`` filled with its compressor's label, as a resolved run names it."""
+    names = {k: str(cfg[k].get("name")) for k in ("model", "method", "task")}
+    compress = cfg.method.get("compress")
+    if hasattr(compress, "keys") and "_target_" in compress:
+        from hydra.utils import get_object
+
+        try:
+            names["method"] = names["method"].format(compress=get_object(str(compress._target_)).label)
+        except Exception:  # noqa: BLE001 - the name as given; the job's own problem line says what is wrong
+            pass
+    return names
+
+
 def plan_job(cfg: DictConfig, run_dir: Path, most: int = 20):
     """``bench.plan=true`` for one job: its plan (a setting or data problem is its one problem line) printed (the
     first ``most`` problems) and written to ``plan.json``."""
@@ -119,7 +134,7 @@ def plan_job(cfg: DictConfig, run_dir: Path, most: int = 20):
     try:
         plan = assess(resolve(cfg, run_dir, weights=False))
     except ConfigError as exc:
-        plan = JobPlan(job=job_label({k: cfg[k].get("name") for k in ("model", "method", "task")}), problems=[str(exc)])
+        plan = JobPlan(job=job_label(config_names(cfg)), problems=[str(exc)])
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1) + "\n")
     lines = [plan.line(), *(f"  warning: {w}" for w in plan.warnings),

@@ -1,7 +1,9 @@
 """The command line checked before Hydra composes it: a misspelt group option (``method=fafo_steam``) or setting
 (``bench.max_new_token=5``, ``+bench.max_new_token=5``) is one ``error:`` line naming the closest valid name
 (:func:`difflib.get_close_matches`), instead of Hydra's multi-line error or a run that loads a model first. So is a
-method override in a comparison (``experiment=demo method.n=4``), which would reach none of the compared methods.
+method override in a comparison (``experiment=demo method.n=4``), which would reach none of the compared methods,
+and a sweep's setting that one of its jobs lacks (``-m method=vanilla,fafo_stream method.k=4``); one that every job
+has reaches each of them (:func:`sweep_ready`).
 
 Only what is certainly wrong is refused; anything this check cannot judge (a malformed override, a config that
 does not compose) is left to Hydra and the run's own checks.
@@ -53,17 +55,19 @@ def overrides_of(argv: list[str]) -> list[str] | None:
     return out
 
 
-def check_command_line(argv: list[str], conf: Path = CONF) -> None:
-    """Raise ConfigError for the first misspelt group option or setting of ``argv`` (``sys.argv[1:]``)."""
+def check_command_line(argv: list[str], conf: Path = CONF, multirun: bool | None = None) -> list[str]:
+    """Raise ConfigError for the first misspelt group option or setting of ``argv`` (``sys.argv[1:]``); return the
+    command line Hydra should get (``argv``, with the rewrites of :func:`sweep_ready` in a sweep: ``multirun``,
+    by default whether ``argv`` has ``-m`` or ``hydra.mode=MULTIRUN``)."""
     args = overrides_of(argv)
     if not args or any(a in CONFIG_DIRS for a in argv) or any(a.startswith("hydra.searchpath") for a in args):
-        return  # configs beyond conf/ (a user's own methods): left to Hydra
+        return argv  # configs beyond conf/ (a user's own methods): left to Hydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except Exception:  # noqa: BLE001 - Hydra says what is malformed
-        return
+        return argv
     groups = group_options(conf)
     chosen: dict[str, list[str]] = {}  # group -> the options the command line picks (several in a sweep)
     for o in parsed:
@@ -82,10 +86,10 @@ def check_command_line(argv: list[str], conf: Path = CONF) -> None:
     settings = [o for o in parsed if not o.is_hydra_override() and not o.is_delete() and not o.is_force_add()
                 and o.key_or_group not in groups and "@" not in o.key_or_group]
     if not settings:
-        return
+        return argv
     configs = compositions(chosen, conf, every_job=False)
     if not configs:
-        return
+        return argv
     if not all(any(has_key(c, o.key_or_group) for c in configs) for o in settings):
         configs = compositions(chosen, conf)  # a setting only some jobs of the sweep have
     for o in settings:
@@ -97,12 +101,105 @@ def check_command_line(argv: list[str], conf: Path = CONF) -> None:
             fields = [f for s in schemas if s is not None for f in s]
             if None in schemas or not fields or key.rpartition(".")[2] in fields:
                 continue  # a setting its dataclass has, or a node without a schema (compare.overrides.<method>)
-            parent = key.rpartition(".")[0]
-            raise ConfigError(f"+{key} is not a setting{suggest(key, [f'{parent}.{f}' for f in fields])} "
+            parent, _, name = key.rpartition(".")
+            owner = owner_of(parent, [node_at(c, parent) for c in configs])
+            raise ConfigError(f"+{key} is not a setting{node_hint(parent, owner, name, fields)} "
                               f"(every {parent} setting: docs/running.md)")
-        known = [k for c in configs for k in dotted_keys(c)] + list(groups)
-        raise ConfigError(f"{key} is not a setting{suggest(key, known)} (every setting: docs/running.md; a key "
-                          "no config has is added with +key=value)")
+        raise ConfigError(f"{key} is not a setting{unknown_key_hint(key, configs, groups)} (every setting: "
+                          "docs/running.md; a key no config has is added with +key=value)")
+    if multirun is None:
+        multirun = any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") for a in argv)
+    return sweep_ready(argv, settings, chosen, conf, groups) if multirun else argv
+
+
+def sweep_ready(argv: list[str], settings: list, chosen: dict[str, list[str]], conf: Path,
+                groups: dict[str, list[str]]) -> list[str]:
+    """A sweep's settings checked against, and made to reach, every job. Hydra sets each of them in every job of
+    the sweep, so one that a job lacks (``-m method=vanilla,fafo_stream method.k=4``) fails that job: one
+    ConfigError names the job first. And Hydra composes a sweep's base config first, from the command line without
+    its swept values (a swept group at its default: ``method=vanilla``), and sets every other setting in it
+    (facebookresearch/hydra issues 283 and 2888): ``-m method=fafo_quest,fafo_stream method.k=4`` fails there,
+    vanilla having no ``method.k``, though every job has it. Such a setting is passed as a one-value sweep
+    (``method.k=choice(4)``): Hydra sets it in each job alone, and names the job as typed (its run directory says
+    ``method.k=4``). Only settings under a group with options to differ by (``method.*``, not ``bench.*``)."""
+    plain = [o for o in settings if not o.is_add() and not o.is_sweep_override()
+             and len(groups.get(o.key_or_group.split(".")[0], ())) > 1]
+    if not plain:
+        return argv
+    jobs = compositions(chosen, conf)
+    base = compositions({g: v for g, v in chosen.items() if len(v) == 1}, conf, every_job=False)
+    preset_sweep = (base[0].hydra.sweeper.get("params") or {}) if base else {}  # table2's rows
+    swept = {g for g, v in chosen.items() if len(v) > 1} | set(preset_sweep)
+    for o in plain:
+        lacking = [job for job in jobs if not has_key(job, o.key_or_group)]
+        if lacking:
+            job = " ".join(f"{g}={c}" for g, c in lacking[0].hydra.runtime.choices.items() if g in swept)
+            raise ConfigError(f"{o.input_line}: the sweep's job with {job} has no {o.key_or_group}, and a setting on "
+                              "the command line is set in every job of a sweep; sweep the jobs that have it on their "
+                              "own")
+    rewrite = {o.input_line: one_value_sweep(o.input_line) for o in plain
+               if base and not has_key(base[0], o.key_or_group)}
+    return [rewrite.get(a, a) for a in argv]
+
+
+def one_value_sweep(line: str) -> str:
+    """``key=choice(value)``, which Hydra expands back to ``key=value`` exactly; ``++key=value`` (a forced add,
+    which sets it in the base config as well, at the cost of a run directory named with ``++``) for a value that
+    would not come back as typed (``null``, quoted text, an interpolation)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    key, value = line.split("=", 1)
+    try:
+        swept = OverridesParser.create().parse_overrides([f"{key}=choice({value})"])[0]
+        if list(swept.sweep_string_iterator()) == [value]:
+            return f"{key}=choice({value})"
+    except Exception:  # noqa: BLE001 - Hydra's grammar refused it
+        pass
+    return f"++{line}"
+
+
+def unknown_key_hint(key: str, configs: list, groups: dict[str, list[str]]) -> str:
+    """The hint after ``<key> is not a setting``: under the deepest node of ``key`` that exists (``method`` in
+    ``method.n``), :func:`node_hint` on that node's keys; without one, the closest dotted key of the whole config
+    (``bnech.max_new_tokens``)."""
+    parts = key.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        parent = ".".join(parts[:depth])
+        nodes = [node_at(c, parent) for c in configs if has_key(c, parent)]
+        nodes = [n for n in nodes if hasattr(n, "keys")]
+        if nodes:
+            children = [k for n in nodes for k in n.keys() if k != "_target_"]
+            return node_hint(parent, owner_of(parent, nodes), parts[depth], children, parts[depth + 1:])
+    known = [k for c in configs for k in dotted_keys(c)] + list(groups)
+    return suggest(key, known)
+
+
+def node_hint(parent: str, owner: str, name: str, settings: list[str], rest=(), shown: int = 12) -> str:
+    """The closest of a node's own settings to ``name`` (``; did you mean method.stagger?``), or, with none close,
+    the list of them (``; method (LookaheadDecoder) has: level, window, ...``). Matched on the one name, not the
+    dotted key: a long shared prefix would make any sibling look close (``method.compress.sink`` for
+    ``method.compress.token_budget``)."""
+    settings = list(dict.fromkeys(settings))
+    close = difflib.get_close_matches(name, settings, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {'.'.join([parent, close[0], *rest])}?"
+    if not settings:
+        return f"; {owner} has no settings"
+    more = f", and {len(settings) - shown} more" if len(settings) > shown else ""
+    return f"; {owner} has: {', '.join(settings[:shown])}{more}"
+
+
+def owner_of(parent: str, nodes: list) -> str:
+    """``method (LookaheadDecoder)``: a node's key with the classes its ``_target_`` builds, if any."""
+    classes = [str(n["_target_"]).rpartition(".")[2] for n in nodes if hasattr(n, "keys") and "_target_" in n]
+    return f"{parent} ({', '.join(dict.fromkeys(classes))})" if classes else parent
+
+
+def node_at(cfg, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    return node
 
 
 def check_comparison(parsed: list, chosen: dict[str, list[str]], conf: Path) -> None:
@@ -145,7 +242,7 @@ def compositions(chosen: dict[str, list[str]], conf: Path, every_job: bool = Tru
                 for group, values in params.items():
                     for value in str(values).split(","):
                         out.append(compose("config", overrides=[o for o in overrides if not o.startswith(f"{group}=")]
-                                           + [f"{group}={value.strip()}"]))
+                                           + [f"{group}={value.strip()}"], return_hydra_config=True))
     except Exception:  # noqa: BLE001 - a config that does not compose is Hydra's to report
         return []
     return out
@@ -180,9 +277,7 @@ def schema_fields(cfg, key: str) -> list[str] | None:
     parent = key.rpartition(".")[0]
     if not parent or not has_key(cfg, parent):
         return None
-    node = cfg
-    for part in parent.split("."):
-        node = node[part]
+    node = node_at(cfg, parent)
     if parent == "bench":
         from fafo.bench.settings import Bench
 

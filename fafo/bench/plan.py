@@ -60,6 +60,8 @@ class JobPlan:
         return {k: v for k, v in asdict(self).items() if k not in ("kept", "cache_slots")}
 
     def line(self) -> str:
+        if not self.fits and not self.context_limit and self.problems:  # stopped before its model and samples
+            return f"FAIL  {self.job}  not assessed: the problem below stops it before its samples and memory"
         hours = f"  ~{self.est_gpu_hours:.2f} GPU h" if self.est_gpu_hours is not None else ""
         dropped = f" ({self.n_filtered} by the task filter)" if self.n_filtered else ""
         beyond = f" ({self.n_beyond_trained} past the trained {self.trained_context})" if self.n_beyond_trained else ""

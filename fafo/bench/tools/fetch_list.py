@@ -27,6 +27,7 @@ import json
 import sys
 from pathlib import Path
 
+from fafo.bench.cli_check import check_command_line
 from fafo.errors import ConfigError
 
 PREFIX = ("-m", "--multirun")
@@ -221,7 +222,8 @@ def main(argv=None) -> int:
         print(f"error: unknown option {unknown[0]}; pass Hydra overrides (key=value) and --json", file=sys.stderr)
         return 2
     try:
-        listing = fetch_list(args.overrides)
+        # as for a run: a misspelt preset or setting named, a sweep's settings made to reach its jobs
+        listing = {**fetch_list(check_command_line(args.overrides, multirun=True)), "overrides": args.overrides}
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
