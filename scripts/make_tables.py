@@ -253,6 +253,19 @@ def swept_by(collected: Collected) -> str | None:
     return None
 
 
+def check_by(collected: Collected, by: str, roots) -> None:
+    """``--by K1[,K2]``: each key is one some run has (a misspelt key would make a one-column table of dashes)."""
+    import generic_table
+
+    for key in by.split(","):
+        if all(generic_table.run_value(run, key) is None for run in collected.runs):
+            keys = tables.swept_keys(collected.runs) or [k for k in generic_table.differing_keys(
+                [r.config for r in collected.runs]) if not k.endswith("_target_")]
+            hint = f"they differ in {', '.join(keys[:6])}" if keys else "e.g. --by method.compress.local"
+            raise SystemExit(f"error: no run under {', '.join(map(str, roots))} has the config key {key}; pass --by "
+                             f"with a key the runs were swept over ({hint})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -270,6 +283,8 @@ def main(argv=None) -> int:
         import generic_table as writer  # runs from no paper preset (or --by): one row per (model, method)
 
         collected = collect(args.roots)
+        if args.by:
+            check_by(collected, args.by, args.roots)
         by = args.by or swept_by(collected)
         table = writer.build(collected, by, args.name)
     else:

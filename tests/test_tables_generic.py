@@ -131,3 +131,17 @@ def test_paper_preset_runs_keep_the_paper_layout(tmp_path, capsys):
     assert "| paper.table=table2 |" in capsys.readouterr().out
     assert mt.main([str(tmp_path), "--by", "task"]) == 0  # not a scalar config key: the summary's value
     assert "| task=mt_bench |" in capsys.readouterr().out
+
+
+def test_by_a_key_no_run_has_is_an_error_naming_the_keys_they_differ_in(tmp_path, capsys):
+    """A misspelt ``--by`` would give a one-column table of dashes; it is one error line, and nothing is written."""
+    for local in (16, 32):
+        write_run(tmp_path, f"m/gsm8k/fafo/l{local}", summary("m", "fafo", "gsm8k", local / 16, 2.0),
+                  {"method": {"compress": {"local": local}}})
+    for by in ("method.compress.lcoal", "method.compress.local,nope"):
+        with pytest.raises(SystemExit, match=r"^error: no run under .* has the config key "
+                                             r"(method\.compress\.lcoal|nope); pass --by with a key the runs were "
+                                             r"swept over \(they differ in method\.compress\.local\)$"):
+            mt.main([str(tmp_path), "--by", by])
+    assert not (tmp_path / "tables").exists()
+    assert mt.main([str(tmp_path), "--by", "method.compress.local"]) == 0
