@@ -25,6 +25,8 @@ CASES = [
     ("bench.dtype=float64", "bench.dtype"),
     ("bench.dtype=float8", "bench.dtype"),
     ("bench.device=tpu", "bench.device"),
+    ("bench.device=mps", "bench.device"),
+    ("bench.device=meta", "bench.device"),
     pytest.param("bench.device=cuda:0", "bench.device", marks=pytest.mark.skipif(CUDA, reason="CUDA present")),
     ("bench.repeats=0", "bench.repeats"),
     ("bench.repeats=abc", "bench.repeats"),
@@ -49,6 +51,13 @@ CASES = [
     ("bench.gpu_mem_gb=abc", "bench.gpu_mem_gb"),
     ("bench.output_dir={tmp}/afile/runs", "bench.output_dir"),
     ("+bench.repeat=3", "bench.repeat"),
+    ("bench.output_dir=", "bench.output_dir"),  # $OUT unset: not the filesystem's root
+    ("bench.cost_curve=", "bench.cost_curve"),
+    ("model.path=", "model.path"),  # not the group's tiny model, silently
+    ("model.path=''", "model.path"),
+    ("model.gguf_file=", "model.gguf_file"),
+    ("model.name=", "model.name"),
+    ("task=prompts task.data_path=", "task.data_path"),
     ("model.max_len=-5", "model.max_len"),
     ("model.max_len=abc", "model.max_len"),
     ("model.attention=xformers", "model.attention"),
@@ -124,6 +133,14 @@ def test_a_busy_run_directory_is_refused_before_loading(tmp_path, monkeypatch, c
     finally:
         holder.close()
     assert code == 2 and len(lines) == 1 and "being written by another job" in lines[0], lines
+
+
+def test_a_cuda_index_past_the_machines_gpus_is_refused(tmp_path, monkeypatch, capsys):
+    """cuda:1 on a one-GPU node is one line naming the indices there are (torch would fail at the first tensor)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    code, lines = cli_in_process(["bench.device=cuda:1"], monkeypatch, capsys, tmp_path / "runs")
+    assert code == 2 and len(lines) == 1 and "has 1 CUDA device(s); use cuda:0" in lines[0], lines
 
 
 def test_unreachable_hub_fails_fast(monkeypatch):

@@ -62,6 +62,26 @@ def test_valid_settings_pass_the_check():
         check_command_line(argv)
 
 
+def test_an_empty_file_or_name_setting_is_refused_in_a_sweep_too():
+    """``bench.output_dir=$OUT`` with OUT unset would write under the filesystem's root; ``model.path=$CKPT`` would
+    benchmark the group's tiny model. Empty alone, quoted or as one swept value: refused; null and text pass."""
+    from fafo.bench.cli_check import check_command_line
+    from fafo.errors import ConfigError
+
+    for argv, key in ((["bench.output_dir="], "bench.output_dir"), (["-m", "model.path='',/ckpt/a"], "model.path"),
+                      (["method=triforce", 'method.draft.path=""'], "method.draft.path"),
+                      (["+model.revision= "], "model.revision")):
+        with pytest.raises(ConfigError, match=f"^{key} is empty \\(an unset shell variable\\?\\)"):
+            check_command_line(argv)
+    for argv in (["model.path=null"], ["-m", "model.path=/ckpt/a,/ckpt/b"], ["hydra.run.dir=/tmp/x"],
+                 ["~model.name"], ["bench.reference_dir=/tmp/ref"]):
+        check_command_line(argv)
+    from fafo.bench.tools.sweep import check_output_dir
+
+    with pytest.raises(ConfigError, match="bench.output_dir is empty"):  # a config composed in Python
+        check_output_dir("")
+
+
 COMPARED = [(["experiment=demo", "method.compress.token_budget=48"], "method.compress.token_budget=48: a comparison"),
             (["compare.methods=[vanilla,lookahead]", "method.window=3"], "method.window=3: a comparison")]
 

@@ -240,6 +240,39 @@ def test_sigkilled_run_resumes_each_sample_exactly_once(tmp_path):
     assert json.loads((csv_path.parent / "summary.json").read_text())["n_samples"] == 12
 
 
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_exit_130_and_the_same_command_resumes(tmp_path):
+    """SIGINT (Ctrl-C) mid-run: no traceback, the rows written are kept and counted, the rerun skips them."""
+    import signal
+    import time
+
+    args = ["bench.max_new_tokens=200", "bench.ignore_eos=true", "bench.warmup=0", "bench.progress=false",
+            "task.ids=[chat-01,chat-02,chat-03,chat-04]", f"bench.output_dir={tmp_path}", "wandb.mode=disabled"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "fafo.bench", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal's
+    deadline, sent = time.time() + 300, False
+    while time.time() < deadline and proc.poll() is None:
+        found = list(tmp_path.glob("tiny_llama/builtin/vanilla/*/samples.csv"))
+        if found and len(found[0].read_text().splitlines()) >= 3:  # header + 2 rows
+            proc.send_signal(signal.SIGINT)
+            sent = True
+            break
+        time.sleep(0.02)
+    err = proc.communicate(timeout=120)[1]
+    assert sent and proc.returncode == 130, err[-2000:]
+    (run_dir,) = {p.parent for p in tmp_path.glob("tiny_llama/builtin/vanilla/*/samples.csv")}
+    kept = read_rows(run_dir)
+    assert err.strip().splitlines() == [f"interrupted: {run_dir} keeps the {len(kept)} (sample, turn, repeat)s on "
+                                        f"record; the same command resumes it"], err[-2000:]
+    assert 2 <= len(kept) < 4 and not (run_dir / "error.txt").exists()
+    done = run_cli(*args, cwd=tmp_path)
+    assert done.returncode == 0 and f"resuming {run_dir}: {len(kept)} " in done.stderr, done.stderr[-2000:]
+    rows = read_rows(run_dir)
+    assert len(rows) == 4 and rows[: len(kept)] == kept
+
+
 @pytest.mark.parametrize("method,label", [("fafo_stream", "fafo-stream"), ("fafo_2forward", "fafo-2forward-stream")])
 def test_fafo_through_the_runner_is_lossless(tmp_path, method, label):
     cfg = make_cfg(tmp_path, f"method={method}", "method.n=6", "method.k=3", "bench.max_new_tokens=12",

@@ -306,6 +306,24 @@ def test_without_sbatch_a_slurm_sweep_stops_with_one_error_line(tmp_path):
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: hydra/launcher=slurm")
 
 
+def test_a_submission_sbatch_refuses_stops_the_sweep_with_one_error_line(tmp_path):
+    """sbatch exits non-zero (a wrong partition, no controller): its reason in one line, not submitit's trace."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition "
+                                    "name specified' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
+    cmd = [sys.executable, "-m", "fafo.bench", "-m", "method=vanilla", *BENCH, f"bench.output_dir={tmp_path / 'out'}",
+           "hydra/launcher=slurm"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert last.startswith("error: sbatch refused the sweep's job array: sbatch: error: Batch job submission failed: "
+                           "Invalid partition name specified; fix"), last
+
+
 def test_slurm_local_needs_root_and_says_so_in_one_line(tmp_path):
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root to run the script as another user")

@@ -121,6 +121,15 @@ def test_by_key_with_several_tasks_names_task_and_value(tmp_path):
     assert table.name == "runs_by_method.compress.local" and not table.notes
 
 
+def test_a_boolean_axis_is_spelt_as_typed(tmp_path):
+    """bench.compile=true beside auto: the column says true, not float(True)'s 1."""
+    for value in (True, False, "auto"):
+        write_run(tmp_path, f"m/gsm8k/vanilla/{value}", summary("m", "vanilla", "gsm8k", 1.0, 1.0),
+                  {"bench": {"compile": value}})
+    table = generic_table.build(mt.collect([tmp_path]), by="bench.compile")
+    assert generic_table.header(table)[2:5] == ["bench.compile=auto", "bench.compile=false", "bench.compile=true"]
+
+
 def test_paper_preset_runs_keep_the_paper_layout(tmp_path, capsys):
     write_run(tmp_path, "llama2_7b_chat/mt_bench/fafo_stream/default",
               summary("llama2-7b-chat", "fafo-stream", "mt_bench", 1.8, 2.2), {"paper": {"table": "table2"}})

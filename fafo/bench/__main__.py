@@ -58,7 +58,7 @@ def app(cfg: DictConfig) -> dict | None:
         if not sweep and failed:
             sys.exit(1)
         return {"plan": "\n".join(p.line() for p in plans), "error": failed[0].problems[0] if failed else None}
-    from fafo.bench.tools.sweep import resume_note
+    from fafo.bench.tools.sweep import interrupted_note, resume_note
 
     try:
         if compare:
@@ -77,6 +77,9 @@ def app(cfg: DictConfig) -> dict | None:
             spec = resolve(cfg, run_dir)
             say(resume_note(run_dir, sum(len(s.turns) for s in spec.samples) * spec.bench.repeats))
             summary = Runner().run(spec)
+    except KeyboardInterrupt:  # Ctrl-C stops a sweep too; one line instead of the trace of wherever it landed
+        print(interrupted_note(run_dir), file=sys.stderr, flush=True)
+        sys.exit(130)
     except ConfigError as exc:
         line = f"error: {exc}"
         print(line, file=sys.stderr)

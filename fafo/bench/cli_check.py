@@ -3,7 +3,8 @@
 (:func:`difflib.get_close_matches`), instead of Hydra's multi-line error or a run that loads a model first. So is a
 method override in a comparison (``experiment=demo method.n=4``), which would reach none of the compared methods,
 and a sweep's setting that one of its jobs lacks (``-m method=vanilla,fafo_stream method.k=4``); one that every job
-has reaches each of them (:func:`sweep_ready`).
+has reaches each of them (:func:`sweep_ready`). So is a setting naming a file, a directory or the run typed empty
+(:func:`check_empty_values`).
 
 Only what is certainly wrong is refused; anything this check cannot judge (a malformed override, a config that
 does not compose) is left to Hydra and the run's own checks.
@@ -22,6 +23,13 @@ FLAGS_WITH_VALUE = {"-cn", "--config-name", "-cp", "--config-path", "-cd", "--co
                     "--experimental-rerun"}
 CONFIG_DIRS = {"-cp", "--config-path", "-cd", "--config-dir"}
 HELP = {"-h", "--help", "--hydra-help", "-c", "--cfg", "--resolve", "--shell-completion", "-sc", "--version"}
+
+
+# settings that name a file, a directory or the run: typed empty (``bench.output_dir=$OUT`` with OUT unset) they
+# would fall back to a default or name the filesystem's root ("" + "/model/task/..."), so they are refused
+NAMED_BY_TEXT = {"path": "a hub id or a directory", "data_path": "a data file or directory",
+                 "gguf_file": "a GGUF file", "output_dir": "a directory", "reference_dir": "a directory",
+                 "cost_curve": "a cost-curve CSV", "name": "a name", "revision": "a branch, tag or commit"}
 
 
 def group_options(conf: Path = CONF) -> dict[str, list[str]]:
@@ -68,6 +76,7 @@ def check_command_line(argv: list[str], conf: Path = CONF, multirun: bool | None
         parsed = OverridesParser.create().parse_overrides(args)
     except Exception:  # noqa: BLE001 - Hydra says what is malformed
         return argv
+    check_empty_values(parsed)
     groups = group_options(conf)
     chosen: dict[str, list[str]] = {}  # group -> the options the command line picks (several in a sweep)
     for o in parsed:
@@ -110,6 +119,20 @@ def check_command_line(argv: list[str], conf: Path = CONF, multirun: bool | None
     if multirun is None:
         multirun = any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") for a in argv)
     return sweep_ready(argv, settings, chosen, conf, groups) if multirun else argv
+
+
+def check_empty_values(parsed: list) -> None:
+    """A setting of :data:`NAMED_BY_TEXT` typed with an empty value, alone or as one value of a sweep."""
+    for o in parsed:
+        what = NAMED_BY_TEXT.get(o.key_or_group.rpartition(".")[2])
+        if what is None or o.is_hydra_override() or o.is_delete() or (o.is_sweep_override()
+                                                                      and not o.is_discrete_sweep()):
+            continue
+        values = list(o.sweep_string_iterator()) if o.is_discrete_sweep() else [o.get_value_element_as_str()]
+        if any(str(v).strip() in ("", "''", '""') for v in values):
+            key = o.key_or_group
+            raise ConfigError(f"{key} is empty (an unset shell variable?); give {what}, or leave {key} out for "
+                              "its default")
 
 
 def sweep_ready(argv: list[str], settings: list, chosen: dict[str, list[str]], conf: Path,

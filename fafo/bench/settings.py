@@ -88,8 +88,16 @@ def resolve_device(name: str, planning: bool = False) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"bench.device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not planning and not torch.cuda.is_available():
-        raise ConfigError(f"bench.device={name!r} but CUDA is not available here; use bench.device=cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"bench.device={name!r}: the harness runs on a CPU or a CUDA GPU only; use auto, cpu, "
+                          f"cuda or cuda:N")
+    if device.type == "cuda" and not planning:
+        if not torch.cuda.is_available():
+            raise ConfigError(f"bench.device={name!r} but CUDA is not available here; use bench.device=cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            valid = "cuda:0" if count == 1 else f"one of cuda:0 to cuda:{count - 1}"
+            raise ConfigError(f"bench.device={name!r} but this machine has {count} CUDA device(s); use {valid}")
     return device
 
 

@@ -101,7 +101,14 @@ class SlurmLauncher(_SubmititSlurmLauncher):
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             print(f"  #{idx} : {' '.join(filter_overrides(overrides))}", file=sys.stderr, flush=True)
             job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
-        jobs = executor.map_array(self, *zip(*job_params))
+        try:
+            jobs = executor.map_array(self, *zip(*job_params))
+        except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as exc:
+            said = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]  # sbatch's stderr, printed above
+            print(f"error: sbatch refused the sweep's job array: {said[-1] if said else type(exc).__name__}; fix "
+                  "the launcher's settings (hydra.launcher.partition, hydra.launcher.account, ...) or the cluster's "
+                  "SLURM, or run the sweep with hydra/launcher=local", file=sys.stderr, flush=True)
+            sys.exit(2)
         print(f"submitted SLURM job array {jobs[0].job_id.split('_')[0]} ({len(jobs)} jobs); sbatch script and logs "
               f"in {jobs[0].paths.folder.parent}", file=sys.stderr, flush=True)
         ended = wait_for_jobs(jobs, self.poll_s, self.result_grace_s)

@@ -31,7 +31,10 @@ NOISE = ("bench.output_dir=", "bench.progress=", "bench.reference_dir=", "bench.
 
 
 def check_output_dir(output_dir) -> None:
-    """bench.output_dir must be a directory or creatable as one (no regular file on its path)."""
+    """bench.output_dir must be a directory or creatable as one (no regular file on its path); empty, the runs would
+    go under the filesystem's root."""
+    if not str(output_dir or "").strip():
+        raise ConfigError("bench.output_dir is empty; give a directory, or leave bench.output_dir out for its default")
     path = Path(str(output_dir)).expanduser()
     part = next(p for p in (path, *path.parents) if p.exists())
     if not part.is_dir():
@@ -119,6 +122,12 @@ def resume_note(run_dir: str | Path, expected: int | None = None) -> str | None:
         left = "; nothing left to run, the summary is recomputed" if len(rows) >= expected else \
             f"; {expected - len(rows)} of {expected} left to run"
     return f"resuming {run_dir}: {kept} are skipped{left}"
+
+
+def interrupted_note(run_dir: str | Path) -> str:
+    """What a Ctrl-C leaves: every row written before it is on disk, and the same command resumes the run."""
+    rows = sum(len(rs) for rs in recorded(run_dir).values())
+    return f"interrupted: {run_dir} keeps the {rows} (sample, turn, repeat)s on record; the same command resumes it"
 
 
 def job_line(outcome: dict, swept=()) -> str:

@@ -112,9 +112,12 @@ def aggregate(runs: list[Run]) -> dict:
 
 
 def norm_value(v) -> str:
-    """One spelling per axis value, so 3072, 3072.0 and "3072" match (and 0.6 stays 0.6)."""
+    """One spelling per axis value, so 3072, 3072.0 and "3072" match (and 0.6 stays 0.6); a boolean is spelt as on
+    the command line (``true``, not float's ``1``)."""
     if v is None or v == "":
         return ""
+    if isinstance(v, bool):
+        return str(v).lower()
     try:
         return format(float(v), "g")
     except (TypeError, ValueError):
