@@ -264,8 +264,9 @@ def test_ctrl_c_is_one_line_exit_130_and_the_same_command_resumes(tmp_path):
     assert sent and proc.returncode == 130, err[-2000:]
     (run_dir,) = {p.parent for p in tmp_path.glob("tiny_llama/builtin/vanilla/*/samples.csv")}
     kept = read_rows(run_dir)
-    assert err.strip().splitlines() == [f"interrupted: {run_dir} keeps the {len(kept)} (sample, turn, repeat)s on "
-                                        f"record; the same command resumes it"], err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (  # a busy machine's warning may come first
+        f"interrupted: {run_dir} keeps the {len(kept)} (sample, turn, repeat)s on record; the same command resumes "
+        f"it"), err[-2000:]
     assert 2 <= len(kept) < 4 and not (run_dir / "error.txt").exists()
     done = run_cli(*args, cwd=tmp_path)
     assert done.returncode == 0 and f"resuming {run_dir}: {len(kept)} " in done.stderr, done.stderr[-2000:]
