@@ -44,6 +44,16 @@ def test_a_setting_a_swept_method_lacks_is_one_line_naming_that_job(tmp_path):
     assert proc.stdout == "" and not list(tmp_path.rglob("*")), "nothing may run or be written"
 
 
+@pytest.mark.slow
+def test_a_multirun_flag_after_an_override_still_sweeps(tmp_path):
+    """``fafo-bench bench.max_samples=1 -m bench.max_new_tokens=2,3``: Hydra's parser alone stops at "unrecognized
+    arguments"; the flag is moved first, so the sweep typed runs."""
+    proc = run_cli("bench.max_samples=1", "-m", "bench.max_new_tokens=2,3", "bench.warmup=0", "bench.progress=false",
+                   f"bench.output_dir={tmp_path}", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0 and "== fafo-bench sweep: 2 jobs over bench.max_new_tokens" in proc.stderr, \
+        proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("argv,hydra_gets", [
     (["-m", "method=fafo_quest,fafo_stream", "method.k=4", "bench.max_new_tokens=8"],
      ["-m", "method=fafo_quest,fafo_stream", "method.k=choice(4)", "bench.max_new_tokens=8"]),
@@ -55,6 +65,7 @@ def test_a_setting_a_swept_method_lacks_is_one_line_naming_that_job(tmp_path):
     (["-m", "method=fafo_stream", "method.k=4"], None),  # the base config has it
     (["method=fafo_quest", "method.k=4"], None),  # not a sweep
     (["-m", "method=fafo_quest,fafo_stream", "++method.k=4"], None),  # a forced add reaches the base config
+    (["method=fafo_quest", "-m", "method.k=4,5"], ["-m", "method=fafo_quest", "method.k=4,5"]),  # -m moved first
 ])
 def test_only_a_setting_the_base_config_lacks_is_rewritten(argv, hydra_gets):
     assert check_command_line(argv) == (hydra_gets or argv)

@@ -63,10 +63,18 @@ def overrides_of(argv: list[str]) -> list[str] | None:
     return out
 
 
+def multirun_flag_first(argv: list[str]) -> list[str]:
+    """``fafo-bench model=x -m a=1,2``: Hydra's argument parser takes the overrides as one run of words, so a ``-m``
+    after one leaves the rest as "unrecognized arguments"; moved to the front it is the sweep that was typed."""
+    flags = [a for a in argv if a in ("-m", "--multirun")]
+    return flags + [a for a in argv if a not in flags] if flags and argv[0] not in flags else argv
+
+
 def check_command_line(argv: list[str], conf: Path = CONF, multirun: bool | None = None) -> list[str]:
     """Raise ConfigError for the first misspelt group option or setting of ``argv`` (``sys.argv[1:]``); return the
     command line Hydra should get (``argv``, with the rewrites of :func:`sweep_ready` in a sweep: ``multirun``,
-    by default whether ``argv`` has ``-m`` or ``hydra.mode=MULTIRUN``)."""
+    by default whether ``argv`` has ``-m`` or ``hydra.mode=MULTIRUN``, moved first by :func:`multirun_flag_first`)."""
+    argv = multirun_flag_first(argv)
     args = overrides_of(argv)
     if not args or any(a in CONFIG_DIRS for a in argv) or any(a.startswith("hydra.searchpath") for a in args):
         return argv  # configs beyond conf/ (a user's own methods): left to Hydra
