@@ -37,6 +37,10 @@ def main(argv=None) -> int:
     ap.add_argument("--override", nargs="*", default=[], help="Hydra overrides, e.g. method.n=4 sampling.top_k=2")
     ap.add_argument("--out", default="results/check_distribution.csv")
     args = ap.parse_args(argv)
+    for group, name in (("method", args.method), ("model", args.model)):
+        if not (ROOT / "conf" / group / f"{name}.yaml").is_file():
+            known = ", ".join(sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml")))
+            raise SystemExit(f"error: --{group} {name} is not a conf/{group} config; one of: {known}")
 
     import torch
     from hydra import compose, initialize_config_dir

@@ -59,7 +59,8 @@ def runs_frame(runs: list[Run], by: str | None = None) -> pd.DataFrame:
                         "n_params": s.get("n_params", ""), "config": run.config, "run": run})
     columns = ["model", "method", "task", "value", *CELL_KEYS, "complete", "weight", "run_dir", "checkpoint",
                "n_params", "config", "run"]
-    return pd.DataFrame.from_records(records, columns=columns)
+    # float columns even where every run lacks a number (a sampled run's exact-match rate): NaN, not None
+    return pd.DataFrame.from_records(records, columns=columns).astype({k: float for k in CELL_KEYS})
 
 
 def align_cells(cells: pd.DataFrame, by: str | None) -> tuple[pd.DataFrame, list[str]]:
@@ -171,7 +172,8 @@ def to_markdown(table: GenericTable) -> str:
              "classified in fp32 as tie / div); Peak MB: max over the row's runs, Vanilla MB: vanilla's own peak, "
              "Overhead MB: method - vanilla; tok/s: the row's new tokens / total time; verify ms: time per "
              "verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",
-             *report.definitions([r.summary for r in table.cells["run"]], ("tau", "tau_all")), *table.notes]
+             *report.definitions([r.summary for r in table.cells["run"]], ("tau", "tau_all")),
+             *tables.sampled_note(table.cells["run"]), *table.notes]
     entries = [([r.model, r.method, table.col_names[(r.task, r.value)]], r.run)
                for r in table.cells.itertuples(index=False)]
     split = report.category_markdown(entries, ["Model", "Method", "Column"], f"{table.title}: per category", rf.DASH)

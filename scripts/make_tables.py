@@ -159,6 +159,7 @@ def footnotes(table: Table) -> list[str]:
     nc = sorted({f"{c.ours.summary.get('method')}: {why}" for c in table.cells.values()
                  if c.ours is not None and c.paper is not None and (why := not_comparable(c.ours.summary))})
     notes += [f"n/c = not comparable: {why}" for why in nc]
+    notes += tables.sampled_note(c.ours for c in table.cells.values() if c.ours is not None)
     notes += table.coverage
     partial = sorted(c.ours.rel for c in table.cells.values() if c.ours is not None and not c.ours.complete)
     if partial:
@@ -279,6 +280,9 @@ def main(argv=None) -> int:
                                                 "(e.g. method.compress.local); see scripts/generic_table.py")
     ap.add_argument("--name", help="file name of a --by / non-paper table (default runs, runs_by_<KEY>)")
     args = ap.parse_args(argv)
+    if not Path(args.paper).is_dir():  # else every published column would be silently empty
+        raise SystemExit(f"error: --paper {args.paper} is not a directory; give the folder of published numbers "
+                         f"(default {PAPER_DIR})")
     if args.by or (not args.table and not paper_runs(collect(args.roots).runs)):
         import generic_table as writer  # runs from no paper preset (or --by): one row per (model, method)
 

@@ -37,8 +37,9 @@ def split(total: int, parts: int, rng) -> list[int]:
     return [int(b - a) for a, b in zip([0, *cuts], [*cuts, total])]
 
 
-def make_rows(model, method, task, seed, fail=(), turns=1, repeats=1, old=False):
-    """(rows, outputs) of one run over :data:`SAMPLES`; samples in ``fail`` get a failed row (status = OOM)."""
+def make_rows(model, method, task, seed, fail=(), turns=1, repeats=1, old=False, sampled=False):
+    """(rows, outputs) of one run over :data:`SAMPLES`; samples in ``fail`` get a failed row (status = OOM);
+    ``sampled`` rows (T > 0) have no exact-match columns, as the runner writes them."""
     rng = np.random.default_rng(seed)
     rows, outputs = [], []
     for sid, cat in SAMPLES:
@@ -62,6 +63,8 @@ def make_rows(model, method, task, seed, fail=(), turns=1, repeats=1, old=False)
                        "speedup": ref_total / total, "exact_match": "True", "first_mismatch": -1,
                        "ref_source": "interleaved", "seed": 0, "compiles": 0, "threads": 2, "load": 0.1,
                        "status": "ok"}
+                if sampled:
+                    row |= {"exact_match": "", "first_mismatch": ""}
                 if not old:
                     row |= {"prefill_forwards": 1, "draft_forwards": 0, "aux_forwards": 0,
                             "target_forwards": verify + 1, "target_tokens": 20 + n, "draft_model_forwards": 0,

@@ -125,6 +125,13 @@ def test_sampled_run_compares_throughputs_of_different_lengths(checkpoint, tmp_p
     summed_times = sum(float(r["ref_total_s"]) for r in rows) / sum(float(r["total_s"]) for r in rows)
     assert summary["speedup_e2e"] != pytest.approx(summed_times, rel=1e-6)  # the old, length-blind ratio
     assert all(r["exact_match"] == "" and r["mismatch_kind"] == "" for r in rows)  # sampling: no exactness
+    # ... so none is claimed: no mismatch counts of 0, and the printed summary says why the rate is absent
+    assert summary["exact_match_rate"] is None
+    assert all(summary[f"n_mismatch_{kind}"] is None for kind in ("tie", "divergence", "unchecked"))
+    printed = {line.split()[0]: line.split(None, 1)[1] for line in proc.stdout.splitlines() if line.strip()
+               and line.startswith(("exact_match_rate", "n_mismatch"))}
+    assert printed == {"exact_match_rate": "n/a (sampled at T=0.8: lossless in distribution, not token by token; "
+                                           "scripts/check_distribution.py tests it)"}
 
 
 # ------------------------------------------------------------------ the forward ledger, method by method

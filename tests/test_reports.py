@@ -164,6 +164,18 @@ def test_main_job_table_shows_vanilla_as_the_a_a_noise_floor(tmp_path):
     assert pd.read_csv(tmp_path / "compare.csv")["n_failed"].tolist() == [0, 1]
 
 
+def test_comparison_caption_names_the_sampling_it_ran_with():
+    cfg, base = OmegaConf.create({"bench": {}, "compare": {}}), {"model": "m", "dtype": "float32", "task": "t",
+                                                                   "n_samples": 3}
+    greedy = compare_table.caption(cfg, {"vanilla": base | {"sampling": {"temperature": 0.0, "top_p": 0.9}}})
+    assert "new tokens per turn, greedy;" in greedy
+    sampled = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.05}
+    text = compare_table.caption(cfg, {"vanilla": base | {"sampling": sampled}})
+    assert "greedy" not in text
+    assert "sampled (T 0.7, top-p 0.8, top-k 20, repetition penalty 1.05; exact match -: lossless in " \
+           "distribution, not token by token)" in text
+
+
 @pytest.mark.slow
 def test_make_tables_cli_on_a_sweep_with_a_failed_sample(tmp_path):
     write_run(tmp_path, "m/builtin/fafo/default", "m", "fafo", seed=11)
@@ -178,6 +190,30 @@ def test_make_tables_cli_on_a_sweep_with_a_failed_sample(tmp_path):
     long = pd.read_csv(tmp_path / "tables" / "runs.csv")
     assert long["common_samples"].tolist() == [3, 3] and long["n_failed"].tolist() == [0, 1]
     assert (tmp_path / "tables" / "runs.tex").read_text().count("$^\\dagger$") == 2
+
+
+@pytest.mark.slow
+def test_make_tables_cli_on_sampled_runs_says_why_exact_is_empty(tmp_path):
+    for root, config, model, task in ((tmp_path / "any", None, "m", "builtin"),
+                                      (tmp_path / "table4", {"paper": {"table": "table4"}}, "llama2-7b-chat",
+                                       "mt_bench")):
+        for method, seed in (("fafo-stream", 15), ("lookahead", 16)):
+            d, _ = write_run(root, f"{method}/sampled", model, method, task, seed=seed, sampled=True, config=config)
+            s = json.loads((d / "summary.json").read_text())
+            (d / "summary.json").write_text(json.dumps({**s, "sampling": {"temperature": 0.7, "top_p": 0.8}}))
+    script = [sys.executable, str(REPO / "scripts" / "make_tables.py")]
+    for root in ("any", "table4"):  # a generic table (every exact-match rate None: was a TypeError) and a paper one
+        proc = subprocess.run(script + [str(tmp_path / root)], capture_output=True, text=True, cwd=tmp_path, env=ENV,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        head, *lines = md_rows(proc.stdout.split("per category")[0])
+        assert {dict(zip(head, line))["Exact"] for line in lines} == {"—"}
+        assert "Exact — for sampled runs (T > 0: fafo-stream, lookahead): lossless in distribution" in proc.stdout
+    assert pd.read_csv(tmp_path / "any" / "tables" / "runs.csv")["exact_match_rate"].isna().all()
+    proc = subprocess.run(script + [str(tmp_path), "--table", "table2", "--paper", str(tmp_path / "nowhere")],
+                          capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: --paper {tmp_path / 'nowhere'} is not a directory")
 
 
 def test_plots_draw_95_intervals_and_coverage(tmp_path, capsys):

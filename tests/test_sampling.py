@@ -8,6 +8,11 @@ output is the prompt (so prompt n-grams are accepted: tau > 1), temperature 0.1 
 top token near 0.6); a deliberately biased verifier (accept any candidate in the target's top 2) must FAIL.
 """
 
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -162,3 +167,22 @@ def test_runner_resolves_model_default(checkpoint, tmp_path):
         rows = list(csv.DictReader(f))
     assert rows and all(r["exact_match"] == "" and r["seed"] != "" and float(r["tau"]) >= 1 for r in rows)
     assert summary["speedup"] > 0
+
+
+@pytest.mark.slow
+def test_check_distribution_script_through_its_command_line(tmp_path):
+    """The documented check (docs/metrics.md, "Sampling") runs from its command line, and a misspelt method is one
+    error line before any model loads."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "check_distribution.py"
+    out = tmp_path / "law.csv"
+    proc = subprocess.run([sys.executable, str(script), "--method", "prompt_lookup", "--samples", "60", "--tokens", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["method"], r["test"]) for r in rows] == [
+        (m, t) for m in ("vanilla", "prompt_lookup") for t in ("joint[0:2]", "token[0]", "token[1]")]
+    assert all(r["samples"] == "60" and 0 <= float(r["pvalue"]) <= 1 for r in rows)
+    proc = subprocess.run([sys.executable, str(script), "--method", "fafo_strem"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 1 and proc.stderr.strip().startswith(
+        "error: --method fafo_strem is not a conf/method config; one of: fafo_2forward,")

@@ -121,6 +121,16 @@ KEYS = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples
         "compile_s", "timing_note", "projection_note", "run_dir"]
 
 
+def sampled_exactness_note(summary: dict) -> str | None:
+    """Why a sampled run has no exact-match rate: at T > 0 a lossless method matches vanilla's distribution, not its
+    tokens (each draws from its own generator), so the rows are not compared token by token."""
+    temperature = (summary.get("sampling") or {}).get("temperature") or 0
+    if not summary.get("n_turns") or temperature <= 0:
+        return None
+    return f"n/a (sampled at T={temperature:g}: lossless in distribution, not token by token; " \
+           "scripts/check_distribution.py tests it)"
+
+
 def print_summary(summary: dict, random_model: bool) -> None:
     """The end-of-run block: which checkpoint was loaded (path or hub id, parameter count, dtype), then the
     metrics, each tau and speedup with its interval named by what it is (:func:`interval_label`)."""
@@ -128,6 +138,8 @@ def print_summary(summary: dict, random_model: bool) -> None:
     lines = ["", "== fafo-bench summary =="]
     for k in KEYS:
         v = summary.get(k)
+        if k == "exact_match_rate" and v is None:
+            v = sampled_exactness_note(summary)
         if v is None:
             continue
         if k == "n_params":

@@ -68,7 +68,7 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
     loads = [x.get(k) for x in summaries.values() for k in ("load_start", "load_end") if x.get(k) is not None]
     load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     text = (f"{s['model']} ({params}{s['dtype']}), task {s['task']}, {s['n_samples']} samples, "
-            f"{cfg.bench.get('max_new_tokens') or 'task-default'} new tokens per turn, greedy; "
+            f"{cfg.bench.get('max_new_tokens') or 'task-default'} new tokens per turn, {decoding(s)}; "
             f"{s.get('device_name', s.get('device'))}, {s.get('threads', '?')} threads{load}; vanilla timed beside "
             f"each method; the {AA_LABEL} row is vanilla against its own interleaved run, and each method's A/A "
             "column is vanilla against a second vanilla timed right after that method: not results, the noise "
@@ -79,6 +79,19 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
     note = cfg.compare.get("note")
     eager = [f"{name}: {s['timing_note']}." for name, s in summaries.items() if s.get("timing_note")]
     return " ".join([text, *notes, *eager] + ([note] if note else []))
+
+
+def decoding(summary: dict) -> str:
+    """How the tokens were chosen: greedy, or the sampling settings that differ from plain sampling, with why the
+    exact-match column is empty then."""
+    sampling = summary.get("sampling") or {}
+    if not sampling.get("temperature"):
+        return "greedy"
+    shown = [f"T {sampling['temperature']:g}"] + [
+        f"{label} {sampling[key]:g}" for key, label, plain in (
+            ("top_p", "top-p", 1.0), ("top_k", "top-k", 0), ("min_p", "min-p", 0.0),
+            ("repetition_penalty", "repetition penalty", 1.0)) if sampling.get(key, plain) != plain]
+    return f"sampled ({', '.join(shown)}; exact match -: lossless in distribution, not token by token)"
 
 
 def projected_note(summaries) -> str:

@@ -135,6 +135,14 @@ def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
     return f"{s:.2f}×" if t is None else f"{s:.2f}× ({t:.2f})" if s is not None else f"{dash} ({t:.2f})"
 
 
+def sampled_note(runs) -> list[str]:
+    """Why a sampled row's Exact is a dash: at T > 0 a lossless method matches vanilla in distribution only."""
+    sampled = sorted({str(run.summary.get("method", run.rel)) for run in runs
+                      if num((run.summary.get("sampling") or {}).get("temperature")) or 0})
+    return [f"Exact {DASH} for sampled runs (T > 0: {', '.join(sampled)}): lossless in distribution, not token "
+            "by token (scripts/check_distribution.py tests it)."] if sampled else []
+
+
 def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
     """A run's cell: ``speedup× [lo–hi] (tau)`` (``(tau/tau_all)`` with ``tau_all``), ``*`` for a partial run,
     ``†`` when its numbers are computed on the samples common to its column
