@@ -63,6 +63,12 @@ def test_a_batched_run_matches_batch_one_per_request_and_accounts_for_the_batch_
     active = sum(len(s["rows"]) for p in method for s in p["steps"])
     assert saved["tau_step"] == pytest.approx(tokens / active) and saved["n_steps"] == sum(len(p["steps"])
                                                                                            for p in method)
+    per_sample = {}  # the interval is over the 6 samples (a request's steps together), not over the steps
+    for s in (s for p in method for s in p["steps"]):
+        for sid, n in zip(s["rows"], s["new_tokens"]):
+            per_sample.setdefault(sid, []).append(n)
+    taus = [sum(v) / len(v) for v in per_sample.values()]
+    assert len(taus) == 6 and saved["tau_step_range"] == pytest.approx([min(taus), max(taus)])
     assert saved["n_requests"] == 8 and saved["latency_p50"] <= saved["latency_p90"] <= saved["latency_p99"]
     assert saved["latency_p50_range"][0] <= saved["latency_p50"] <= saved["latency_p50_range"][1]  # 8 < 10 requests
     assert saved["batch_tokens_per_s"] == pytest.approx(sum(p["tokens"] for p in method)

@@ -10,7 +10,8 @@ and batching mode, with intervals by sample. Added here:
   (``_ci95`` from :data:`~fafo.bench.metrics.MIN_BOOTSTRAP` requests, else ``_range``), and vanilla's beside them
   (``ref_latency_p50`` ...);
 * ``tau_step``: tokens committed per active request per batched step (every step of the method's passes), with its
-  interval over steps; ``rows_per_step`` (active requests per step) and ``tokens_per_batch_step`` (the batch's
+  interval over samples like every other (the steps of one request are not independent draws: a request's steps are
+  resampled together, its turns and repeats kept with it); ``rows_per_step`` (active requests per step) and ``tokens_per_batch_step`` (the batch's
   tokens per step); ``n_requests`` and ``n_steps`` say what they are over.
 """
 
@@ -70,14 +71,20 @@ def batch_summary(rows: list[dict], steps: list[dict], n_boot: int = 1000) -> di
     method_steps = [s for p in steps if p.get("decoder") == "method" for s in p["steps"]]
     out["n_steps"] = len(method_steps)
     if method_steps:
-        arrays = {"tokens": np.array([sum(s["new_tokens"]) for s in method_steps], dtype=float),
-                  "rows": np.array([len(s["rows"]) for s in method_steps], dtype=float)}
+        by_sample = {}  # sample_id: [tokens committed in batched steps, steps it was active in]
+        for step in method_steps:
+            for sid, n in zip(step["rows"], step["new_tokens"]):
+                by_sample.setdefault(sid, [0, 0])
+                by_sample[sid][0] += n
+                by_sample[sid][1] += 1
+        arrays = {"tokens": np.array([t for t, _ in by_sample.values()], dtype=float),
+                  "rows": np.array([r for _, r in by_sample.values()], dtype=float)}
         stat = lambda a: a["tokens"].sum(-1) / a["rows"].sum(-1)  # noqa: E731
         out["tau_step"] = float(stat(arrays))
         if n_boot:
             out |= interval("tau_step", stat, arrays, n_boot)
-        out["rows_per_step"] = float(arrays["rows"].mean())
-        out["tokens_per_batch_step"] = float(arrays["tokens"].mean())
+        out["rows_per_step"] = sum(len(s["rows"]) for s in method_steps) / len(method_steps)
+        out["tokens_per_batch_step"] = sum(sum(s["new_tokens"]) for s in method_steps) / len(method_steps)
     return out
 
 

@@ -173,7 +173,7 @@ LOAD_HEAD = ["method", "batch", "requests", "batch tok/s", "vanilla batch tok/s"
 def load_markdown(table) -> str:
     """Under load (``bench.batch_size`` > 1): per method its batch throughput beside vanilla's at the same batch
     size and mode, request latency and time per output token percentiles (p50 with its interval over requests),
-    tau per batched step (interval over steps) and active rows per step; "" for batch-1 runs."""
+    tau per batched step (interval over samples) and active rows per step; "" for batch-1 runs."""
     rows = [r for r in table.to_dict("records") if (num(r.get("batch_size")) or 1) > 1 and r["role"] == "method"]
     if not rows:
         return ""
@@ -184,7 +184,9 @@ def load_markdown(table) -> str:
               _cell(r, "tpot_ms_p50", ".2f", interval=True), _cell(r, "tpot_ms_p99", ".2f"),
               _cell(r, "tau_step", ".2f", interval=True), _cell(r, "rows_per_step", ".2f")] for r in rows]
     return "\n\nUnder load (vanilla at the same batch size and batching mode; the speedups above are throughput " \
-        "ratios from each request's share of the batch's time):\n\n" + markdown_table(LOAD_HEAD, lines, labels=1)
+        "ratios from each request's share of the batch's time; intervals of latency and TPOT over requests, of tau " \
+        "per step over samples, each [lo–hi] = 95 % bootstrap from 10 of them, else {lo–hi} = lowest and highest):" \
+        "\n\n" + markdown_table(LOAD_HEAD, lines, labels=1)
 
 
 def interval_of(row: dict, key: str) -> list[float] | None:

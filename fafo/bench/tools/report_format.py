@@ -44,11 +44,9 @@ def fmt_interval(s: dict, key: str, spec: str = ".2f") -> str | None:
 
 def interval_label(s: dict, key: str) -> str | None:
     """The interval of ``key`` spelled out with what it is (the run's printed summary): over samples, or for the
-    metrics under load (:mod:`fafo.bench.batch_metrics`) over requests or batched steps."""
+    metrics under load (:mod:`fafo.bench.batch_metrics`) over requests."""
     n, unit = s.get("n_samples"), "sample"
-    if key == "tau_step":
-        n, unit = s.get("n_steps"), "step"
-    elif key.startswith(("latency_", "tpot_ms_")):
+    if key.startswith(("latency_", "tpot_ms_")):
         n, unit = s.get("n_requests"), "request"
     if fmt_ci(s.get(f"{key}_ci95"), ".3f"):
         lo, hi = s[f"{key}_ci95"]
