@@ -375,7 +375,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g = p.add_argument_group("host (also --new-tokens, --repeats)")
     g.add_argument("--layers", type=int, nargs="+", default=[32, 64],
                    help="depths; each past the smallest is that model with identity layers appended (same steps)")
-    g.add_argument("--methods", nargs="+", default=None, help="method configs (default: all of conf/method)")
+    g.add_argument("--methods", nargs="+", default=None, choices=host_work.method_names(), metavar="METHOD",
+                   help="method configs (default: all of conf/method)")
     args = p.parse_args(argv)
     contexts, repeats, out = DEFAULTS[args.mode]
     args.contexts = args.contexts or (CURVE_CONTEXTS if args.curve else contexts)

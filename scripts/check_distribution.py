@@ -27,8 +27,11 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--method", default="fafo_stream", help="a conf/method name")
-    ap.add_argument("--model", default="tiny_llama", help="a conf/model name")
+    configs = {group: sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml")) for group in ("method", "model")}
+    ap.add_argument("--method", default="fafo_stream", choices=configs["method"], metavar="METHOD",
+                    help="a conf/method name")
+    ap.add_argument("--model", default="tiny_llama", choices=configs["model"], metavar="MODEL",
+                    help="a conf/model name")
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--tokens", type=int, default=3, help="K: the first K tokens are tested")
     ap.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog. The quick brown fox")
@@ -37,10 +40,6 @@ def main(argv=None) -> int:
     ap.add_argument("--override", nargs="*", default=[], help="Hydra overrides, e.g. method.n=4 sampling.top_k=2")
     ap.add_argument("--out", default="results/check_distribution.csv")
     args = ap.parse_args(argv)
-    for group, name in (("method", args.method), ("model", args.model)):
-        if not (ROOT / "conf" / group / f"{name}.yaml").is_file():
-            known = ", ".join(sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml")))
-            raise SystemExit(f"error: --{group} {name} is not a conf/{group} config; one of: {known}")
 
     import torch
     from hydra import compose, initialize_config_dir

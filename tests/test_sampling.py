@@ -184,5 +184,5 @@ def test_check_distribution_script_through_its_command_line(tmp_path):
     assert all(r["samples"] == "60" and 0 <= float(r["pvalue"]) <= 1 for r in rows)
     proc = subprocess.run([sys.executable, str(script), "--method", "fafo_strem"], capture_output=True, text=True,
                           timeout=600)
-    assert proc.returncode == 1 and proc.stderr.strip().startswith(
-        "error: --method fafo_strem is not a conf/method config; one of: fafo_2forward,")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
+        "check_distribution.py: error: argument --method: invalid choice: 'fafo_strem' (choose from 'fafo_2forward',")
