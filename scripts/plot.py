@@ -234,6 +234,9 @@ def main(argv=None) -> int:
                     choices=["offline", "online", "disabled"], help="W&B logging (default $WANDB_MODE or offline)")
     ap.add_argument("--wandb-project", default="fafo-bench")
     args = ap.parse_args(argv)
+    if not Path(args.paper).is_dir():  # else the published markers would be silently missing
+        ap.error(f"--paper {args.paper} is not a directory; give the folder of published numbers (default "
+                 f"{pt.PAPER_DIR})")
     if args.wandb_mode == "online" and not available("wandb"):
         ap.error(f"--wandb-mode online needs the wandb package; {install_hint('wandb')}")
     if args.batch:
@@ -255,6 +258,9 @@ def main(argv=None) -> int:
         table = pt.make_table(args.roots, args.table, args.paper)
         name, axis = table.name, args.axis or (table.axes[0] if table.axes else None)
         fig, data = plot_table(table, axis, args.logx)
+        if not any(entry[metric] for entry in data for metric, _ in METRICS):
+            print(f"note: no run under {', '.join(args.roots)} is a point of {table.name} along {axis}; the figure "
+                  "shows the published points only", file=sys.stderr)
     out = Path(args.out or Path(args.roots[0]) / "plots")
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]

@@ -141,6 +141,24 @@ def test_batch_sweep_through_the_cli_and_its_plot(tmp_path):
     assert text.count("| prompt-lookup |") == 2 and "break-even batch" in text and "{" in text
 
 
+def test_batch_curve_refuses_one_batch_size_and_names_runs_it_does_not_show(tmp_path):
+    from fafo.bench.tools.batch_curve import series, table, write
+    from tests.report_runs import write_run
+
+    write_run(tmp_path, "b1", "m", "lookahead", seed=1, config={"bench": {"batch_size": 1}})
+    with pytest.raises(SystemExit, match=r"one batch size per method \(bench\.batch_size=1\), so there is no curve"):
+        write([tmp_path])
+    for rel, seed, temperature in (("b2/t0", 2, 0.0), ("b2/t7", 3, 0.7)):
+        write_run(tmp_path, rel, "m", "lookahead", seed=seed,
+                  config={"bench": {"batch_size": 2}, "sampling": {"temperature": temperature}})
+    (entry,) = series([tmp_path])
+    assert [p["batch"] for p in entry["points"]] == [1, 2] and entry["hidden"] == 1
+    assert entry["hidden_keys"] == ["sampling.temperature"]
+    assert "1 run(s) not shown: each shares its (method, batch size) with a more complete run, which is; they " \
+           "differ in sampling.temperature" in table([entry])
+    assert write([tmp_path], tmp_path / "plots")[1][0].stat().st_size > 0
+
+
 def test_a_compiled_batched_run_compiles_no_graph_while_timed(tmp_path):
     """Compiled steps at bench.batch_size=4 over 6 samples (some two-turn): timed passes of 4, 2 and 1 active rows
     (as batches shrink and the last samples come) find every graph compiled by the warm-up, which decodes a batch

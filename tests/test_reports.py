@@ -216,6 +216,17 @@ def test_make_tables_cli_on_sampled_runs_says_why_exact_is_empty(tmp_path):
         f"error: --paper {tmp_path / 'nowhere'} is not a directory")
 
 
+def test_plot_says_when_no_run_is_a_point_of_the_table_and_refuses_a_missing_paper_dir(tmp_path, capsys):
+    write_run(tmp_path, "m/builtin/fafo/default", "m", "fafo", seed=17)
+    args = [str(tmp_path), "--table", "table11", "--wandb-mode", "disabled"]
+    assert plot_script.main(args) == 0  # the published curve alone, said so
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"note: no run under {tmp_path} is a point of table11 along k; the figure shows the published points only"
+    with pytest.raises(SystemExit) as stop:
+        plot_script.main(args + ["--paper", str(tmp_path / "nowhere")])
+    assert stop.value.code == 2 and f"--paper {tmp_path / 'nowhere'} is not a directory" in capsys.readouterr().err
+
+
 def test_plots_draw_95_intervals_and_coverage(tmp_path, capsys):
     for local, seed in ((16, 13), (32, 14)):
         d, _ = write_run(tmp_path, f"m/builtin/fafo/l{local}", "m", "fafo", seed=seed,

@@ -26,24 +26,27 @@ def series(roots) -> list[dict]:
     """Per (model, method, task, batching): ``label`` and ``points``, one per batch size (the most complete run),
     each ``{"batch", "speedup", "interval", "tokens_per_s", "ref_tokens_per_s", "n", "kind"}``."""
     runs = [r for r in tables.collect(roots).runs if r.summary]
-    groups: dict[tuple, dict[int, object]] = {}
+    groups: dict[tuple, dict[int, list]] = {}
     for run in sorted(runs, key=lambda r: (not r.complete, -r.weight, r.rel)):
         s = run.summary
         key = (str(s.get("model", "?")), str(s.get("method", "?")), str(s.get("task", "?")),
                str(report.dotted(run.config, "bench.batching") or "static"))
-        groups.setdefault(key, {}).setdefault(batch_of(run), run)
+        groups.setdefault(key, {}).setdefault(batch_of(run), []).append(run)
     several = {i: len({k[i] for k in groups}) > 1 for i in range(4)}
     out = []
     for key, by_batch in sorted(groups.items()):
         label = " / ".join(part for i, part in enumerate(key) if i == 1 or several[i])
         points = []
-        for batch, run in sorted(by_batch.items()):
+        for batch, (run, *others) in sorted(by_batch.items()):
             s = run.summary
             points.append({"batch": batch, "speedup": rf.num(s.get("speedup")),
                            "interval": _interval(s), "tokens_per_s": rf.num(s.get("tokens_per_s")),
                            "ref_tokens_per_s": report.reference_throughput(run), "n": rf.fmt_n(s),
                            "kind": s.get("speedup_kind")})
-        out.append({"label": label, "points": points, "break_even": break_even(points)})
+        hidden = [rs for rs in by_batch.values() if len(rs) > 1]  # one point, several runs: the most complete shown
+        out.append({"label": label, "points": points, "break_even": break_even(points),
+                    "hidden": sum(len(rs) - 1 for rs in hidden),
+                    "hidden_keys": sorted({k for rs in hidden for k in tables.swept_keys(rs)})})
     return out
 
 
@@ -81,6 +84,13 @@ def table(data: list[dict]) -> str:
     notes = [f"speedup = speedup_{'/'.join(kinds) or 'e2e'} against vanilla at the same batch size and batching mode; "
              "tokens/s over each request's share of the batch's time (at batch 1 one request after another)",
              "interval: [lo–hi] 95 % bootstrap over samples (10 or more), {lo–hi} the per-sample range below"]
+    hidden = sum(e["hidden"] for e in data)
+    if hidden:
+        keys = sorted({k for e in data for k in e["hidden_keys"]})
+        differ = f"; they differ in {', '.join(keys[:6])}" if keys else ""
+        notes.append(f"{hidden} run(s) not shown: each shares its (method, batch size) with a more complete run, "
+                     f"which is{differ}; plot them apart (one results directory per setting, or scripts/plot.py "
+                     "--x KEY)")
     return rf.markdown(head, lines, notes, labels=1)
 
 
@@ -139,9 +149,15 @@ def write(roots, out: str | Path | None = None) -> tuple[str, list[Path]]:
     """The table (printed by the caller) and ``batch_sweep.png`` / ``.pdf`` under ``out`` (default
     ``<first root>/plots``)."""
     data = series(roots)
+    where = ", ".join(map(str, roots))
     if not data:
-        raise SystemExit(f"error: no finished run under {', '.join(map(str, roots))}; run "
-                         "python -m fafo.bench -m experiment=batch_sweep first")
+        raise SystemExit(f"error: no finished run under {where}; run python -m fafo.bench -m experiment=batch_sweep "
+                         "first")
+    if all(len(e["points"]) < 2 for e in data):
+        sizes = sorted({p["batch"] for e in data for p in e["points"]})
+        raise SystemExit(f"error: the runs under {where} have one batch size per method (bench.batch_size="
+                         f"{','.join(map(str, sizes))}), so there is no curve to plot against it; sweep it (python -m "
+                         "fafo.bench -m experiment=batch_sweep) or plot against another key with --x KEY")
     out = Path(out or Path(roots[0]) / "plots")
     out.mkdir(parents=True, exist_ok=True)
     fig = figure(data)
