@@ -91,6 +91,18 @@ def differing_keys(configs) -> list[str]:
     return sorted(k for k in keys if len({f.get(k) for f in flats}) > 1 and not k.startswith(skip))
 
 
+def hidden_runs_note(runs: pd.DataFrame, group: list[str], place: str, fix: str) -> list[str]:
+    """Where several runs fill one cell (or point: ``group``'s values alike), the most complete is shown: how many
+    are not, and the config keys they differ in."""
+    dup = runs[runs.duplicated(group, keep=False)]
+    if dup.empty:
+        return []
+    keys = sorted(set().union(*(differing_keys(g["config"]) for _, g in dup.groupby(group))))
+    hint = f"; they differ in {', '.join(keys[:6])} ({fix})" if keys else ""
+    return [f"{len(dup) - dup.groupby(group).ngroups} run(s) not shown: each shares its {place} with a more complete "
+            f"run{hint}."]
+
+
 @dataclass
 class GenericTable:
     name: str
@@ -119,12 +131,7 @@ def build(collected: Collected, by: str | None = None, name: str | None = None,
     runs = runs.sort_values(["complete", "weight", "run_dir"], ascending=False)
     group = ["model", "method", "task", "value"]
     cells, notes = align_cells(runs.drop_duplicates(group).sort_values(["model", "method"]), by)
-    dup = runs[runs.duplicated(group, keep=False)]
-    if not dup.empty:
-        keys = sorted(set().union(*(differing_keys(g["config"]) for _, g in dup.groupby(group))))
-        hint = f"; they differ in {', '.join(keys[:6])} (separate them with --by KEY)" if keys else ""
-        notes.append(f"{len(dup) - dup.groupby(group).ngroups} cell(s) had more than one run; the most complete one "
-                     f"is shown{hint}.")
+    notes += hidden_runs_note(runs, group, "cell", "separate them with --by KEY")
     rows = pd.DataFrame([{"model": model, "method": method, **tables.aggregate(list(g["run"]))}
                          for (model, method), g in cells.groupby(["model", "method"], sort=True)])
     cols = sorted({(t, v) for t, v in zip(cells["task"], cells["value"])}, key=lambda c: _col_key(*c))

@@ -155,7 +155,10 @@ def sweep_series(roots, key: str) -> list[dict]:
         raise SystemExit(f"error: no run under {', '.join(map(str, roots))} has the config key {key}; "
                          f"pass --x with a key the runs were swept over ({swept_hint(roots)})")
     runs = runs.sort_values(["complete", "weight", "run_dir"], ascending=False)
-    runs, notes = generic_table.align_cells(runs.drop_duplicates(["model", "method", "task", "value"]), key)
+    group = ["model", "method", "task", "value"]
+    hidden = generic_table.hidden_runs_note(runs, group, "point", "plot them apart: one results directory each")
+    runs, notes = generic_table.align_cells(runs.drop_duplicates(group), key)
+    notes += hidden
     numeric = all(rf.num(v) is not None for v in runs["value"])
     categories = sorted(set(runs["value"]), key=lambda v: (rf.num(v) is None, rf.num(v) or 0, v))
     runs = runs.assign(x=[rf.num(v) if numeric else categories.index(v) for v in runs["value"]])
@@ -197,7 +200,8 @@ def sweep_table(data: list[dict], key: str) -> str:
              for entry in data for value, s in ((v, run.summary) for v, run in entry["runs"])]
     head = ["series", key, "tau", "break-even tau", "speedup", "interval", "speedup kind", "tau_all", "n (failed)"]
     summaries = [run.summary for entry in data for _, run in entry["runs"]]
-    return rf.markdown(head, lines, report.definitions(summaries, ("tau", "tau_all")), labels=1)
+    notes = report.definitions(summaries, ("tau", "tau_all")) + (data[0]["coverage"] if data else [])
+    return rf.markdown(head, lines, notes, labels=1)
 
 
 def log_wandb(fig_path: Path, name: str, data: list[dict], axis: str, mode: str, project: str) -> None:

@@ -248,6 +248,14 @@ def test_plots_draw_95_intervals_and_coverage(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| {" + f"{cis[0][0]:.2f}–{cis[0][1]:.2f}" + "} | e2e |" in text and "| 4 (0) |" in text
     assert (tmp_path / "eq" / "runs_by_tokens_per_forward.png").stat().st_size
+    # a third run at local=16 that differs in another key: one point shows one run, the table says which is hidden
+    write_run(tmp_path, "m/builtin/fafo/l16_short", "m", "fafo", seed=18, fail={"s0"},
+              config={"method": {"compress": {"local": 16}}, "bench": {"bootstrap": 200, "max_new_tokens": 8}})
+    _, (entry,) = plot_script.plot_sweep([tmp_path], "method.compress.local")
+    assert [value for value, _ in entry["runs"]] == ["16", "32"]
+    assert entry["runs"][0][1].rel == "m/builtin/fafo/l16"  # the more complete run
+    assert "1 run(s) not shown: each shares its point with a more complete run; they differ in " \
+           "bench.max_new_tokens" in plot_script.sweep_table([entry], "method.compress.local")
 
 
 def test_runs_with_no_common_sample_are_marked_not_comparable(tmp_path):
