@@ -167,10 +167,9 @@ def footnotes(table: Table) -> list[str]:
     dup = sum(c.duplicates for c in table.cells.values())
     if dup:
         keys = sorted({k for c in table.cells.values() if c.duplicates for k in tables.swept_keys(c.runs)})
-        why = (f", differing in {', '.join(keys)} (--by {keys[0]} makes its values columns)" if keys else
-               ", which no config key tells apart")
-        notes.append(f"{dup} cell(s) had more than one run{why}; the most complete one is shown (see the CSV "
-                     "run_dir).")
+        why = (f"; they differ in {', '.join(keys)} (--by {keys[0]} makes its values columns)" if keys else
+               ", which no config key tells apart (see the CSV run_dir)")
+        notes.append(f"{dup} run(s) not shown: each shares its cell with a more complete run{why}.")
     for rel, msg in table.failed:
         notes.append(f"failed: {rel}: {msg}")
     return notes
