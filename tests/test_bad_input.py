@@ -43,6 +43,7 @@ CASES = [
     pytest.param("bench.compile=true bench.compile_mode=reduce-overhead", "bench.compile_mode",
                  marks=pytest.mark.skipif(CUDA, reason="valid on CUDA")),
     ("bench.compile=true bench.compile_attention=xformers", "bench.compile_attention"),
+    ("bench.compile=true bench.compile_backend=aot_eagr", "bench.compile_backend"),  # was torch's InvalidBackend
     ("bench.max_spread=0.5", "bench.max_spread"),
     ("bench.bootstrap=-1", "bench.bootstrap"),
     ("bench.busy_load=abc", "bench.busy_load"),

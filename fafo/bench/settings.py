@@ -4,6 +4,7 @@ conf/bench/default.yaml lists the same settings with what each one means."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +115,14 @@ def resolve_compile(bench: Bench, device: torch.device) -> CompileOptions | None
     mode = bench.compile_mode if bench.compile_mode != "auto" else \
         "reduce-overhead" if device.type == "cuda" else "default"
     options = CompileOptions(mode=mode, backend=bench.compile_backend, attention=bench.compile_attention)
+    import torch._dynamo  # the backends torch.compile knows by name, debug ones included (registry.py)
+
+    backends = torch._dynamo.list_backends(exclude_tags=())
+    if options.backend not in backends:
+        close = difflib.get_close_matches(options.backend, backends, n=1, cutoff=0.6)
+        raise ConfigError(f"bench.compile_backend={options.backend!r} is not a torch.compile backend"
+                          f"{f' (did you mean {close[0]}?)' if close else ''}; use inductor (the default), aot_eager "
+                          "or eager (torch._dynamo.list_backends() lists the others)")
     if options.cudagraphs and device.type != "cuda":
         raise ConfigError(f"bench.compile_mode={mode} replays CUDA graphs and needs a CUDA device; use "
                           f"bench.compile_mode={options.mode_without_cudagraphs} on CPU")
