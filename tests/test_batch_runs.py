@@ -154,8 +154,8 @@ def test_batch_curve_refuses_one_batch_size_and_names_runs_it_does_not_show(tmp_
     (entry,) = series([tmp_path])
     assert [p["batch"] for p in entry["points"]] == [1, 2] and entry["hidden"] == 1
     assert entry["hidden_keys"] == ["sampling.temperature"]
-    assert "1 run(s) not shown: each shares its (method, batch size) with a more complete run, which is; they " \
-           "differ in sampling.temperature" in table([entry])
+    assert "1 run(s) not shown: each shares its (method, batch size) with a more complete run, shown instead; " \
+           "they differ in sampling.temperature" in table([entry])
     assert write([tmp_path], tmp_path / "plots")[1][0].stat().st_size > 0
 
 

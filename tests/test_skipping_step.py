@@ -30,6 +30,14 @@ def steps(eng: Engine, skip) -> list[torch.Tensor]:
     return [one, six, cache.kv[:, :, :, :, : P + 1].clone()]
 
 
+def same_greedy_choice(got: torch.Tensor, want: torch.Tensor, tie: float = 1e-4) -> bool:
+    """Each position's argmax equal, or a tie: where they differ, the eager logits of the two tokens are within
+    ``tie`` (random tiny weights can put two logits 5e-7 apart, which another summation order may swap)."""
+    g, w = got.argmax(-1), want.argmax(-1)
+    gap = want.gather(-1, w[..., None]) - want.gather(-1, g[..., None])
+    return bool((gap[..., 0][g != w] <= tie).all())
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("name", ["llama_mha", "llama_gqa", "qwen2_gqa"])
 def test_compiled_skipping_forwards_equal_eager_ones(name, attention, ckpt_root, fresh_dynamo):
@@ -40,8 +48,7 @@ def test_compiled_skipping_forwards_equal_eager_ones(name, attention, ckpt_root,
         want, got = steps(eager, skip), steps(compiled, skip)
         for w, g in zip(want, got):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)  # flex sums in another order
-        assert torch.equal(got[0].argmax(-1), want[0].argmax(-1)) and torch.equal(got[1].argmax(-1),
-                                                                                   want[1].argmax(-1))
+        assert same_greedy_choice(got[0], want[0]) and same_greedy_choice(got[1], want[1])
     # the control: another set gives other logits (the comparison above would see a wrong set)
     assert not torch.allclose(steps(eager, SETS[0])[1], steps(eager, SETS[1])[1], atol=1e-3)
 

@@ -10,9 +10,9 @@ and batching mode, with intervals by sample. Added here:
   (``_ci95`` from :data:`~fafo.bench.metrics.MIN_BOOTSTRAP` requests, else ``_range``), and vanilla's beside them
   (``ref_latency_p50`` ...);
 * ``tau_step``: tokens committed per active request per batched step (every step of the method's passes), with its
-  interval over samples like every other (the steps of one request are not independent draws: a request's steps are
-  resampled together, its turns and repeats kept with it); ``rows_per_step`` (active requests per step) and ``tokens_per_batch_step`` (the batch's
-  tokens per step); ``n_requests`` and ``n_steps`` say what they are over.
+  interval over samples like every other (the steps of one request are not independent draws: a sample's steps are
+  resampled together, its turns and repeats with it); ``rows_per_step`` (active requests per step) and
+  ``tokens_per_batch_step`` (the batch's tokens per step); ``n_requests`` and ``n_steps`` say what they are over.
 """
 
 from __future__ import annotations

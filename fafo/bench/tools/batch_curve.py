@@ -89,7 +89,7 @@ def table(data: list[dict]) -> str:
         keys = sorted({k for e in data for k in e["hidden_keys"]})
         differ = f"; they differ in {', '.join(keys[:6])}" if keys else ""
         notes.append(f"{hidden} run(s) not shown: each shares its (method, batch size) with a more complete run, "
-                     f"which is{differ}; plot them apart (one results directory per setting, or scripts/plot.py "
+                     f"shown instead{differ}; plot them apart (one results directory per setting, or scripts/plot.py "
                      "--x KEY)")
     return rf.markdown(head, lines, notes, labels=1)
 
