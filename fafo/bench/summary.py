@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from fafo.bench.batch_metrics import batch_summary, read_steps
 from fafo.bench.metrics import flag_counts, histogram, summarize
-from fafo.bench.tools.report_format import interval_label, num
+from fafo.bench.tools.report_format import SAMPLED_EXACTNESS, interval_label, num, sampled_temperature
 from fafo.bench.timing import load_average
 
 RANDOM_MODEL_NOTE = "NOTE: a random tiny model - its speed numbers are a smoke test only, not a benchmark."
@@ -124,11 +124,10 @@ KEYS = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples
 def sampled_exactness_note(summary: dict) -> str | None:
     """Why a sampled run has no exact-match rate: at T > 0 a lossless method matches vanilla's distribution, not its
     tokens (each draws from its own generator), so the rows are not compared token by token."""
-    temperature = (summary.get("sampling") or {}).get("temperature") or 0
-    if not summary.get("n_turns") or temperature <= 0:
+    temperature = sampled_temperature(summary)
+    if not summary.get("n_turns") or temperature is None:
         return None
-    return f"n/a (sampled at T={temperature:g}: lossless in distribution, not token by token; " \
-           "scripts/check_distribution.py tests it)"
+    return f"n/a (sampled at T={temperature:g}: {SAMPLED_EXACTNESS}; scripts/check_distribution.py tests it)"
 
 
 def print_summary(summary: dict, random_model: bool) -> None:

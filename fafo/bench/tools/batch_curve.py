@@ -37,7 +37,8 @@ def series(roots) -> list[dict]:
     for key, by_batch in sorted(groups.items()):
         label = " / ".join(part for i, part in enumerate(key) if i == 1 or several[i])
         points = []
-        for batch, (run, *others) in sorted(by_batch.items()):
+        for batch, runs_here in sorted(by_batch.items()):
+            run = runs_here[0]  # the most complete (sorted above)
             s = run.summary
             points.append({"batch": batch, "speedup": rf.num(s.get("speedup")),
                            "interval": _interval(s), "tokens_per_s": rf.num(s.get("tokens_per_s")),

@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 from fafo.bench.compare import REFERENCE
 from fafo.bench.tools.report import (Run, align, category_markdown, definitions, reference_check, reference_note,
                                reference_throughput)
-from fafo.bench.tools.report_format import fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n, num
+from fafo.bench.tools.report_format import (SAMPLED_EXACTNESS, fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n, num,
+                                            sampled_temperature)
 from fafo.bench.tools.report_format import markdown as markdown_table
 
 INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager", "latency_p50",
@@ -84,14 +85,14 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
 def decoding(summary: dict) -> str:
     """How the tokens were chosen: greedy, or the sampling settings that differ from plain sampling, with why the
     exact-match column is empty then."""
-    sampling = summary.get("sampling") or {}
-    if not sampling.get("temperature"):
+    temperature, sampling = sampled_temperature(summary), summary.get("sampling") or {}
+    if temperature is None:
         return "greedy"
-    shown = [f"T {sampling['temperature']:g}"] + [
+    shown = [f"T {temperature:g}"] + [
         f"{label} {sampling[key]:g}" for key, label, plain in (
             ("top_p", "top-p", 1.0), ("top_k", "top-k", 0), ("min_p", "min-p", 0.0),
             ("repetition_penalty", "repetition penalty", 1.0)) if sampling.get(key, plain) != plain]
-    return f"sampled ({', '.join(shown)}; exact match -: lossless in distribution, not token by token)"
+    return f"sampled ({', '.join(shown)}; exact match -: {SAMPLED_EXACTNESS})"
 
 
 def projected_note(summaries) -> str:

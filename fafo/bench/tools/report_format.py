@@ -18,6 +18,15 @@ def num(v) -> float | None:
     return None if math.isnan(x) else x
 
 
+SAMPLED_EXACTNESS = "lossless in distribution, not token by token"  # why a sampled run has no exact-match rate
+
+
+def sampled_temperature(summary: dict) -> float | None:
+    """A run's sampling temperature when it sampled (T > 0: its rows are not compared token by token), else None."""
+    t = num((summary.get("sampling") or {}).get("temperature"))
+    return t if t and t > 0 else None
+
+
 def fmt(v, spec: str, dash: str = DASH) -> str:
     x = num(v)
     return dash if x is None else format(x, spec)

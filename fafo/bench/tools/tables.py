@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fafo.bench.metrics import histogram
 from fafo.bench.tools.report import Run, load_yaml, speedup_kind, summarize_rows
-from fafo.bench.tools.report_format import DASH, fmt_ci, fmt_interval, num
+from fafo.bench.tools.report_format import DASH, SAMPLED_EXACTNESS, fmt_ci, fmt_interval, num, sampled_temperature
 
 SKIP_DIRS = {"_reference", ".submitit", "wandb", ".hydra", "tables", "plots"}
 
@@ -137,10 +137,9 @@ def fmt_pair(speedup, tau, ci=None, dash: str = DASH) -> str:
 
 def sampled_note(runs) -> list[str]:
     """Why a sampled row's Exact is a dash: at T > 0 a lossless method matches vanilla in distribution only."""
-    sampled = sorted({str(run.summary.get("method", run.rel)) for run in runs
-                      if num((run.summary.get("sampling") or {}).get("temperature")) or 0})
-    return [f"Exact {DASH} for sampled runs (T > 0: {', '.join(sampled)}): lossless in distribution, not token "
-            "by token (scripts/check_distribution.py tests it)."] if sampled else []
+    sampled = sorted({str(run.summary.get("method", run.rel)) for run in runs if sampled_temperature(run.summary)})
+    return [f"Exact {DASH} for sampled runs (T > 0: {', '.join(sampled)}): {SAMPLED_EXACTNESS} "
+            "(scripts/check_distribution.py tests it)."] if sampled else []
 
 
 def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
