@@ -31,6 +31,11 @@ MODEL_SPECS = {
     "dynamic_rope": dict(family="llama", seed=7, max_position_embeddings=64, rope_parameters={
         "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
     "mistral_gqa": dict(family="mistral", seed=8, num_attention_heads=4, num_key_value_heads=1),
+    # non-zero biases (transformers draws zeros): Qwen2's q/k/v, Llama's attention_bias (q/k/v and o); a head_dim
+    # that is not hidden_size / heads (32, not 16)
+    "qwen2_bias": dict(family="qwen2", num_attention_heads=4, num_key_value_heads=2, seed=9, bias_std=0.2),
+    "llama_bias": dict(family="llama", num_attention_heads=4, num_key_value_heads=2, seed=10, attention_bias=True,
+                       bias_std=0.2, head_dim=32),
     # default-ish init: these degenerate into repetition, so n-gram methods reach high acceptance
     "llama_mha_rep": dict(family="llama", num_attention_heads=4, num_key_value_heads=4, seed=3,
                           initializer_range=0.05),

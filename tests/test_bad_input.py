@@ -67,6 +67,8 @@ CASES = [
     ("model.path={tmp}/corrupt", "config.json"),
     ("model.path={tmp}/empty", "config.json"),
     ("model.path={tmp}/gpt2", "model.path"),
+    ("model.path={tmp}/gelu", "hidden_act='gelu'"),  # a Llama the engine would compute with SiLU
+    ("model.path={tmp}/mlpbias", "mlp_bias"),
     ("model.max_len=256 method=fafo_stream bench.max_new_tokens=8", "method.n"),
     ("method=fafo_stream method.n=0", "method.n"),
     ("method=fafo_stream method.k=0", "method.k"),
@@ -111,6 +113,10 @@ def bad_files(tmp_path_factory):
     tiny = tiny_checkpoint(OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/tiny_llama.yaml").tiny))
     shutil.copytree(tiny, tmp / "nogen")
     (tmp / "nogen" / "generation_config.json").unlink()
+    for name, setting in (("gelu", {"hidden_act": "gelu"}), ("mlpbias", {"mlp_bias": True})):  # complete otherwise
+        shutil.copytree(tiny, tmp / name)
+        config = json.loads((tiny / "config.json").read_text())
+        (tmp / name / "config.json").write_text(json.dumps({**config, **setting}))
     return tmp
 
 

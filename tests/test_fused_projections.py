@@ -18,7 +18,7 @@ def fused(path) -> Engine:
     return Engine.from_pretrained(str(path), fuse_projections=True)
 
 
-@pytest.mark.parametrize("name", ["llama_mha", "llama_gqa", "qwen2_gqa"])  # qwen2: q/k/v biases
+@pytest.mark.parametrize("name", ["llama_mha", "llama_gqa", "qwen2_gqa", "qwen2_bias", "llama_bias"])
 def test_fused_model_gives_the_unfused_logits_and_weights(name, checkpoint, engine):
     plain, eng = engine(name), fused(checkpoint(name))
     assert eng.model.fused and not plain.model.fused  # the CPU default: the checkpoint's own matrices

@@ -254,7 +254,7 @@ def test_memory_holds_a_fafo_compressions_state_per_request():
         assert four.method_gb == pytest.approx(4 * one.method_gb)  # one state per request of a batch
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_gqa"])  # qwen2: qkv bias, tied embeddings
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen2_gqa", "llama_bias"])  # biases, tied embeddings, head_dim
 def test_parameter_count_matches_the_built_model(engine, name):
     eng = engine(name)
     assert ModelArgs.from_hf(eng.model.hf_config).n_params() == sum(p.numel() for p in eng.model.parameters())

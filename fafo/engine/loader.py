@@ -19,7 +19,7 @@ import torch
 from fafo.engine.context import trained_context
 from fafo.errors import ConfigError
 from fafo.files import Source, check_checkpoint, check_safetensors, weight_files
-from fafo.engine.model import SUPPORTED_FAMILIES, ModelArgs, Transformer
+from fafo.engine.model import SUPPORTED_FAMILIES, ModelArgs, Transformer, unimplemented_settings
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]  # what a hub fetch keeps
@@ -139,6 +139,11 @@ def load_hf_config(ckpt: Path):
     if config.model_type not in SUPPORTED_FAMILIES:
         raise ConfigError(f"model.path={str(ckpt)!r} is a {config.model_type!r} model; the engine supports "
                           f"{', '.join(SUPPORTED_FAMILIES)} checkpoints")
+    unimplemented = unimplemented_settings(config)
+    if unimplemented:
+        raise ConfigError(f"model.path={str(ckpt)!r}: its config.json sets {'; '.join(unimplemented)}, which the "
+                          f"engine's {config.model_type} transformer does not implement; use a checkpoint of the "
+                          "standard architecture")
     return config
 
 

@@ -19,6 +19,19 @@ from fafo.engine.cache import Cache, KVCache
 from fafo.engine.rope import Rotary, apply_rotary
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "mistral")
+SILU_NAMES = ("silu", "swish")  # transformers' ACT2FN maps both to SiLU
+
+
+def unimplemented_settings(config) -> list[str]:
+    """The config.json settings of a supported family that this transformer does not compute (it would run another
+    model): an MLP activation other than SiLU, biases in the MLP (Llama's ``mlp_bias``)."""
+    out = []
+    act = getattr(config, "hidden_act", "silu")
+    if act not in SILU_NAMES:
+        out.append(f"hidden_act={act!r} (the MLP here is SiLU-gated)")
+    if config.model_type == "llama" and getattr(config, "mlp_bias", False):
+        out.append("mlp_bias=true (the MLP here has no biases)")
+    return out
 
 
 @dataclass
@@ -35,6 +48,7 @@ class ModelArgs:
     intermediate_size: int
     norm_eps: float
     qkv_bias: bool
+    o_bias: bool
     tie_embeddings: bool
     max_position_embeddings: int
     sliding_window: int | None
@@ -47,6 +61,8 @@ class ModelArgs:
         sliding = getattr(config, "sliding_window", None)
         if family == "qwen2" and not getattr(config, "use_sliding_window", False):
             sliding = None
+        # as transformers' models: Llama's attention_bias biases q, k, v and o; Qwen2 biases q, k, v; Mistral none
+        llama_bias = family == "llama" and bool(getattr(config, "attention_bias", False))
         return cls(
             family=family,
             vocab_size=config.vocab_size,
@@ -57,7 +73,8 @@ class ModelArgs:
             head_dim=head_dim,
             intermediate_size=config.intermediate_size,
             norm_eps=config.rms_norm_eps,
-            qkv_bias=family == "qwen2" or bool(getattr(config, "attention_bias", False)),
+            qkv_bias=family == "qwen2" or llama_bias,
+            o_bias=llama_bias,
             tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             max_position_embeddings=config.max_position_embeddings,
             sliding_window=sliding,
@@ -66,7 +83,8 @@ class ModelArgs:
     def n_params(self) -> int:
         """Parameters of the transformer: embeddings, layers with their norms, final norm, LM head unless tied."""
         q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        attn = self.dim * (q + 2 * kv) + q * self.dim + ((q + 2 * kv) if self.qkv_bias else 0)
+        attn = (self.dim * (q + 2 * kv) + q * self.dim + ((q + 2 * kv) if self.qkv_bias else 0)
+                + (self.dim if self.o_bias else 0))
         layer = attn + 3 * self.dim * self.intermediate_size + 2 * self.dim
         return self.vocab_size * self.dim * (1 if self.tie_embeddings else 2) + self.n_layers * layer + self.dim
 
@@ -109,7 +127,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(args.dim, h * d, bias=args.qkv_bias)
         self.k_proj = nn.Linear(args.dim, hkv * d, bias=args.qkv_bias)
         self.v_proj = nn.Linear(args.dim, hkv * d, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(h * d, args.dim, bias=False)
+        self.o_proj = nn.Linear(h * d, args.dim, bias=args.o_bias)
         self.qkv_proj = None  # q, k and v in one matrix (fuse)
         self.scale = d**-0.5
 

@@ -26,11 +26,14 @@ def build_tiny_checkpoint(out_dir: str | Path, family: str = "llama", seed: int 
                           intermediate_size: int = 128, max_position_embeddings: int = 8192,
                           initializer_range: float = 0.2, vocab_size: int = 1024,
                           rope_parameters: dict | None = None, tie_word_embeddings: bool = False,
-                          max_sequence_length: int | None = None) -> Path:
+                          max_sequence_length: int | None = None, attention_bias: bool | None = None,
+                          bias_std: float = 0.0, head_dim: int | None = None) -> Path:
     """Write a random ``family`` model and the tiny tokenizer to ``out_dir`` (safetensors + tokenizer files).
 
     ``initializer_range`` is large on purpose: default-init random models collapse into repeating one token,
-    while 0.2 gives varied text, so acceptance is not trivially high for every method.
+    while 0.2 gives varied text, so acceptance is not trivially high for every method. transformers initialises
+    biases to zero; ``bias_std`` > 0 draws them from N(0, bias_std), so a bias the engine dropped would show
+    (Qwen2's q/k/v biases, Llama's ``attention_bias``).
     """
     import transformers
 
@@ -43,6 +46,10 @@ def build_tiny_checkpoint(out_dir: str | Path, family: str = "llama", seed: int 
     extra = {} if rope_parameters is None else {"rope_parameters": dict(rope_parameters)}
     if max_sequence_length is not None:  # FastChat's long-context releases state their length here
         extra["max_sequence_length"] = max_sequence_length
+    if attention_bias is not None:
+        extra["attention_bias"] = attention_bias
+    if head_dim is not None:  # other than hidden_size / num_attention_heads
+        extra["head_dim"] = head_dim
     config = config_cls(
         vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
@@ -53,6 +60,11 @@ def build_tiny_checkpoint(out_dir: str | Path, family: str = "llama", seed: int 
     )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if bias_std > 0:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0.0, bias_std)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
