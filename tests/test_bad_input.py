@@ -194,6 +194,23 @@ def test_sweep_with_a_failing_job_exits_1_and_a_fixed_rerun_leaves_no_error_txt(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("plan", [True, False])
+def test_a_sweep_names_each_distinct_error_once_with_its_job_count(tmp_path, plan):
+    """Four jobs stopped by two missing files: the sweep's end says two problems, two jobs each, once."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    res = run_cli("-m", "task=prompts", f"task.data_path={a},{b}", "method=vanilla,prompt_lookup",
+                  f"bench.plan={str(plan).lower()}", f"bench.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    assert res.returncode == 1, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    heading = next(i for i, line in enumerate(lines) if line.startswith("-- "))
+    want = "what stops them: 2 distinct problem(s)" if plan else "why they failed: 2 distinct error(s)"
+    assert want in lines[heading]
+    grouped = lines[heading + 1:]
+    assert len(grouped) == 2 and all(line.startswith("   2 job(s): ") for line in grouped), grouped
+    assert str(a) in grouped[0] and str(b) in grouped[1] and "does not exist" in grouped[0]
+
+
+@pytest.mark.slow
 def test_single_run_error_txt_is_removed_after_success(tmp_path):
     run = Path(tmp_path)
     args = ["bench.max_new_tokens=2", "bench.max_samples=1", "bench.warmup=0", f"bench.output_dir={run}",

@@ -9,6 +9,7 @@ the failures), exit status 1 when any job failed or would fail.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
@@ -159,6 +160,14 @@ def job_line(outcome: dict, swept=()) -> str:
     return "ok      " + "  ".join(p for p in parts if p)
 
 
+def distinct_errors(failed: list[dict], heading: str, what: str = "error(s)") -> str:
+    """The failed jobs' errors once each, with how many jobs each stopped (in job order): a sweep of 51 jobs that
+    all lack one of 3 data sets reads as 3 problems, not 51."""
+    counts = collections.Counter(o["error"] for o in failed)
+    return "\n".join([f"-- {heading}: {len(counts)} distinct {what} --"]
+                     + [f"{n:4d} job(s): {error}" for error, n in counts.items()])
+
+
 def job_record(outcome: dict, swept) -> dict:
     """One job of a sweep as a table row: its swept values, status, tau, speedup and run directory."""
     try:
@@ -262,7 +271,8 @@ class SweepReport(Callback):
             print("\n".join([f"== fafo-bench plan: {len(outcomes)} jobs, {len(failed)} would fail =="]
                              + [job_line(o, set(self.swept) | differing(outcomes)) for o in outcomes]), flush=True)
             if failed:
-                print(f"error: {len(failed)} of {len(outcomes)} jobs would fail (problems above and in each job's "
+                print(distinct_errors(failed, "what stops them", "problem(s) (each job's first)"), flush=True)
+                print(f"error: {len(failed)} of {len(outcomes)} jobs would fail (problems above; every job's in its "
                       "plan.json); fix them before submitting the sweep", file=sys.stderr, flush=True)
                 sys.exit(1)
             return
@@ -272,7 +282,7 @@ class SweepReport(Callback):
                  f"{clock(time.time() - self.started)} in all)"]
         lines += [job_line(o, swept) for o in outcomes if not o.get("error")]
         lines += [job_line(o, swept) for o in failed]
-        print("\n".join(lines), flush=True)
+        print("\n".join(lines + ([distinct_errors(failed, "why they failed")] if failed else [])), flush=True)
         self.log_wandb(config, outcomes, swept)
         if failed:
             print(f"error: {len(failed)} of {len(outcomes)} sweep jobs failed (listed above); fix them and re-run "
