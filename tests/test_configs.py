@@ -1,5 +1,6 @@
 """Every config in conf/ composes, and every `_target_` in it instantiates (the lightning-hydra-template check)."""
 
+import re
 
 import pytest
 import yaml
@@ -111,3 +112,21 @@ def test_shared_keys_are_typed_without_plus(group, option):
     if group == "task" and "hub_id" in cfg.task:  # a task over a public data set (tasks/sources.py DataTask)
         data = compose_with(f"task={option}", "task.revision=v1", "task.split=train", "task.hub_config=c").task
         assert (data.revision, data.split, data.hub_config) == ("v1", "train", "c")
+
+
+@pytest.mark.slow  # a subprocess
+def test_help_names_the_tool_its_examples_and_its_guides(tmp_path):
+    """``fafo-bench --help``: the header's example commands name options that exist, the footer files that exist."""
+    from tests.helpers import REPO, run_cli
+
+    res = run_cli("--help", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("fafo-bench: ") and "== Configuration groups ==" in lines
+    examples = [line.split() for line in lines if line.startswith("  fafo-bench ")]
+    assert len(examples) == 3
+    for words in examples:
+        for group, option in (w.split("=") for w in words if re.fullmatch(r"[a-z_/]+=\w+", w)):
+            assert (CONF / group / f"{option}.yaml").is_file(), f"{group}={option}"
+    guides = [w.rstrip(".") for line in lines[-4:] for w in line.split() if w.endswith((".md", ".md."))]
+    assert len(guides) == 3 and all((REPO / g).is_file() for g in guides), guides
