@@ -1,6 +1,7 @@
 """The engine's logits equal transformers' own model (float32, 1e-4) for prefill and tree steps."""
 
 import contextlib
+import inspect
 import itertools
 import math
 
@@ -21,6 +22,12 @@ ATOL = 1e-4
 
 def hf_model(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def cache_keyword(model) -> str:
+    """The forward's name for a KV cache: ``cache`` in newer transformers (5.25, where ``past_key_values`` is
+    deprecated, to be removed in 5.40), ``past_key_values`` in older ones (5.17)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def random_ids(n, vocab, seed):
@@ -54,12 +61,11 @@ def test_tree_step_at_arbitrary_positions_matches_hf(name, backend, checkpoint, 
 
     model = hf_model(checkpoint(name))
     with torch.no_grad():
-        past = DynamicCache(config=model.config)
-        model(prefix[None], past_key_values=past, use_cache=True)
+        past = {cache_keyword(model): DynamicCache(config=model.config)}
+        model(prefix[None], use_cache=True, **past)
         additive = torch.zeros(1, 1, 6, 37 + 6)
         additive[0, 0, :, 37:] = torch.where(mask, 0.0, torch.finfo(torch.float32).min)
-        ref = model(tree[None], position_ids=positions[None], attention_mask=additive,
-                    past_key_values=past).logits[0]
+        ref = model(tree[None], position_ids=positions[None], attention_mask=additive, **past).logits[0]
 
     cache = eng.cache(128)
     eng.prefill(cache, prefix.tolist())
