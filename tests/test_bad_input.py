@@ -206,7 +206,7 @@ def test_a_sweep_names_each_distinct_error_once_with_its_job_count(tmp_path, pla
     want = "what stops them: 2 distinct problem(s)" if plan else "why they failed: 2 distinct error(s)"
     assert want in lines[heading]
     grouped = lines[heading + 1:]
-    assert len(grouped) == 2 and all(line.startswith("   2 job(s): ") for line in grouped), grouped
+    assert len(grouped) == 2 and all(line.startswith("   2 job(s): task.data_path=") for line in grouped), grouped
     assert str(a) in grouped[0] and str(b) in grouped[1] and "does not exist" in grouped[0]
 
 

@@ -163,7 +163,7 @@ def job_line(outcome: dict, swept=()) -> str:
 def distinct_errors(failed: list[dict], heading: str, what: str = "error(s)") -> str:
     """The failed jobs' errors once each, with how many jobs each stopped (in job order): a sweep of 51 jobs that
     all lack one of 3 data sets reads as 3 problems, not 51."""
-    counts = collections.Counter(o["error"] for o in failed)
+    counts = collections.Counter(o["error"].removeprefix("error: ") for o in failed)  # a run's error is a line
     return "\n".join([f"-- {heading}: {len(counts)} distinct {what} --"]
                      + [f"{n:4d} job(s): {error}" for error, n in counts.items()])
 
