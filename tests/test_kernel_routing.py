@@ -52,7 +52,7 @@ def _source(fn) -> str:
 
 def test_the_rule_is_the_one_in_torchs_source():
     """The conditions :func:`lowered_kernel` transcribes, as they stand in the installed torch (2.11 and 2.13 in
-    CI): a torch that changed them fails here, not on a GPU."""
+    CI; 2.14.1 and 2.15.0 pass too): a torch that changed them fails here, not on a GPU."""
     from importlib.resources import files
 
     from torch._inductor.kernel.flex import flex_attention as lowering
@@ -64,9 +64,15 @@ def test_the_rule_is_the_one_in_torchs_source():
                      "sympy.Eq(kv_indices.get_size()[1],1)", "sympy.Eq(ratio&(ratio-1),0)"):
         assert fragment in use, fragment
     kernel = _source(flex_decoding.create_flex_decoding_kernel)
-    for fragment in ('kernel_options.setdefault("BLOCK_M",', "next_power_of_2(", "else16,",
-                     'ifSPARSE_Q_BLOCK_SIZE%kernel_options["BLOCK_M"]!=0:continue'):
+    for fragment in ('kernel_options.setdefault("BLOCK_M",', "next_power_of_2(", "else16,"):
         assert fragment in kernel, fragment
+    # every config is skipped unless SPARSE_Q_BLOCK_SIZE % BLOCK_M == 0: torch 2.11 and 2.13 test the options'
+    # BLOCK_M, 2.14 and 2.15 each config's copy of the options (the same BLOCK_M: a config adds BLOCK_N, warps and
+    # stages) and, with no config left, raise a ValueError naming them instead of NoValidChoicesError
+    skips = ('ifSPARSE_Q_BLOCK_SIZE%kernel_options["BLOCK_M"]!=0:continue',
+             'cur_kernel_options.setdefault("SPARSE_Q_BLOCK_SIZE",SPARSE_Q_BLOCK_SIZE)')
+    assert skips[0] in kernel or skips[1] in kernel and (
+        'cur_kernel_options["SPARSE_Q_BLOCK_SIZE"]%cur_kernel_options["BLOCK_M"]!=0' in kernel), skips
     assert 'use_decode=(backend=="TRITON_DECODE")or(backend=="AUTO"andcan_use_decode)' in _source(
         lowering.flex_attention)
     template = re.sub(r"\s+", "", (files("torch._inductor.kernel.flex") / "templates" / "flex_decode.py.jinja")

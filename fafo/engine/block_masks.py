@@ -1,7 +1,7 @@
 """Every FlexAttention BlockMask the engine uses, built from its block structure with ``BlockMask.from_kv_blocks``.
 
 ``create_block_mask`` evaluates the mask over a dense grid and keeps *fully visible* blocks apart from partial
-ones; a kernel skips the mask_mod on a full block. Only torch 2.13 can turn that split off
+ones; a kernel skips the mask_mod on a full block. Only torch 2.13 and later can turn that split off
 (``separate_full_blocks=False``); on torch 2.11 a mask whose mod reads a live length from a tensor would, once the
 length falls inside a block that was full when the mask was built, attend past it, for vanilla and a method alike
 (the outputs would still agree). So the masks are built here from block indices computed on the device, the same

@@ -1,7 +1,7 @@
 """Which Triton kernel a compiled FlexAttention call gets, and how the engine shapes each call so that one exists.
 
 Inductor lowers ``flex_attention`` on CUDA to one of two templates (``torch/_inductor/kernel/flex/flex_attention.py:
-flex_attention``, torch 2.11 and 2.13 alike):
+flex_attention``, torch 2.11 to 2.15 alike):
 
 * **flex-decoding** (``torch/_inductor/kernel/flex/flex_decoding.py``). ``_use_flex_decoding`` picks it when the
   BACKEND option is AUTO (``TRITON_DECODE`` forces it) and ``FORCE_USE_FLEX_ATTENTION`` is unset, the query length
@@ -10,7 +10,7 @@ flex_attention``, torch 2.11 and 2.13 alike):
   ``BLOCK_M`` rows (``kernel_options["BLOCK_M"]``, default ``max(next_power_of_2(Q * G), 16)``) and launches
   ``(cdiv(Q * G, BLOCK_M), B * Hkv, SPLIT_KV)`` programs, SPLIT_KV = 2 x SMs / (B * Hkv) slices of the keys merged
   afterwards (``get_split_k``). It skips every config unless ``SPARSE_Q_BLOCK_SIZE % BLOCK_M == 0``; with none
-  left, autotuning raises ``NoValidChoicesError``.
+  left, autotuning raises ``NoValidChoicesError`` (from 2.14, a ``ValueError`` naming the kernel options).
 * **the main template** otherwise: ``(cdiv(Q, BLOCK_M), B, Hq)`` programs, each one block of queries of one query
   head reading every key of the call (no split over the keys); its configs' ``BLOCK_M``/``BLOCK_N`` (16..128)
   divide the engine's 128-blocks.
@@ -80,8 +80,9 @@ def default_block_m(q_len: int, group: int) -> int:
 def lowered_kernel(q_len: int, hq: int, hkv: int, q_block: int, options: dict | None = None, mask_heads: int = 1,
                    static: bool = True) -> tuple[str, bool]:
     """``(template, has_config)``: the template inductor lowers a flex_attention call to (``"decoding"`` or
-    ``"attention"``), and whether any of its configs survives (False: ``NoValidChoicesError``). Torch 2.11 and 2.13:
-    ``flex_attention.py: flex_attention`` and ``flex_decoding.py: _use_flex_decoding, create_flex_decoding_kernel``.
+    ``"attention"``), and whether any of its configs survives (False: no kernel, the compile fails). Torch 2.11 to
+    2.15: ``flex_attention.py: flex_attention`` and ``flex_decoding.py: _use_flex_decoding,
+    create_flex_decoding_kernel``.
 
     q_len, hq: the query's length and heads as the kernel sees them; hkv: key/value heads; q_block: the BlockMask's
     ``BLOCK_SIZE[0]`` (SPARSE_Q_BLOCK_SIZE); mask_heads: the BlockMask's head count; static: batch and head counts

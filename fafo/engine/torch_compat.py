@@ -1,24 +1,24 @@
 """The torch APIs the engine uses whose names or arguments differ between supported torch versions.
 
-Read from torch's own sources; the engine is tested on torch 2.11 and 2.13, the paths for older versions follow
-the sources of the release that introduced each API (named below). Where a newer torch has the better API it is
-used, and the older path stays beside it, selected by a feature check (never a version number) and tested by
-forcing it (tests/test_torch_compat.py).
+Read from torch's own sources; the engine is tested on torch 2.11 and 2.13 in CI (2.14.1 and 2.15.0 passed the
+suite by hand), the paths for older versions follow the sources of the release that introduced each API (named
+below). Where a newer torch has the better API it is used, and the older path stays beside it, selected by a feature
+check (never a version number) and tested by forcing it (tests/test_torch_compat.py).
 
 * ``flex_attention(..., return_aux=AuxRequest(lse=True))`` (torch 2.9+) returns the log-sum-exp in an
   ``AuxOutput``; before it ``return_lse=True`` returned ``(out, lse)`` (deprecated since 2.9).
 * FlexAttention's kernel choice: ``kernel_options={"BACKEND": "TRITON"}`` (``FlexKernelOptions.BACKEND``, in 2.11
-  and 2.13) selects the main template; older releases only have ``FORCE_USE_FLEX_ATTENTION: True``. Both are read
+  to 2.15) selects the main template; older releases only have ``FORCE_USE_FLEX_ATTENTION: True``. Both are read
   by ``torch/_inductor/kernel/flex/flex_attention.py: flex_attention`` (the lowering), and the two may not be
   combined (``torch/nn/attention/flex_attention.py: _apply_kernel_options``).
 * ``torch._dynamo.config.recompile_limit`` (2.7+) was ``cache_size_limit`` before.
 * ``torch.fx.experimental._config.use_duck_shape`` switches duck sizing off (two equal sizes stay two symbols).
 
-Not version dependent in 2.11 ... 2.13 (checked, used directly): ``BlockMask.from_kv_blocks(seq_lengths=)``
+Not version dependent in 2.11 ... 2.15 (checked, used directly): ``BlockMask.from_kv_blocks(seq_lengths=)``
 (2.6+), ``aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, *, attn_mask, scale)``,
 ``aten._scaled_dot_product_efficient_attention``, ``torch.compiler.cudagraph_mark_step_begin``,
 ``torch._dynamo.mark_dynamic(t, dim, min=, max=)``, ``torch._dynamo.config.fail_on_recompile_limit_hit``.
-``create_block_mask(..., separate_full_blocks=)`` exists only in 2.13: the engine builds its block masks from block
+``create_block_mask(..., separate_full_blocks=)`` exists from 2.13: the engine builds its block masks from block
 indices instead (:mod:`fafo.engine.block_masks`).
 """
 
