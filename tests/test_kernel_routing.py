@@ -69,10 +69,11 @@ def test_the_rule_is_the_one_in_torchs_source():
     # every config is skipped unless SPARSE_Q_BLOCK_SIZE % BLOCK_M == 0: torch 2.11 and 2.13 test the options'
     # BLOCK_M, 2.14 and 2.15 each config's copy of the options (the same BLOCK_M: a config adds BLOCK_N, warps and
     # stages) and, with no config left, raise a ValueError naming them instead of NoValidChoicesError
-    skips = ('ifSPARSE_Q_BLOCK_SIZE%kernel_options["BLOCK_M"]!=0:continue',
-             'cur_kernel_options.setdefault("SPARSE_Q_BLOCK_SIZE",SPARSE_Q_BLOCK_SIZE)')
-    assert skips[0] in kernel or skips[1] in kernel and (
-        'cur_kernel_options["SPARSE_Q_BLOCK_SIZE"]%cur_kernel_options["BLOCK_M"]!=0' in kernel), skips
+    skip_before_2_14 = 'ifSPARSE_Q_BLOCK_SIZE%kernel_options["BLOCK_M"]!=0:continue'
+    skip_from_2_14 = ('cur_kernel_options.setdefault("SPARSE_Q_BLOCK_SIZE",SPARSE_Q_BLOCK_SIZE)',
+                      'cur_kernel_options["SPARSE_Q_BLOCK_SIZE"]%cur_kernel_options["BLOCK_M"]!=0',
+                      "invalid_block_options=cur_kernel_options")
+    assert skip_before_2_14 in kernel or all(f in kernel for f in skip_from_2_14), skip_from_2_14
     assert 'use_decode=(backend=="TRITON_DECODE")or(backend=="AUTO"andcan_use_decode)' in _source(
         lowering.flex_attention)
     template = re.sub(r"\s+", "", (files("torch._inductor.kernel.flex") / "templates" / "flex_decode.py.jinja")
