@@ -180,7 +180,7 @@ def to_markdown(table: GenericTable) -> str:
              "Overhead MB: method - vanilla; tok/s: the row's new tokens / total time; verify ms: time per "
              "verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",
              *report.definitions([r.summary for r in table.cells["run"]], ("tau", "tau_all")),
-             *tables.sampled_note(table.cells["run"]), *table.notes]
+             *tables.sampled_note(table.cells["run"]), *tables.prompts_note(table.cells["run"]), *table.notes]
     entries = [([r.model, r.method, table.col_names[(r.task, r.value)]], r.run)
                for r in table.cells.itertuples(index=False)]
     split = report.category_markdown(entries, ["Model", "Method", "Column"], f"{table.title}: per category", rf.DASH)

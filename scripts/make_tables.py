@@ -159,7 +159,8 @@ def footnotes(table: Table) -> list[str]:
     nc = sorted({f"{c.ours.summary.get('method')}: {why}" for c in table.cells.values()
                  if c.ours is not None and c.paper is not None and (why := not_comparable(c.ours.summary))})
     notes += [f"n/c = not comparable: {why}" for why in nc]
-    notes += tables.sampled_note(c.ours for c in table.cells.values() if c.ours is not None)
+    ours = [c.ours for c in table.cells.values() if c.ours is not None]
+    notes += tables.sampled_note(ours) + tables.prompts_note(ours)
     notes += table.coverage
     partial = sorted(c.ours.rel for c in table.cells.values() if c.ours is not None and not c.ours.complete)
     if partial:

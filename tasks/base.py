@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import warnings
+import sys
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -41,6 +41,11 @@ FALLBACK_SYSTEM = "### System:\n{content}\n\n"
 FALLBACK_USER = "### User:\n{content}\n\n"
 FALLBACK_ASSISTANT = "### Assistant:\n{content}\n\n"
 FALLBACK_GENERATION_PROMPT = "### Assistant:\n"
+
+# How a prompt was rendered (Task.prompt_format), counted per run in its plan and summary.
+CHAT_TEMPLATE = "chat template"
+FALLBACK_FORMAT = "### fallback (no chat template)"
+RAW_TEXT = "raw text"
 
 _warned_no_template: set[str] = set()
 
@@ -227,7 +232,7 @@ class Task(abc.ABC):
         ``add_generation_prompt=True`` and tokenized with ``add_special_tokens=False`` (the template carries
         its own BOS). Without a chat template the same messages are rendered as ``### System:``/``### User:``
         /``### Assistant:`` blocks (``"### User:\\n{text}\\n\\n"``), ending with ``"### Assistant:\\n"``, with
-        the tokenizer's BOS prepended if it has one; a warning is issued once per tokenizer.
+        the tokenizer's BOS prepended if it has one; a warning is printed once per tokenizer.
 
         Raw samples: ``tokenizer(text, add_special_tokens=True)``; they have a single turn.
 
@@ -241,6 +246,13 @@ class Task(abc.ABC):
         if not sample.chat:
             return raw_prompt_ids(tokenizer, sample.turns[0])
         return chat_prompt_ids(tokenizer, conversation(sample, turn, answers))
+
+    def prompt_format(self, tokenizer: Any, sample: Sample) -> str:
+        """How :meth:`prompt_ids` renders ``sample``: :data:`CHAT_TEMPLATE`, :data:`FALLBACK_FORMAT` (a chat sample
+        and a tokenizer without a chat template) or :data:`RAW_TEXT`. Tasks with their own rendering override it."""
+        if not sample.chat:
+            return RAW_TEXT
+        return CHAT_TEMPLATE if has_chat_template(tokenizer) else FALLBACK_FORMAT
 
 
 def check_turn(sample: Sample, turn: int, answers: list[str]) -> None:
@@ -328,11 +340,9 @@ def _fallback_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list
     key = str(getattr(tokenizer, "name_or_path", "") or id(tokenizer))
     if key not in _warned_no_template:
         _warned_no_template.add(key)
-        warnings.warn(
-            f"tokenizer {key!r} has no chat_template; chat prompts use the plain '### User:/### Assistant:' "
-            "format (set a chat template on the tokenizer to change this)",
-            stacklevel=3,
-        )
+        print(f"warning: tokenizer {key!r} has no chat template; chat prompts use the plain '### User:' / "
+              "'### Assistant:' format (the summary's prompt_formats counts them); give the checkpoint a "
+              "chat_template.jinja to render them with a template", file=sys.stderr, flush=True)
     formats = {"system": FALLBACK_SYSTEM, "user": FALLBACK_USER, "assistant": FALLBACK_ASSISTANT}
     text = "".join(formats[m["role"]].format(content=m["content"]) for m in messages)
     text += FALLBACK_GENERATION_PROMPT

@@ -39,7 +39,8 @@ from typing import Any, ClassVar
 
 from fafo.bounds import at_least, one_of
 from fafo.errors import ConfigError
-from tasks.base import FOLLOWUPS, Sample, check_turn, has_chat_template, previous_reply, raw_prompt_ids, truncate_middle
+from tasks.base import (CHAT_TEMPLATE, FOLLOWUPS, RAW_TEXT, Sample, check_turn, has_chat_template, previous_reply,
+                        raw_prompt_ids, truncate_middle)
 from tasks.sources import DataTask
 
 # scbench/eval_utils.py multiturn_templates (turn 1), verbatim.
@@ -182,6 +183,9 @@ class SCBenchTask(DataTask):
 
     def _chat(self, tokenizer: Any) -> bool:
         return bool(self.use_chat_template) and has_chat_template(tokenizer)
+
+    def prompt_format(self, tokenizer: Any, sample: Sample) -> str:
+        return CHAT_TEMPLATE if self._chat(tokenizer) else RAW_TEXT
 
     def first_turn_ids(self, tokenizer: Any, sample: Sample) -> list[int]:
         if self._chat(tokenizer):

@@ -120,3 +120,6 @@ class SpecBenchTask(DataTask):
         messages = [m for m in conversation(sample, turn, answers) if m["role"] != "system"]
         text = vicuna_prompt(messages, sample.system)
         return list(tokenizer(text, add_special_tokens=True).input_ids)
+
+    def prompt_format(self, tokenizer: Any, sample: Sample) -> str:
+        return super().prompt_format(tokenizer, sample) if self.template == "model" else "Vicuna v1.1 template"

@@ -207,6 +207,8 @@ def test_compare_job_on_a_tiny_model(tmp_path):
     for name in ("vanilla", "lookahead", "fafo_stream"):
         summary = json.loads((run_dir / name / "summary.json").read_text())
         assert summary["n_samples"] == 2 and summary["model"] == "tiny-llama"
+        assert summary["prompt_formats"] == {"chat template": 2}  # chat-01 and struct-01, the tokenizer's template
+    assert "task builtin, 2 samples (prompts: chat template), " in (run_dir / "compare.md").read_text()
     assert "| lookahead |" in proc.stdout and "CPU" in proc.stdout  # the printed table and its caption
     # vanilla is the A/A noise floor, not a result; every row says its coverage
     assert [r["role"] for r in rows] == ["A/A noise floor", "method", "method"]

@@ -176,6 +176,16 @@ def test_comparison_caption_names_the_sampling_it_ran_with():
            "distribution, not token by token)" in text
 
 
+def test_comparison_caption_names_how_the_prompts_were_rendered():
+    cfg, base = OmegaConf.create({"bench": {}, "compare": {}}), {"model": "m", "dtype": "float32", "task": "t",
+                                                                   "n_samples": 3}
+    mixed = compare_table.caption(cfg, {"vanilla": base | {"prompt_formats": {"raw text": 1, "chat template": 2}}})
+    assert "task t, 3 samples (prompts: chat template 2, raw text 1), " in mixed
+    one = compare_table.caption(cfg, {"vanilla": base | {"prompt_formats": {"### fallback (no chat template)": 3}}})
+    assert "3 samples (prompts: ### fallback (no chat template)), " in one
+    assert "task t, 3 samples, " in compare_table.caption(cfg, {"vanilla": base})  # a summary from before the field
+
+
 @pytest.mark.slow
 def test_make_tables_cli_on_a_sweep_with_a_failed_sample(tmp_path):
     write_run(tmp_path, "m/builtin/fafo/default", "m", "fafo", seed=11)

@@ -47,6 +47,7 @@ def test_prompts_model_template_and_vicuna(tmp_path):
     vic = SpecBenchTask(data_path=str(data), template="vicuna")
     text = tok.decode(vic.prompt_ids(tok, s, 1, [" my answer "]))
     assert text.endswith("USER: Write about writing 0. ASSISTANT: my answer</s>USER: Now shorter. ASSISTANT:")
+    assert (task.prompt_format(tok, s), vic.prompt_format(tok, s)) == ("chat template", "Vicuna v1.1 template")
     assert vicuna_prompt([{"role": "user", "content": "hi"}]).startswith("A chat between a curious user")
 
 

@@ -218,6 +218,7 @@ def test_scbench_templates(scbench_dir, tok, subset):
         r0 = raw.prompt_ids(tok, s, 0, [])
         assert r0 == ids_of(tok, golden[0], special=True) and is_raw(tok, r0)
         assert raw.prompt_ids(tok, s, 1, []) == r0 + ids_of(tok, f"{turns[0]['answer']}\n\n{golden[1]}")
+        assert (task.prompt_format(tok, s), raw.prompt_format(tok, s)) == ("chat template", "raw text")
 
 
 LLAMA2_STYLE_TEMPLATE = (

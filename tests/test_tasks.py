@@ -8,7 +8,6 @@ import hashlib
 import json
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from transformers import AutoTokenizer
 
 from fafo.engine.tiny_tokenizer import CHAT_MARKERS, build_tiny_tokenizer
 from fafo.errors import ConfigError
-from tasks.base import Sample, Task, n_turns
+from tasks.base import CHAT_TEMPLATE, FALLBACK_FORMAT, RAW_TEXT, Sample, Task, n_turns
 from tasks.builtin import BuiltinTask
 from tasks.prompts import PromptsTask
 
@@ -109,20 +108,22 @@ def test_gold_followup_uses_references(tok):
         Sample(id="g", turns=["a", "b"], followup="gold")  # no references
 
 
-def test_no_chat_template_falls_back_with_warning(tok):
+def test_no_chat_template_falls_back_with_one_warning_and_says_so(tok, capsys):
     plain = build_tiny_tokenizer()
     plain.chat_template = None
     plain.name_or_path = "plain-for-test"
-    sample = Sample(id="p", turns=["Hello there", "And again"])
-    task = ListTask([sample])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        ids = task.prompt_ids(plain, sample, 1, ["Hi."])
-        task.prompt_ids(plain, sample, 0, [])
-    assert len([w for w in caught if "chat_template" in str(w.message)]) == 1
+    sample, raw = Sample(id="p", turns=["Hello there", "And again"]), Sample(id="r", turns=["def f():"], chat=False)
+    task = ListTask([sample, raw])
+    ids = task.prompt_ids(plain, sample, 1, ["Hi."])
+    task.prompt_ids(plain, sample, 0, [])
+    warned = [line for line in capsys.readouterr().err.splitlines() if "has no chat template" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: tokenizer 'plain-for-test'")
     assert ids[0] == plain.bos_token_id and ids.count(plain.bos_token_id) == 1
     text = plain.decode(ids[1:])
     assert text == "### User:\nHello there\n\n### Assistant:\nHi.\n\n### User:\nAnd again\n\n### Assistant:\n"
+    # what the run's summary records: the rendering each sample got
+    assert [task.prompt_format(t, s) for t in (plain, tok) for s in (sample, raw)] == \
+        [FALLBACK_FORMAT, RAW_TEXT, CHAT_TEMPLATE, RAW_TEXT]
 
 
 def test_long_prompt_is_long(tok):

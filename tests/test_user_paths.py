@@ -5,6 +5,8 @@ checkpoint, and every setting that names a file or checkpoint (``model.path``, `
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from fafo.bench.spec import resolve
 from fafo.bench.naming import Job, compose_run, given_keys, model_name, model_source, run_names
 from fafo.engine.tiny import build_tiny_checkpoint
 from fafo.errors import ConfigError
-from tests.helpers import REPO, cli_in_process, make_cfg, read_rows, run_cli
+from tests.helpers import ENV, REPO, cli_in_process, make_cfg, read_rows, run_cli
 
 QUICK = ["bench.max_samples=1", "bench.max_new_tokens=4", "bench.warmup=0", "bench.progress=false",
          "wandb.mode=disabled"]
@@ -52,6 +54,28 @@ def test_model_path_alone_loads_that_directory_and_names_the_run_after_it(my_lla
     assert re.search(rf"^n_params +[\d.]+K \({summary['n_params']:,}\)$", out, re.M)
     assert re.search(r"^dtype +float32$", out, re.M)
     assert "random tiny model" not in out
+
+
+@pytest.mark.slow
+def test_a_checkpoint_without_a_chat_template_gets_the_fallback_and_the_run_records_it(tmp_path):
+    """A base checkpoint (no chat_template.jinja): chat samples are rendered in the plain ``### User:`` format,
+    one warning says so, and the summary (file and printed block) counts each sample's rendering."""
+    base = build_tiny_checkpoint(tmp_path / "base-llama", vocab_size=777, hidden_size=32, num_hidden_layers=1,
+                                 seed=11)
+    (base / "chat_template.jinja").unlink()
+    proc = run_cli(f"model.path={base}", f"bench.output_dir={tmp_path}/out", "task.ids=[chat-01,code-01]", *QUICK[1:],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("has no chat template") == 1
+    (summary_path,) = (tmp_path / "out").glob("*/builtin/vanilla/*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["n_samples"] == 2
+    assert summary["prompt_formats"] == {"### fallback (no chat template)": 1, "raw text": 1}
+    assert re.search(r"^prompt_formats +### fallback \(no chat template\) 1, raw text 1$", proc.stdout, re.M)
+    tables = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tables.py"), str(tmp_path / "out")],
+                            capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    assert "Chat prompts of base-llama: plain '### User:' / '### Assistant:' blocks" in tables.stdout
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ cannot fit with ``bench.drop_unfit=true`` (counted as ``n_dropped``).
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -53,6 +54,7 @@ class JobPlan:
     problems: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    prompt_formats: dict[str, int] = field(default_factory=dict)  # kept samples per rendering (Task.prompt_format)
     kept: list = field(default_factory=list, repr=False)
     cache_slots: int = field(default=0, repr=False)  # the largest kept sample's prompt + new tokens + scratch
 
@@ -129,6 +131,7 @@ def assess(spec) -> JobPlan:
         if spec.cost_curve is not None:  # reference + method, every turn and repeat, at the mean context
             cost += len(s.turns) * 2 * max_new * spec.cost_curve.latency(1, prompt + max_new // 2) * bench.repeats
     plan.n_fit = len(plan.kept)
+    plan.prompt_formats = dict(Counter(spec.task.prompt_format(tok, s) for s in plan.kept))
     if plan.kept:
         memory(plan, spec, longest)
     plan.est_gpu_hours = cost / 1000 / 3600 if spec.cost_curve is not None else None

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from fafo.bench.batch_metrics import batch_summary, read_steps
 from fafo.bench.metrics import flag_counts, histogram, summarize
-from fafo.bench.tools.report_format import SAMPLED_EXACTNESS, interval_label, num, sampled_temperature
+from fafo.bench.tools.report_format import SAMPLED_EXACTNESS, fmt_prompts, interval_label, num, sampled_temperature
 from fafo.bench.timing import load_average
 
 RANDOM_MODEL_NOTE = "NOTE: a random tiny model - its speed numbers are a smoke test only, not a benchmark."
@@ -30,7 +30,8 @@ def run_summary(spec, meter, records, machine: dict, problems: list[str], **timi
     plan = spec.plan  # the samples' fit: counts, never silent
     summary |= {"n_dropped": plan.n_dropped + plan.n_filtered, "n_dropped_unfit": plan.n_dropped,
                 "n_dropped_filter": plan.n_filtered, "n_beyond_trained": plan.n_beyond_trained,
-                "context_limit": plan.context_limit, "plan_peak_gb": round(plan.peak_gb, 3)}
+                "context_limit": plan.context_limit, "plan_peak_gb": round(plan.peak_gb, 3),
+                "prompt_formats": plan.prompt_formats}
     if refused["n"]:
         print(f"note: {refused['n']} stored reference timings were not reused and were timed again beside the "
               f"method ({refused['examples'][0]})", file=sys.stderr, flush=True)
@@ -108,17 +109,16 @@ def format_params(n: int) -> str:
     return str(n)
 
 
-KEYS = ["model", "checkpoint", "n_params", "dtype", "method", "task", "n_samples", "n_turns", "n_failed",
-        "n_no_decode", "new_tokens", "tau", "tau_with_prefill", "tau_all", "accept_rate", "draft_model_forwards",
-        "tokens_per_forward", "tokens_per_step", "break_even_tau", "tokens_per_s", "verify_ms", "speedup_kind",
-        "speedup", "speedup_e2e", "speedup_decode", "speedup_specbench", "speedup_vs_eager", "aa_speedup",
-        "projected_speedup", "projection_error", "batch_size", "batching", "n_requests", "batch_tokens_per_s",
-        "ref_batch_tokens_per_s", "latency_p50", "latency_p90", "latency_p99", "ref_latency_p50", "tpot_ms_p50",
-        "tpot_ms_p90", "tpot_ms_p99", "ref_tpot_ms_p50", "n_steps", "tau_step", "rows_per_step", "speedup_min",
-        "speedup_max", "n_flagged", "n_compiled",
-        "peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb", "exact_match_rate", "n_mismatch_tie",
-        "n_mismatch_divergence", "n_mismatch_unchecked", "device_name", "threads", "load_start", "warmup_s",
-        "compile_s", "timing_note", "projection_note", "run_dir"]
+KEYS = ["model", "checkpoint", "n_params", "dtype", "method", "task", "prompt_formats", "n_samples", "n_turns",
+        "n_failed", "n_no_decode", "new_tokens", "tau", "tau_with_prefill", "tau_all", "accept_rate",
+        "draft_model_forwards", "tokens_per_forward", "tokens_per_step", "break_even_tau", "tokens_per_s", "verify_ms",
+        "speedup_kind", "speedup", "speedup_e2e", "speedup_decode", "speedup_specbench", "speedup_vs_eager",
+        "aa_speedup", "projected_speedup", "projection_error", "batch_size", "batching", "n_requests",
+        "batch_tokens_per_s", "ref_batch_tokens_per_s", "latency_p50", "latency_p90", "latency_p99", "ref_latency_p50",
+        "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "ref_tpot_ms_p50", "n_steps", "tau_step", "rows_per_step",
+        "speedup_min", "speedup_max", "n_flagged", "n_compiled", "peak_mem_mb", "ref_peak_mem_mb", "mem_overhead_mb",
+        "exact_match_rate", "n_mismatch_tie", "n_mismatch_divergence", "n_mismatch_unchecked", "device_name",
+        "threads", "load_start", "warmup_s", "compile_s", "timing_note", "projection_note", "run_dir"]
 
 
 def sampled_exactness_note(summary: dict) -> str | None:
@@ -150,6 +150,10 @@ def print_summary(summary: dict, random_model: bool) -> None:
         elif k == "n_no_decode" and v:
             v = f"{v} (one token or none: no decode step, left out of the speedups: " \
                 f"{', '.join(summary.get('no_decode', [])[:5])})"
+        elif k == "prompt_formats":
+            v = fmt_prompts(summary)
+            if v is None:
+                continue
         elif k == "projection_error":
             v = f"{100 * v:+.1f} % (projected / measured speedup_decode - 1)"
         text = f"{v:.3f}" if isinstance(v, float) else f"{v}"

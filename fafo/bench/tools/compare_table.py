@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 from fafo.bench.compare import REFERENCE
 from fafo.bench.tools.report import (Run, align, category_markdown, definitions, reference_check, reference_note,
                                reference_throughput)
-from fafo.bench.tools.report_format import (SAMPLED_EXACTNESS, fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n, num,
-                                            sampled_temperature)
+from fafo.bench.tools.report_format import (SAMPLED_EXACTNESS, fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n,
+                                            fmt_prompts, num, sampled_temperature)
 from fafo.bench.tools.report_format import markdown as markdown_table
 
 INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager", "latency_p50",
@@ -63,12 +63,14 @@ def comparison_table(summaries: dict[str, dict]):
 
 
 def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) -> str:
-    """What the numbers came from: model, task, new tokens, dtype, machine, threads and load (start-end)."""
+    """What the numbers came from: model, task, how its prompts were rendered, new tokens, dtype, machine, threads
+    and load (start-end)."""
     s = next(iter(summaries.values()))
     params = f"{s['n_params'] / 1e6:.1f}M params, " if s.get("n_params") else ""
     loads = [x.get(k) for x in summaries.values() for k in ("load_start", "load_end") if x.get(k) is not None]
     load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
-    text = (f"{s['model']} ({params}{s['dtype']}), task {s['task']}, {s['n_samples']} samples, "
+    prompts = f" (prompts: {fmt_prompts(s)})" if fmt_prompts(s) else ""
+    text = (f"{s['model']} ({params}{s['dtype']}), task {s['task']}, {s['n_samples']} samples{prompts}, "
             f"{cfg.bench.get('max_new_tokens') or 'task-default'} new tokens per turn, {decoding(s)}; "
             f"{s.get('device_name', s.get('device'))}, {s.get('threads', '?')} threads{load}; vanilla timed beside "
             f"each method; the {AA_LABEL} row is vanilla against its own interleaved run, and each method's A/A "

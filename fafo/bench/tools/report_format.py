@@ -115,6 +115,17 @@ def fmt_exact(s: dict, dash: str = DASH) -> str:
     return text
 
 
+def fmt_prompts(s: dict) -> str | None:
+    """How the run's samples were rendered (``prompt_formats``: Task.prompt_format counts) as ``chat template`` or
+    ``chat template 2, raw text 1``; None for a summary that predates the field or has no sample."""
+    formats = s.get("prompt_formats")
+    if not isinstance(formats, dict) or not formats:
+        return None
+    if len(formats) == 1:
+        return next(iter(formats))
+    return ", ".join(f"{name} {n}" for name, n in sorted(formats.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def fmt_hist(hist, most: int = 8, dash: str = DASH) -> str:
     """An acceptance histogram ``{tokens committed: steps}`` as ``1:40 2:12 3:5`` (longer ones summed as ``9+``)."""
     if not isinstance(hist, dict) or not hist:

@@ -142,6 +142,17 @@ def sampled_note(runs) -> list[str]:
             "(scripts/check_distribution.py tests it)."] if sampled else []
 
 
+def prompts_note(runs) -> list[str]:
+    """Which models' runs rendered chat samples without a chat template (the plain ``### User:`` fallback of
+    ``tasks.base``), read from each summary's ``prompt_formats``."""
+    from tasks.base import FALLBACK_FORMAT
+
+    plain = sorted({str(run.summary.get("model")) for run in runs
+                    if FALLBACK_FORMAT in (run.summary.get("prompt_formats") or {})})
+    return [f"Chat prompts of {', '.join(plain)}: plain '### User:' / '### Assistant:' blocks, the tokenizer having "
+            "no chat template."] if plain else []
+
+
 def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
     """A run's cell: ``speedup× [lo–hi] (tau)`` (``(tau/tau_all)`` with ``tau_all``), ``*`` for a partial run,
     ``†`` when its numbers are computed on the samples common to its column
