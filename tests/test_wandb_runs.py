@@ -31,6 +31,7 @@ def test_a_comparison_is_one_wandb_run_that_a_rerun_continues(tmp_path):
     summary = json.loads((first / "files" / "wandb-summary.json").read_text())
     for method in ("vanilla", "prompt_lookup"):
         assert summary[f"{method}/n_samples"] == 1 and isinstance(summary[f"{method}/speedup"], float), summary
+        assert summary[f"{method}/prompt_formats"] == "chat template"  # the summary's counts as one filterable line
     media = first / "files" / "media"
     table = next(media.glob("table/comparison_*.table.json"))  # the comparison table, one row per method
     assert sorted(row[0] for row in json.loads(table.read_text())["data"]) == ["prompt-lookup", "vanilla"]

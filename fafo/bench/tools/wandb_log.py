@@ -24,6 +24,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from fafo.bench.tools.report_format import fmt_prompts
 from fafo.errors import ConfigError
 from fafo.extras import available, install_hint, require
 
@@ -153,9 +154,14 @@ class WandbLogger:
             self.run.log({f"{self.prefix}{k}": v for k, v in row.items() if isinstance(v, (int, float))})
 
     def finish(self, rows: list[dict], summary: dict) -> None:
+        """Log the rows as a table and the summary's numbers and strings (``prompt_formats`` as its one-line text,
+        e.g. ``chat template 2, raw text 1``, so that runs can be filtered by it)."""
         if self.run is None:
             return
         import wandb
+
+        if summary.get("prompt_formats"):
+            summary = {**summary, "prompt_formats": fmt_prompts(summary)}
 
         if rows:
             columns = list(rows[0])
