@@ -69,7 +69,7 @@ def caption(cfg: DictConfig, summaries: dict[str, dict], notes: list[str] = ()) 
     params = f"{s['n_params'] / 1e6:.1f}M params, " if s.get("n_params") else ""
     loads = [x.get(k) for x in summaries.values() for k in ("load_start", "load_end") if x.get(k) is not None]
     load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
-    prompts = f" (prompts: {fmt_prompts(s)})" if fmt_prompts(s) else ""
+    prompts = f" (prompts: {formats})" if (formats := fmt_prompts(s)) else ""
     text = (f"{s['model']} ({params}{s['dtype']}), task {s['task']}, {s['n_samples']} samples{prompts}, "
             f"{cfg.bench.get('max_new_tokens') or 'task-default'} new tokens per turn, {decoding(s)}; "
             f"{s.get('device_name', s.get('device'))}, {s.get('threads', '?')} threads{load}; vanilla timed beside "
