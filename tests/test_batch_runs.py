@@ -76,6 +76,17 @@ def test_a_batched_run_matches_batch_one_per_request_and_accounts_for_the_batch_
     assert "speedup_range" in saved and saved["exact_match_rate"] == 1.0
 
 
+def test_the_vanilla_beside_a_batched_method_is_charged_only_its_own_cache_slots(tmp_path):
+    """The run's shared cache is allocated for the larger need (Lookahead's window of 60 adds scratch slots to each
+    row); the vanilla timed beside the method has the peak vanilla has alone at the same batch size."""
+    common = ("bench.max_new_tokens=8", "task.ids=[chat-01,code-01]", "bench.batch_size=2")
+    for name, method in (("look", ("method=lookahead", "method.window=60")), ("alone", ("method=vanilla",))):
+        Runner().run(resolve(make_cfg(tmp_path, *method, *common), tmp_path / name), report=False)
+    look, alone = read_rows(tmp_path / "look"), read_rows(tmp_path / "alone")
+    assert {float(r["ref_peak_mem_mb"]) for r in look} == {float(r["peak_mem_mb"]) for r in alone}  # one value
+    assert all(float(r["peak_mem_mb"]) > float(r["ref_peak_mem_mb"]) for r in look)
+
+
 def test_request_shares_split_each_step_among_its_active_requests():
     """Two requests admitted together (prefills 1 s and 2 s), three steps of 0.6 s: both in the first two, one in
     the last; a third admitted (continuous) before the third step with a 1 s prefill that the step's time leaves out."""

@@ -267,6 +267,14 @@ def _compose(tmp_path, *overrides):
                                            *overrides])
 
 
+def test_the_plan_keeps_each_decoders_own_need_beside_the_shared_caches(tmp_path):
+    """The shared cache holds the larger need; the method's and the reference's own (the slots each is charged in
+    peak memory) differ by the method's scratch slots."""
+    spec = resolve(_compose(tmp_path, "method=fafo_stream", "task.ids=[chat-01,long-01]"), tmp_path / "run")
+    method, reference = spec.plan.own_slots
+    assert spec.plan.cache_slots == method == reference + spec.method.extra_slots(128) and reference > 0
+
+
 @pytest.mark.parametrize("method", [["method=vanilla"], ["method=quantspec", "method.group_size=16",
                                                          "method.weight_group=16", "method.gamma=2",
                                                          "bench.reference._target_=baselines.quantspec.Int8KVReference",

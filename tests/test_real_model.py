@@ -214,6 +214,9 @@ def test_compare_job_on_a_tiny_model(tmp_path):
     assert [r["role"] for r in rows] == ["A/A noise floor", "method", "method"]
     assert "| vanilla (A/A noise floor) | 2 (0) | A/A " in proc.stdout and "| n (failed) |" in proc.stdout
     assert all(r["n_failed"] == "0" and r["n_samples"] == "2" for r in rows)
+    # one vanilla in memory too: every row's is vanilla's own, and FAFO's 41 scratch slots are its overhead
+    assert {float(r["ref_peak_mem_mb"]) for r in rows} == {float(rows[0]["peak_mem_mb"])}
+    assert float(rows[2]["mem_overhead_mb"]) > 0 and float(rows[0]["mem_overhead_mb"]) == 0
     again = run_main(tmp_path, *args)  # resumes: nothing is run twice
     assert again.returncode == 0, again.stderr[-3000:]
     with open(run_dir / "lookahead" / "samples.csv") as f:

@@ -199,6 +199,50 @@ def test_cuda_peak_leaves_out_what_the_other_decoder_holds(monkeypatch):
     assert generation("method", 950, 0) == 1000
 
 
+def test_each_decoder_is_charged_only_the_shared_cache_slots_it_needs(monkeypatch):
+    """The run's shared cache has the slots of the larger need (the method's scratch), rounded up to whole blocks;
+    each decoder is charged the slots it needs, the rest comes off its peak, on CUDA and CPU alike."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fafo.bench.plan import JobPlan
+    from fafo.bench.timing import Meter, PeakMemory
+    from fafo.engine.engine import CACHE_BLOCK
+
+    method, vanilla = object(), object()
+    per_slot = 1000
+    cache = SimpleNamespace(max_len=2 * CACHE_BLOCK, nbytes=2 * CACHE_BLOCK * per_slot)
+    engine = SimpleNamespace(static_cache=cache, weights_nbytes=10**6, cache_nbytes=cache.nbytes)
+    meter = Meter.__new__(Meter)
+    meter.engine = engine
+    meter.spec = SimpleNamespace(method=method, reference=vanilla,
+                                 plan=JobPlan(own_slots=(CACHE_BLOCK + 20, CACHE_BLOCK - 20)))
+    assert meter.spare_cache_bytes(method) == (CACHE_BLOCK - 20) * per_slot  # the engine's rounding
+    assert meter.spare_cache_bytes(vanilla) == (CACHE_BLOCK + 20) * per_slot  # + the method's 40 slots of scratch
+    assert meter.spare_cache_bytes(object()) == 0  # a decoder of no run: nothing known, nothing taken off
+    engine.static_cache = None  # released (a decoder with a cache of its own)
+    assert meter.spare_cache_bytes(vanilla) == 0
+    engine.static_cache = cache
+    meter.spec.plan = None
+    assert meter.spare_cache_bytes(vanilla) == 0
+
+    spare, mb = (CACHE_BLOCK + 20) * per_slot, 2**20
+    cpu = PeakMemory(torch.device("cpu"))
+    assert cpu.peak_mb(engine, {"buffer_bytes": 7}) * mb == 10**6 + cache.nbytes + 7
+    assert cpu.peak_mb(engine, {}, spare=spare) * mb == 10**6 + cache.nbytes - spare
+    allocated = {"peak": 0}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: allocated.update(peak=0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated["peak"])
+    cuda = PeakMemory(torch.device("cuda"))
+    allocated["peak"] = 5 * 10**6
+    cuda.warm("vanilla", 100 + spare)  # warm-up: the other's held bytes and the spare slots both off
+    allocated["peak"] = 4 * 10**6
+    assert cuda.peak_mb(None, {}, "vanilla", 100, spare) * mb == 5 * 10**6 - 100 - spare
+    allocated["peak"] = 6 * 10**6
+    assert cuda.peak_mb(None, {}, "vanilla", 100, spare) * mb == 6 * 10**6 - 100 - spare
+
+
 def test_decoders_report_what_they_keep_between_generations(engine, checkpoint, fresh_dynamo):
     """``held_bytes``: QuantSpec's 4-bit MLPs (and, compiled, its kept quantized cache), LongSpec's draft layer;
     vanilla nothing; the meter charges each decoder's to the other one only."""

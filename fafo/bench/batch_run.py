@@ -74,7 +74,8 @@ class Pass:
         self.wall_s = max(t.finished_s for t in self.result.times) - self.result.start_s
         buffers = sorted((int(g.extras.get("buffer_bytes", 0)) for g in self.result.generations), reverse=True)
         self.peak = meter.memory.peak_mb(engine, {"buffer_bytes": sum(buffers[: b.batch_size])},
-                                         (id(decoder), eager), meter.others_held(decoder))
+                                         (id(decoder), eager), meter.others_held(decoder),
+                                         meter.spare_cache_bytes(decoder))
         self.shares = shares(self.result)
 
     def times(self, i: int) -> dict:
@@ -213,7 +214,7 @@ def warmup_batch(spec, meter) -> float:
         for decoder, eager in runs:
             for n in sizes if not eager else sizes[:1]:
                 p = Pass(spec, meter, decoder, prompts[:n], max_new[:n], list(range(n)), eager=eager)
-                meter.memory.warm((id(decoder), eager), meter.others_held(decoder))
+                meter.memory.warm((id(decoder), eager), meter.others_held(decoder) + meter.spare_cache_bytes(decoder))
                 total += p.wall_s
     for decoder, snapshot in zip(decoders, before):
         decoder.restore(snapshot)

@@ -57,9 +57,11 @@ class JobPlan:
     prompt_formats: dict[str, int] = field(default_factory=dict)  # kept samples per rendering (Task.prompt_format)
     kept: list = field(default_factory=list, repr=False)
     cache_slots: int = field(default=0, repr=False)  # the largest kept sample's prompt + new tokens + scratch
+    # the same with each decoder's own scratch, (method, reference): the slots each is charged (PeakMemory)
+    own_slots: tuple[int, int] = field(default=(0, 0), repr=False)
 
     def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in ("kept", "cache_slots")}
+        return {k: v for k, v in asdict(self).items() if k not in ("kept", "cache_slots", "own_slots")}
 
     def line(self) -> str:
         if not self.fits and not self.context_limit and self.problems:  # stopped before its model and samples
@@ -99,7 +101,8 @@ def assess(spec) -> JobPlan:
     longest, cost = 0, 0.0
     for s in spec.samples:
         max_new = spec.max_new_tokens(s)
-        scratch = max(spec.method.extra_slots(max_new), spec.reference.extra_slots(max_new))
+        own = (spec.method.extra_slots(max_new), spec.reference.extra_slots(max_new))
+        scratch = max(own)
         try:
             turn, prompt = worst_turn(spec.task, tok, s, max_new)
         except Exception as exc:  # noqa: BLE001 - a sample the task cannot build
@@ -128,6 +131,7 @@ def assess(spec) -> JobPlan:
         plan.kept.append(s)
         plan.n_beyond_trained += needed > trained
         longest, plan.cache_slots = max(longest, prompt), max(plan.cache_slots, needed)
+        plan.own_slots = tuple(max(slots, prompt + max_new + x) for slots, x in zip(plan.own_slots, own))
         if spec.cost_curve is not None:  # reference + method, every turn and repeat, at the mean context
             cost += len(s.turns) * 2 * max_new * spec.cost_curve.latency(1, prompt + max_new // 2) * bench.repeats
     plan.n_fit = len(plan.kept)

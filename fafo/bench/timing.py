@@ -75,9 +75,14 @@ class PeakMemory:
     Within a run the method and its reference alternate, so what one keeps allocated between its generations (a
     draft model, the caches its compiled steps reuse: :meth:`Decoder.held_bytes`) sits on the device while the
     other decodes; it is subtracted from the other's peaks, so that vanilla's peak is vanilla's alone.
+    Likewise the shared static cache: allocated once for the run, it has the slots of the larger need of the two
+    (the method's scratch: a verification tree, candidate rows), rounded up to whole blocks. Each decoder is
+    charged the slots it needs (its samples' longest prompt + new tokens + its own scratch); the rest (``spare``:
+    :meth:`Meter.spare_cache_bytes`) comes off its peak, on CUDA and on CPU, so that the method's scratch shows in
+    its overhead and not in vanilla's peak, and neither carries the engine's rounding.
 
-    CPU (no allocator statistics): weights + the static cache + the buffers the method reports in
-    ``Generation.extras["buffer_bytes"]``; transient activations are not seen there.
+    CPU (no allocator statistics): weights + the static cache's slots the decoder needs + the buffers the method
+    reports in ``Generation.extras["buffer_bytes"]``; transient activations are not seen there.
     """
 
     def __init__(self, device: torch.device):
@@ -95,14 +100,16 @@ class PeakMemory:
             peak = torch.cuda.max_memory_allocated(self.device) - others
             self.warm_bytes[key] = max(self.warm_bytes.get(key, 0), peak)
 
-    def peak_mb(self, engine, extras: dict, key=None, others: int = 0) -> float:
+    def peak_mb(self, engine, extras: dict, key=None, others: int = 0, spare: int = 0) -> float:
         """The peak of the generation since :meth:`reset`, by the decoder ``key`` names (its warm-up peak kept),
         less ``others`` on CUDA: what the run's other decoder keeps allocated between its own generations (a
-        draft model, a cache reused by compiled steps), which is not this decoder's memory."""
+        draft model, a cache reused by compiled steps), which is not this decoder's memory; less ``spare``
+        (CUDA and CPU): the shared cache's slots beyond this decoder's need."""
         if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device) - others
+            peak = torch.cuda.max_memory_allocated(self.device) - others - spare
             return max(peak, self.warm_bytes.get(key, 0)) / 2**20
-        return (engine.weights_nbytes + engine.cache_nbytes + int(extras.get("buffer_bytes", 0))) / 2**20
+        held = engine.weights_nbytes + engine.cache_nbytes - spare
+        return (held + int(extras.get("buffer_bytes", 0))) / 2**20
 
 
 def cpu_name() -> str:
@@ -209,12 +216,23 @@ class Meter:
         finally:
             self.engine.ledger.log = None
         times = {"prefill_s": self.clock.prefill_s, "decode_s": self.clock.decode_s, "total_s": self.clock.total_s}
-        peak = self.memory.peak_mb(self.engine, gen.extras, (id(decoder), eager), self.others_held(decoder))
+        peak = self.memory.peak_mb(self.engine, gen.extras, (id(decoder), eager), self.others_held(decoder),
+                                   self.spare_cache_bytes(decoder))
         return gen, times, compact(log), peak
 
     def others_held(self, decoder) -> int:
         """Bytes the run's other decoder keeps allocated while ``decoder`` decodes (:meth:`Decoder.held_bytes`)."""
         return sum(d.held_bytes() for d in (self.spec.method, self.spec.reference) if d is not decoder)
+
+    def spare_cache_bytes(self, decoder) -> int:
+        """Bytes of the shared static cache beyond the slots ``decoder`` needs: the run allocates it once, for the
+        larger of the method's and the reference's needs over the run's samples (the plan's ``own_slots``),
+        rounded up to whole blocks (:func:`~fafo.engine.engine.cache_slots`). 0 where the cache was released."""
+        cache, plan = self.engine.static_cache, self.spec.plan
+        if cache is None or plan is None or not any(decoder is d for d in (self.spec.method, self.spec.reference)):
+            return 0
+        own = plan.own_slots[decoder is self.spec.reference]
+        return max(0, cache.max_len - own) * cache.nbytes // cache.max_len
 
     def eager(self, eager: bool):
         """Decode steps eager inside (``eager``) on an engine whose steps are compiled."""
@@ -246,7 +264,7 @@ class Meter:
                     decoder.warm_shapes(self.engine)  # step shapes the generation did not take
                 self.clock.stop()
                 total += self.clock.total_s
-                self.memory.warm((id(decoder), eager), self.others_held(decoder))
+                self.memory.warm((id(decoder), eager), self.others_held(decoder) + self.spare_cache_bytes(decoder))
         for decoder, snapshot in zip(decoders, before):
             decoder.restore(snapshot)
         if cudagraph_skips():  # each skipped graph would run without replay inside every timed sample
