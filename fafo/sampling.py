@@ -97,6 +97,16 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def ignored(self) -> str | None:
+        """A warning naming the settings greedy decoding leaves unused (transformers' ``generate`` ignores them too
+        without ``do_sample``), so that the greedy point of a temperature sweep says it; None when nothing is."""
+        if not self.greedy or self.from_generation_config:
+            return None
+        unused = [f"sampling.{name}={value}" for name, value, off in
+                  (("top_p", self.top_p, 1.0), ("top_k", self.top_k, 0), ("min_p", self.min_p, 0.0)) if value != off]
+        return (f"{', '.join(unused)} unused: sampling.temperature=0 is greedy argmax; set sampling.temperature > 0 "
+                "to sample with them") if unused else None
+
     # ------------------------------------------------------------------ model_default
     def resolve(self, checkpoint_path) -> Sampling:
         """The settings with ``from_generation_config`` applied from the checkpoint's generation_config.json

@@ -172,25 +172,29 @@ def body(table: GenericTable) -> list[list[str]]:
     return lines
 
 
+def notes(table: GenericTable) -> list[str]:
+    """What the table's numbers mean: its columns' definitions, the prompt formats and sampling, its own notes."""
+    return ["cells: speedup over vanilla × interval (tau/tau_all; tau_all where recorded); n: samples[/turns] of "
+            "the row's runs (failed rows, ‡ flagged, ∅ no decode step); Exact: exact-match rate over the row's "
+            "(sample, turn)s (mismatches "
+            "classified in fp32 as tie / div); Peak MB: max over the row's runs, Vanilla MB: vanilla's own peak, "
+            "Overhead MB: method - vanilla; tok/s: the row's new tokens / total time; verify ms: time per "
+            "verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",
+            *report.definitions([r.summary for r in table.cells["run"]], ("tau", "tau_all")),
+            *tables.sampled_note(table.cells["run"]), *tables.prompts_note(table.cells["run"]), *table.notes]
+
+
 def to_markdown(table: GenericTable) -> str:
-    notes = ["cells: speedup over vanilla × interval (tau/tau_all; tau_all where recorded); n: samples[/turns] of "
-             "the row's runs (failed rows, ‡ flagged, ∅ no decode step); Exact: exact-match rate over the row's "
-             "(sample, turn)s (mismatches "
-             "classified in fp32 as tie / div); Peak MB: max over the row's runs, Vanilla MB: vanilla's own peak, "
-             "Overhead MB: method - vanilla; tok/s: the row's new tokens / total time; verify ms: time per "
-             "verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",
-             *report.definitions([r.summary for r in table.cells["run"]], ("tau", "tau_all")),
-             *tables.sampled_note(table.cells["run"]), *tables.prompts_note(table.cells["run"]), *table.notes]
     entries = [([r.model, r.method, table.col_names[(r.task, r.value)]], r.run)
                for r in table.cells.itertuples(index=False)]
     split = report.category_markdown(entries, ["Model", "Method", "Column"], f"{table.title}: per category", rf.DASH)
-    return rf.markdown(header(table), body(table), notes, table.title) + ("\n" + split if split else "")
+    return rf.markdown(header(table), body(table), notes(table), table.title) + ("\n" + split if split else "")
 
 
 def to_latex(table: GenericTable) -> str:
     head = header(table)
     return tables.latex(table.title, "ll" + "r" * (len(head) - 2), [" & ".join(tables.tex(h) for h in head) + r" \\"],
-                    body(table))
+                        body(table), notes(table))
 
 
 def long_frame(table: GenericTable) -> pd.DataFrame:

@@ -30,8 +30,8 @@ paper's key as ``paper.cell`` ({axis: value}) and is shown there, its own value 
 Runs from no paper preset (or ``--by KEY``) get the generic table of ``scripts/generic_table.py``; when runs of one
 (model, method, task) differ in config keys (a sweep over them) and no ``--by`` is given, those keys are the
 columns (a note on stderr says which), so no cell silently shows one of several settings. Writes
-``<table>.csv`` (one line per cell, every number), ``<table>.md`` and ``<table>.tex`` to ``--out`` (default
-``<first root>/tables``) and prints the Markdown.
+``<table>.csv`` (one line per cell, every number), ``<table>.md`` and ``<table>.tex`` (its notes as ``%`` comments)
+to ``--out`` (default ``<first root>/tables``) and prints the Markdown.
 """
 
 from __future__ import annotations
@@ -197,7 +197,8 @@ def to_latex(table: Table) -> str:
     rules = " ".join(rf"\cmidrule(lr){{{first + w * i}-{first + w - 1 + w * i}}}" for i in range(len(table.cols)))
     sub = lead + (["ours", "n", "paper", r"$\Delta$"] + [tables.tex(k) for k in table.beside]) * len(table.cols)
     sub += ["Peak MB"] + (["Peak MB (paper)"] if table.has_paper_peak else []) + ["Vanilla MB", "Overhead MB", "Exact"]
-    return tables.latex(table.title, spec, [" & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\"], body(table))
+    return tables.latex(table.title, spec, [" & ".join(top) + r" \\", rules, " & ".join(sub) + r" \\"], body(table),
+                        footnotes(table))
 
 
 LONG_COLUMNS = ["table", "model", "method", "paper_model", "paper_method", "column", "task", "axis", "value",

@@ -182,6 +182,21 @@ def test_cli_plan_of_a_comparison_plans_every_method(tmp_path):
 
 
 @pytest.mark.slow
+def test_cli_plan_warns_that_the_greedy_point_of_a_temperature_sweep_ignores_top_p(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "fafo.bench", "-m", "sampling=llama_default",
+                          "sampling.temperature=0,0.6", "bench.plan=true", "task.ids=[chat-01]",
+                          f"bench.output_dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    warned = [line for line in res.stdout.splitlines() if "unused" in line]
+    assert warned == ["  warning: sampling.top_p=0.9 unused: sampling.temperature=0 is greedy argmax; set "
+                      "sampling.temperature > 0 to sample with them"]  # the T=0.6 job warns of nothing
+    plans = [json.loads(p.read_text()) for p in tmp_path.rglob("plan.json")]
+    assert sorted(len(p["warnings"]) for p in plans) == [0, 1]
+
+
+@pytest.mark.slow
 def test_cli_plan_of_a_job_stopped_by_its_data_names_it_as_a_run_would_and_counts_nothing(tmp_path):
     """A job stopped before its samples (its data file missing) is not shown with zero samples and a 0 GB peak as if
     measured, and its method is named as a resolved run names it (fafo-quest, not the config's fafo-{compress})."""

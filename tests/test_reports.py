@@ -20,7 +20,7 @@ import make_tables as mt  # noqa: E402
 import plot as plot_script  # noqa: E402
 from report_runs import write_run  # noqa: E402
 
-from fafo.bench.tools import compare_table  # noqa: E402
+from fafo.bench.tools import compare_table, tables  # noqa: E402
 from fafo.bench.metrics import summarize  # noqa: E402
 from fafo.bench.tools.report import read_rows  # noqa: E402
 from fafo.bench.tools.report_format import fmt_interval  # noqa: E402
@@ -60,10 +60,21 @@ def test_generic_table_shows_coverage_interval_memory_verify_time_and_definition
     md = generic_table.to_markdown(table)
     assert "speedup_e2e = (method new tokens / method total time)" in md  # the headline, named and defined
     assert "tau = tokens committed per verification step, prefill excluded" in md and "tau_all = " in md
+    above = generic_table.to_latex(table).split(r"\begin{tabular}")[0]  # the .tex carries the same definitions
+    unwrapped = " ".join(line[4:] for line in above.splitlines()[1:])
+    assert "speedup_e2e = (method new tokens / method total time)" in unwrapped
+    assert all(len(line) <= 120 for line in above.splitlines())
     long = generic_table.long_frame(table).set_index("method")
     assert long.loc["lookahead", "n_failed"] == 0 and long.loc["lookahead", "speedup_kind"] == "e2e"
     assert long.loc["lookahead", "speedup_range_lo"] == round(s["speedup_range"][0], 4)  # 4 samples: a range
     assert long.loc["lookahead", "speedup_ci95_lo"] == "" and "speedup_ci95" not in s
+
+
+def test_a_latex_note_stays_a_comment_whatever_it_holds():
+    text = tables.comment("first line 50 % off\nsecond " + "word " * 40 + "x" * 130)
+    lines = text.splitlines()
+    assert lines[0] == "% - first line 50 % off" and all(line.startswith("%   ") for line in lines[1:])
+    assert len(lines) == 4 and lines[-1] == "%   " + "x" * 130  # a word longer than a line is kept whole
 
 
 def test_a_method_that_failed_a_sample_is_compared_on_the_common_samples(tmp_path):

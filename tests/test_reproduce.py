@@ -364,7 +364,11 @@ def test_make_tables_handles_every_published_table_without_runs(tmp_path):
         assert table.rows and table.cols
         md = mt.to_markdown(table)
         assert md.count("\n|") == len(table.rows) + 2  # header, rule and one line per row
-        assert mt.to_latex(table).count(r"\\") >= len(table.rows) + 2
+        tex = mt.to_latex(table)
+        assert tex.count(r"\\") >= len(table.rows) + 2
+        above = tex.split(r"\begin{tabular}")[0].splitlines()
+        assert all(line.startswith("%") for line in above)
+        assert sum(line.startswith("% - ") for line in above) == len(mt.footnotes(table)) > 0
 
 
 def test_table3_heads_with_end_to_end_and_shows_decode_beside_and_triforce_tau_is_marked(tmp_path):

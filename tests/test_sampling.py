@@ -112,6 +112,13 @@ def test_min_p_and_repetition_penalty_match_hf():
     assert torch.allclose(s.probs(logits, hist[0].tolist()), torch.softmax(x, -1), atol=1e-6)
 
 
+def test_greedy_names_the_sampling_settings_it_leaves_unused():
+    assert Sampling().ignored() is None and Sampling(temperature=0.6, top_p=0.9, top_k=20).ignored() is None
+    assert Sampling(from_generation_config=True, top_p=0.5).ignored() is None  # resolved from the checkpoint later
+    text = Sampling(top_p=0.9, min_p=0.05).ignored()
+    assert text.startswith("sampling.top_p=0.9, sampling.min_p=0.05 unused: sampling.temperature=0 is greedy")
+
+
 def test_model_default_reads_generation_config(checkpoint, tmp_path):
     import shutil
 

@@ -97,7 +97,7 @@ def assess(spec) -> JobPlan:
     plan = JobPlan(job=job_label(spec.names), batch_size=bench.batch_size, n_samples=len(spec.samples),
                    context_limit=spec.context,
                    trained_context=trained, n_filtered=_filtered(spec.task, tok),
-                   warnings=[spec.context_warning] if spec.context_warning else [])
+                   warnings=[w for w in (spec.context_warning, spec.sampling.ignored()) if w])
     longest, cost = 0, 0.0
     for s in spec.samples:
         max_new = spec.max_new_tokens(s)

@@ -6,6 +6,7 @@ with their marks, the long CSV's extra columns, and LaTeX (booktabs) beside the 
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,15 +188,25 @@ def csv_extras(run) -> dict:
     return out
 
 
-def latex(title: str, spec: str, head: list[str], lines) -> str:
-    """A booktabs ``tabular`` (``% title`` above it): the ``head`` lines (LaTeX already), then one line per row with
-    its cells escaped by :func:`tex`, a rule before each row that starts a group (a non-empty first cell)."""
-    out = [f"% {title} (scripts/make_tables.py)", r"\begin{tabular}{" + spec + "}", r"\toprule", *head, r"\midrule"]
+def latex(title: str, spec: str, head: list[str], lines, notes=()) -> str:
+    """A booktabs ``tabular``: ``% title`` and the table's ``notes`` (its definitions, n, intervals, failures) as
+    comment lines above it, so that the fragment can be ``\\input`` anywhere (a float, a ``\\resizebox``) and still
+    carries what its numbers mean; then the ``head`` lines (LaTeX already) and one line per row with its cells escaped
+    by :func:`tex`, a rule before each row that starts a group (a non-empty first cell)."""
+    out = [f"% {title} (scripts/make_tables.py)"] + [comment(note) for note in notes]
+    out += [r"\begin{tabular}{" + spec + "}", r"\toprule", *head, r"\midrule"]
     for i, line in enumerate(lines):
         if i and line[0]:
             out.append(r"\midrule")
         out.append(" & ".join(tex(x) for x in line) + r" \\")
     return "\n".join(out + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+
+
+def comment(note: str, width: int = 118) -> str:
+    """A note as LaTeX comment lines (``% - `` then ``%   `` on each wrapped line); its own line breaks kept."""
+    wrapped = [part for para in str(note).splitlines() or [""]
+               for part in textwrap.wrap(para, width - 4, break_long_words=False, break_on_hyphens=False) or [""]]
+    return "\n".join(("% - " if i == 0 else "%   ") + part for i, part in enumerate(wrapped))
 
 
 def write_table(out_dir, name: str, frame, md: str, latex_text: str) -> dict[str, Path]:
