@@ -176,10 +176,9 @@ def notes(table: GenericTable) -> list[str]:
     """What the table's numbers mean: its columns' definitions, the prompt formats and sampling, its own notes."""
     return ["cells: speedup over vanilla × interval (tau/tau_all; tau_all where recorded); n: samples[/turns] of "
             "the row's runs (failed rows, ‡ flagged, ∅ no decode step); Exact: exact-match rate over the row's "
-            "(sample, turn)s (mismatches "
-            "classified in fp32 as tie / div); Peak MB: max over the row's runs, Vanilla MB: vanilla's own peak, "
-            "Overhead MB: method - vanilla; tok/s: the row's new tokens / total time; verify ms: time per "
-            "verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",
+            "(sample, turn)s (mismatches classified in fp32 as tie / div); Peak MB: max over the row's runs, "
+            "Vanilla MB: vanilla's own peak, Overhead MB: method - vanilla; tok/s: the row's new tokens / total "
+            "time; verify ms: time per verification forward; Accept hist: steps that committed 1, 2, 3... tokens.",
             *report.definitions([r.summary for r in table.cells["run"]], ("tau", "tau_all")),
             *tables.sampled_note(table.cells["run"]), *tables.prompts_note(table.cells["run"]), *table.notes]
 
