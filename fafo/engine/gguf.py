@@ -1,4 +1,4 @@
-"""GGUF as a checkpoint format: a Llama/Qwen2/Mistral GGUF file converted once into a cached checkpoint directory.
+"""GGUF as a checkpoint format: a Llama/Qwen2 GGUF file converted once into a cached checkpoint directory.
 
 transformers reads GGUF (``from_pretrained(dir, gguf_file=...)``, with the ``gguf`` package) and dequantizes every
 tensor to float, undoing llama.cpp's Q/K row permutation; its ``save_pretrained`` then refuses ("quantized with gguf
@@ -30,7 +30,10 @@ from fafo.errors import ConfigError
 from fafo.extras import require
 from fafo.files import Source, check_gguf
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
+# ``general.architecture`` values the conversion reads. llama.cpp's converter writes Mistral 7B and the other
+# Llama-shaped models as "llama" (convert_hf_to_gguf.py: ``MistralModel.model_arch = MODEL_ARCH.LLAMA``); gguf-py
+# has no "mistral" architecture for transformers to read, only "mistral3"/"mistral4", other models.
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 PKG_PREFIX = "pkg:"
 
 
@@ -105,6 +108,14 @@ def gguf_architecture(file: Path) -> str:
                           "it again") from None
 
 
+def gguf_flag(file: Path, key: str) -> bool | None:
+    """A boolean metadata field of a (readable) GGUF file; None when the file does not set it."""
+    import gguf
+
+    field = gguf.GGUFReader(str(file)).fields.get(key)
+    return None if field is None else bool(field.contents())
+
+
 def gguf_checkpoint(gguf_file: str, path: str | None = None, revision: str | None = None) -> Path:
     """The cached checkpoint directory converted from a GGUF file (converted on first use)."""
     file = locate_gguf(gguf_file, path, revision)
@@ -117,7 +128,8 @@ def gguf_checkpoint(gguf_file: str, path: str | None = None, revision: str | Non
     arch = gguf_architecture(file)
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(f"model.gguf_file={gguf_file!r} holds a {arch!r} model; the engine supports "
-                          f"{', '.join(SUPPORTED_ARCHITECTURES)} GGUF files")
+                          f"{', '.join(SUPPORTED_ARCHITECTURES)} GGUF files (llama.cpp writes Mistral 7B and other "
+                          "Llama-shaped models as llama)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
     try:
@@ -147,6 +159,11 @@ def convert_gguf(file: Path, out: Path) -> None:
     except (ValueError, KeyError, OSError, RuntimeError) as exc:
         raise ConfigError(f"model.gguf_file={str(file)!r} could not be converted ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}); use a Llama/Qwen2 GGUF") from None
+    add_bos = gguf_flag(file, "tokenizer.ggml.add_bos_token")
+    if add_bos is not None and tokenizer.bos_token is not None and tokenizer.add_bos_token != add_bos:
+        # llama.cpp prepends BOS as the file says; transformers 5.17 ignores the flag for a BPE ("gpt2") vocabulary
+        # (5.25 follows it), so without this the same file would tokenize differently by transformers version
+        tokenizer.add_bos_token = add_bos
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
