@@ -10,7 +10,8 @@ tokens/s (its new tokens over its total time), time per verification forward and
 of one model in one column are compared on the (sample, turn)s all of them cover (:func:`fafo.bench.tools.report.align`,
 marked †); runs whose samples carry categories get a second, per-category table. Written as ``<name>.csv`` (long
 form: one line per cell with every number and its run directory), ``<name>.md`` and ``<name>.tex`` like the paper
-tables. Runs are read by :func:`fafo.bench.tools.report.collect` and aggregated with pandas.
+tables, and the per-category table as ``<name>_by_category.csv`` (one line per cell and category). Runs are read
+by :func:`fafo.bench.tools.tables.collect` and aggregated with pandas.
 """
 
 from __future__ import annotations
@@ -183,10 +184,15 @@ def notes(table: GenericTable) -> list[str]:
             *tables.sampled_note(table.cells["run"]), *tables.prompts_note(table.cells["run"]), *table.notes]
 
 
+def category_entries(table: GenericTable) -> list:
+    """[(model, method, column), run] of every cell, for the per-category table."""
+    return [([r.model, r.method, table.col_names[(r.task, r.value)]], r.run)
+            for r in table.cells.itertuples(index=False)]
+
+
 def to_markdown(table: GenericTable) -> str:
-    entries = [([r.model, r.method, table.col_names[(r.task, r.value)]], r.run)
-               for r in table.cells.itertuples(index=False)]
-    split = report.category_markdown(entries, ["Model", "Method", "Column"], f"{table.title}: per category", rf.DASH)
+    split = report.category_markdown(category_entries(table), ["Model", "Method", "Column"],
+                                     f"{table.title}: per category", rf.DASH)
     return rf.markdown(header(table), body(table), notes(table), table.title) + ("\n" + split if split else "")
 
 
@@ -217,4 +223,5 @@ def long_frame(table: GenericTable) -> pd.DataFrame:
 
 
 def write_outputs(table: GenericTable, out_dir: str | Path) -> dict[str, Path]:
-    return tables.write_table(out_dir, table.name, long_frame(table), to_markdown(table), to_latex(table))
+    split = tables.category_frame(category_entries(table), ["model", "method", "column"])
+    return tables.write_table(out_dir, table.name, long_frame(table), to_markdown(table), to_latex(table), split)

@@ -31,7 +31,8 @@ Runs from no paper preset (or ``--by KEY``) get the generic table of ``scripts/g
 (model, method, task) differ in config keys (a sweep over them) and no ``--by`` is given, those keys are the
 columns (a note on stderr says which), so no cell silently shows one of several settings. Writes
 ``<table>.csv`` (one line per cell, every number), ``<table>.md`` and ``<table>.tex`` (its notes as ``%`` comments)
-to ``--out`` (default ``<first root>/tables``) and prints the Markdown.
+to ``--out`` (default ``<first root>/tables``), and ``<table>_by_category.csv`` (one line per cell and category) when
+runs carry categories, and prints the Markdown.
 """
 
 from __future__ import annotations
@@ -176,13 +177,19 @@ def footnotes(table: Table) -> list[str]:
     return notes
 
 
+def category_entries(table: Table) -> list:
+    """[(model, method, column), run] of every cell with a run, for the per-category table (none when the table's
+    columns are categories already: Spec-Bench's subtasks)."""
+    if "category" in table.axes:
+        return []
+    return [([*table.row_names[row], table.col_names[col]], table.cell(row, col).ours)
+            for row in table.rows for col in table.cols if table.cell(row, col).ours is not None]
+
+
 def to_markdown(table: Table) -> str:
     md = rf.markdown(header(table), body(table), footnotes(table), table.title)
-    if "category" in table.axes:  # Spec-Bench's subtasks are the main table's columns already
-        return md
-    entries = [([*table.row_names[row], table.col_names[col]], table.cell(row, col).ours)
-               for row in table.rows for col in table.cols if table.cell(row, col).ours is not None]
-    split = report.category_markdown(entries, ["Model", "Method", "Column"], f"{table.title}: per category", DASH)
+    split = report.category_markdown(category_entries(table), ["Model", "Method", "Column"],
+                                     f"{table.title}: per category", DASH)
     return md + ("\n" + split if split else "")
 
 
@@ -240,7 +247,8 @@ def long_rows(table: Table) -> list[dict]:
 
 def write_outputs(table: Table, out_dir: str | Path) -> dict[str, Path]:
     frame = pd.DataFrame(long_rows(table), columns=LONG_COLUMNS)
-    return tables.write_table(out_dir, table.name, frame, to_markdown(table), to_latex(table))
+    split = tables.category_frame(category_entries(table), ["model", "method", "column"])
+    return tables.write_table(out_dir, table.name, frame, to_markdown(table), to_latex(table), split)
 
 
 def swept_by(collected: Collected) -> str | None:

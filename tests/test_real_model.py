@@ -214,6 +214,11 @@ def test_compare_job_on_a_tiny_model(tmp_path):
         assert summary["n_samples"] == 2 and summary["model"] == "tiny-llama"
         assert summary["prompt_formats"] == {"chat template": 2}  # chat-01 and struct-01, the tokenizer's template
     assert "task builtin, 2 samples (prompts: chat template), " in (run_dir / "compare.md").read_text()
+    with open(run_dir / "compare_by_category.csv", newline="") as f:  # the per-category table as a CSV too
+        split = list(csv.DictReader(f))
+    assert [(r["method"], r["category"]) for r in split] == [
+        (m, c) for m in ("vanilla", "lookahead", "fafo-stream") for c in ("chat", "structured")]
+    assert all(r["n_turns"] == "1" and float(r["exact_match_rate"]) == 1.0 for r in split)
     assert "| lookahead |" in proc.stdout and "CPU" in proc.stdout  # the printed table and its caption
     # vanilla is the A/A noise floor, not a result; every row says its coverage
     assert [r["role"] for r in rows] == ["A/A noise floor", "method", "method"]

@@ -18,9 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import generic_table  # noqa: E402
 import make_tables as mt  # noqa: E402
 import plot as plot_script  # noqa: E402
+import report_runs  # noqa: E402
 from report_runs import write_run  # noqa: E402
 
-from fafo.bench.tools import compare_table, tables  # noqa: E402
+from fafo.bench.tools import compare_table, report, tables  # noqa: E402
 from fafo.bench.metrics import summarize  # noqa: E402
 from fafo.bench.tools.report import read_rows  # noqa: E402
 from fafo.bench.tools.report_format import fmt_interval  # noqa: E402
@@ -103,6 +104,12 @@ def test_a_method_that_failed_a_sample_is_compared_on_the_common_samples(tmp_pat
     assert cells["fafo-stream"]["common_samples"] == 3 and cells["lookahead"]["n_failed"] == 1
     text = mt.to_markdown(paper)
     assert "† Llama-2-7b-chat, MT-Bench: computed on the 3 (sample, turn)s" in text
+    paths = mt.write_outputs(paper, tmp_path / "tables")
+    split = pd.read_csv(paths["by_category"])
+    assert split[["model", "method", "column"]].drop_duplicates().values.tolist() == [
+        ["Llama-2-7b-chat", "FAFO-Stream", "MT-Bench"], ["Llama-2-7b-chat", "Lookahead", "MT-Bench"]]
+    assert split["category"].tolist() == ["chat", "code"] * 2 and split["n_turns"].tolist() == [2, 1, 2, 1]
+    assert (tmp_path / "tables" / "table2_by_category.csv").read_text().splitlines()[1].split(",")[4:6] == ["2", "2"]
     assert "(1)" in dict(zip(*[md_rows(text)[0], md_rows(text)[3]]))["MT-Bench n"]  # Lookahead: 3 (1 failed)
 
 
@@ -115,6 +122,18 @@ def test_per_category_table_recomputed_from_the_samples(tmp_path):
     for cat, text in zip(("chat", "code"), line[3:]):
         s = summarize([r for r in rows if r["category"] == cat], n_boot=200)
         assert text == f"{speed_text(s)} ({s['tau']:.2f}) n=2"
+
+
+def test_a_table_without_categories_removes_the_per_category_csv_of_an_earlier_one(tmp_path, monkeypatch):
+    write_run(tmp_path / "runs", "m/builtin/fafo/default", "m", "fafo", seed=5)
+    paths = generic_table.write_outputs(generic_table.build(mt.collect([tmp_path / "runs"])), tmp_path / "tables")
+    assert paths["by_category"] == tmp_path / "tables" / "runs_by_category.csv" and paths["by_category"].exists()
+    monkeypatch.setattr(report_runs, "SAMPLES", [(sid, "") for sid, _ in report_runs.SAMPLES])  # no categories
+    d, _ = write_run(tmp_path / "plain", "m/builtin/fafo/default", "m", "fafo", seed=5)
+    assert len(read_rows(d / "samples.csv")) == 4 and "by_category" not in json.loads((d / "summary.json").read_text())
+    paths = generic_table.write_outputs(generic_table.build(mt.collect([tmp_path / "plain"])), tmp_path / "tables")
+    assert "by_category" not in paths and not (tmp_path / "tables" / "runs_by_category.csv").exists()
+    assert "per category" not in paths["md"].read_text()
 
 
 def test_old_run_directories_still_load_with_dashes(tmp_path):
@@ -164,13 +183,22 @@ def test_main_job_table_shows_vanilla_as_the_a_a_noise_floor(tmp_path):
     assert "95 %" not in md and "{lo–hi} = lowest and highest per-sample value" in text
     assert "[lo–hi] = 95 %" not in text  # no cell has a bootstrap interval, so none is defined
     assert notes and "lookahead lacks 1 (1 failed" in notes[0]
-    categories = compare_table.categories_markdown(tmp_path, aligned)
-    compare_table.write_outputs(table, tmp_path, "caption " + " ".join(notes), categories)
+    entries = compare_table.category_entries(tmp_path, aligned)
+    categories = report.category_markdown(entries, ["method"], dash="-")
+    compare_table.write_outputs(table, tmp_path, "caption " + " ".join(notes), categories,
+                                tables.category_frame(entries, ["method"]))
     written = (tmp_path / "compare.md").read_text()
     assert "| vanilla (A/A noise floor) |" in written and "| method | chat | code |" in written
     code = [line for line in md_rows(written) if line[0] == "vanilla"][0][2]  # s2 only: s3 is not common
     vanilla = read_rows(tmp_path / "vanilla" / "samples.csv")
-    assert code == f"{speed_text(common_summary(vanilla, {('s2', 0)}))} (1.00) n=1"
+    s2 = common_summary(vanilla, {("s2", 0)})
+    assert code == f"{speed_text(s2)} (1.00) n=1"
+    split = pd.read_csv(tmp_path / "compare_by_category.csv").set_index(["method", "category"])
+    assert list(split.index) == [(m, c) for m in names for c in ("chat", "code")]  # the same common samples
+    assert split.loc[("vanilla", "code"), "speedup"] == round(s2["speedup"], 4)
+    assert split.loc[("vanilla", "code"), "n_turns"] == 1 and split.loc[("lookahead", "chat"), "n_turns"] == 2
+    chat = common_summary(vanilla, {("s0", 0), ("s1", 0)})
+    assert split.loc[("vanilla", "chat"), "speedup_range_hi"] == round(chat["speedup_range"][1], 4)
     assert (tmp_path / "compare.png").stat().st_size > 1000
     assert pd.read_csv(tmp_path / "compare.csv")["n_failed"].tolist() == [0, 1]
 
@@ -208,6 +236,13 @@ def test_make_tables_cli_on_a_sweep_with_a_failed_sample(tmp_path):
     assert head[:4] == ["Model", "Method", "builtin", "n (failed)"]
     assert [line[3] for line in lines] == ["3 (0)", "3 (1)"] and all(line[2].endswith("†") for line in lines)
     assert "computed on the 3 (sample, turn)s common" in proc.stdout and "| chat | code |" in proc.stdout
+    split = pd.read_csv(tmp_path / "tables" / "runs_by_category.csv").set_index(["method", "category"])
+    fafo_rows = read_rows(tmp_path / "m/builtin/fafo/default/samples.csv")
+    chat = common_summary(fafo_rows, {("s1", 0)})  # lookahead failed s0: the common chat sample is s1
+    assert split.loc[("fafo", "chat"), "speedup"] == round(chat["speedup"], 4)
+    assert split.loc[("fafo", "chat"), "tau"] == round(chat["tau"], 4) and split["n_turns"].tolist() == [1, 2, 1, 2]
+    assert set(split["run_dir"]) == {"m/builtin/fafo/default", "m/builtin/lookahead/default"}
+    assert "runs_by_category.csv" in proc.stderr  # said among the files written
     long = pd.read_csv(tmp_path / "tables" / "runs.csv")
     assert long["common_samples"].tolist() == [3, 3] and long["n_failed"].tolist() == [0, 1]
     assert (tmp_path / "tables" / "runs.tex").read_text().count("$^\\dagger$") == 2

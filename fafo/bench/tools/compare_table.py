@@ -1,6 +1,6 @@
 """The comparison's files (:mod:`fafo.bench.compare`): ``compare.csv``, ``compare.md`` (per category too when samples
-carry categories) and ``compare.png``, every method on the (sample, turn)s all of them completed
-(:func:`fafo.bench.tools.report.align`); vanilla's row is the A/A line.
+carry categories, with ``compare_by_category.csv`` beside it) and ``compare.png``, every method on the (sample, turn)s
+all of them completed (:func:`fafo.bench.tools.report.align`); vanilla's row is the A/A line.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from fafo.bench.tools.report import (Run, align, category_markdown, definitions,
 from fafo.bench.tools.report_format import (SAMPLED_EXACTNESS, fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n,
                                             fmt_prompts, num, sampled_temperature)
 from fafo.bench.tools.report_format import markdown as markdown_table
+from fafo.bench.tools.tables import category_frame
 
 INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager", "latency_p50",
              "latency_p90", "latency_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "tau_step"]
@@ -34,8 +35,9 @@ AA_LABEL = "vanilla (A/A noise floor)"
 def write_comparison(cfg: DictConfig, run_dir: Path, summaries: dict[str, dict]) -> None:
     """The comparison's files of the methods' ``summaries`` ({method: summary}), on their common samples."""
     aligned, notes = on_common_samples(run_dir, summaries)
+    entries = category_entries(run_dir, aligned)
     write_outputs(comparison_table(aligned), run_dir, caption(cfg, aligned, notes),
-                  categories_markdown(run_dir, aligned))
+                  category_markdown(entries, ["method"], dash="-").rstrip(), category_frame(entries, ["method"]))
 
 
 def _runs(run_dir: Path, summaries: dict[str, dict]):
@@ -116,21 +118,32 @@ def projected_note(summaries) -> str:
             "projected / measured decode - 1." + beyond)
 
 
-def categories_markdown(run_dir: Path, summaries: dict[str, dict]) -> str:
-    """The per-category table of the methods whose samples carry categories ("" when none do)."""
-    runs, _ = align(_runs(run_dir, summaries))  # per category on the common samples too
-    return category_markdown([([name], run) for name, run in zip(summaries, runs)], ["method"], dash="-").rstrip()
+def category_entries(run_dir: Path, summaries: dict[str, dict]) -> list:
+    """[([method], run)] of the comparison, aligned (per category on the common samples too), each named as in
+    compare.csv."""
+    runs, _ = align(_runs(run_dir, summaries))
+    return [([s.get("method", name)], run) for (name, s), run in zip(summaries.items(), runs)]
 
 
-def write_outputs(table, run_dir: Path, text: str, by_category: str = "") -> None:
+def write_outputs(table, run_dir: Path, text: str, by_category: str = "", category_csv=None) -> None:
+    """compare.csv, compare.md (the caption ``text`` and the per-category Markdown ``by_category`` under the table),
+    compare.png and, when ``category_csv`` has lines (:func:`fafo.bench.tools.tables.category_frame`),
+    compare_by_category.csv."""
     run_dir.mkdir(parents=True, exist_ok=True)
     table.to_csv(run_dir / "compare.csv", index=False)
     md = markdown(table)
     extra = f"\n\n{by_category}" if by_category else ""
     (run_dir / "compare.md").write_text(f"{md}\n\n{text}{extra}\n")
     plot(table, run_dir / "compare.png", text)
+    written = ["compare.csv", "compare.md", "compare.png"]
+    split = run_dir / "compare_by_category.csv"
+    if category_csv is not None and len(category_csv):
+        category_csv.to_csv(split, index=False)
+        written.append(split.name)
+    else:  # a resumed job's task without categories: no stale split beside the new table
+        split.unlink(missing_ok=True)
     print(f"\n== fafo-bench comparison ({run_dir}) ==\n{md}\n{text}{extra}\n"
-          f"written: compare.csv, compare.md, compare.png", flush=True)
+          f"written: {', '.join(written)}", flush=True)
 
 
 HEAD = ["method", "n (failed)", "speedup", "A/A", "decode", "projected (err)", "tau", "tau_all", "tokens/s",

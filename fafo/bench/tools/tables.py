@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fafo.bench.metrics import histogram
-from fafo.bench.tools.report import Run, load_yaml, speedup_kind, summarize_rows
+from fafo.bench.tools.report import Run, category_summaries, load_yaml, speedup_kind, summarize_rows
 from fafo.bench.tools.report_format import DASH, SAMPLED_EXACTNESS, fmt_ci, fmt_interval, num, sampled_temperature
 
 SKIP_DIRS = {"_reference", ".submitit", "wandb", ".hydra", "tables", "plots"}
@@ -167,18 +167,24 @@ def fmt_run(run, tau_all: bool = False, dash: str = DASH) -> str:
 
 
 def rounded(x, digits: int = 4):
-    """A CSV number rounded to ``digits`` ("" where there is none)."""
+    """A CSV number rounded to ``digits`` (an integer for 0 digits: a count; "" where there is none)."""
     x = num(x)
-    return "" if x is None else round(x, digits)
+    return "" if x is None else int(round(x)) if digits == 0 else round(x, digits)
+
+
+def interval_columns(s: dict) -> dict:
+    """A summary's speedup kind and interval bounds as CSV columns ("" where there is none)."""
+    ci = s.get("speedup_ci95") if isinstance(s.get("speedup_ci95"), (list, tuple)) else ("", "")
+    rng = s.get("speedup_range") if isinstance(s.get("speedup_range"), (list, tuple)) else ("", "")
+    return {"speedup_kind": s.get("speedup_kind") or "", "speedup_ci95_lo": rounded(ci[0]),
+            "speedup_ci95_hi": rounded(ci[1]), "speedup_range_lo": rounded(rng[0]),
+            "speedup_range_hi": rounded(rng[1])}
 
 
 def csv_extras(run) -> dict:
     """A long CSV's coverage, interval, tau_all, memory and exactness columns of a run ("" where unknown)."""
     s = run.summary if run is not None else {}
-    ci = s.get("speedup_ci95") if isinstance(s.get("speedup_ci95"), (list, tuple)) else ("", "")
-    rng = s.get("speedup_range") if isinstance(s.get("speedup_range"), (list, tuple)) else ("", "")
-    out = {"speedup_kind": s.get("speedup_kind") or "", "speedup_ci95_lo": rounded(ci[0]),
-           "speedup_ci95_hi": rounded(ci[1]), "speedup_range_lo": rounded(rng[0]), "speedup_range_hi": rounded(rng[1]),
+    out = {**interval_columns(s),
            "common_samples": len(run.coverage.common) if run is not None and run.coverage is not None else ""}
     for key, digits in (("tau_all", 4), ("n_failed", 0), ("ref_peak_mem_mb", 1), ("mem_overhead_mb", 1),
                         ("verify_ms", 3), ("n_mismatch_tie", 0), ("n_mismatch_divergence", 0), ("n_flagged", 0),
@@ -186,6 +192,28 @@ def csv_extras(run) -> dict:
                         ("projected_speedup", 4), ("projection_error", 4)):
         out[key] = rounded(s.get(key), digits)
     return out
+
+
+CATEGORY_NUMBERS = (("n_samples", 0), ("n_turns", 0), ("speedup", 4), ("tau", 4), ("tau_all", 4),
+                    ("exact_match_rate", 4), ("n_mismatch_tie", 0), ("n_mismatch_divergence", 0))
+CATEGORY_COLUMNS = ["category", *(k for k, _ in CATEGORY_NUMBERS), *interval_columns({}), "run_dir"]
+
+
+def category_frame(entries, labels: list[str]):
+    """The per-category table as a long CSV (pandas DataFrame): one line per (row, category) of ``entries`` =
+    [(row labels, run)] under the label columns ``labels``, with the numbers of the Markdown's cells
+    (:func:`fafo.bench.tools.report.category_table`) and the interval bounds, tau_all and exactness beside them; no
+    line for a run without two or more categories."""
+    import pandas as pd
+
+    lines = []
+    for values, run in entries:
+        for cat, s in (category_summaries(run) if run is not None else {}).items():
+            s = {"speedup_kind": run.summary.get("speedup_kind"), **s}
+            lines.append({**dict(zip(labels, values)), "category": cat,
+                          **{k: rounded(s.get(k), digits) for k, digits in CATEGORY_NUMBERS},
+                          **interval_columns(s), "run_dir": run.rel})
+    return pd.DataFrame(lines, columns=[*labels, *CATEGORY_COLUMNS])
 
 
 def latex(title: str, spec: str, head: list[str], lines, notes=()) -> str:
@@ -209,14 +237,22 @@ def comment(note: str, width: int = 118) -> str:
     return "\n".join(("% - " if i == 0 else "%   ") + part for i, part in enumerate(wrapped))
 
 
-def write_table(out_dir, name: str, frame, md: str, latex_text: str) -> dict[str, Path]:
-    """``<name>.csv`` (the DataFrame ``frame``), ``<name>.md`` and ``<name>.tex`` in ``out_dir``, by extension."""
+def write_table(out_dir, name: str, frame, md: str, latex_text: str, by_category=None) -> dict[str, Path]:
+    """``<name>.csv`` (the DataFrame ``frame``), ``<name>.md`` and ``<name>.tex`` in ``out_dir``, by extension, and
+    ``<name>_by_category.csv`` (:func:`category_frame`) when ``by_category`` has lines (an older one is removed when
+    it has none, so that the folder never pairs a table with another run's categories)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "md", "tex")}
     frame.to_csv(paths["csv"], index=False, lineterminator="\n")
     paths["md"].write_text(md)
     paths["tex"].write_text(latex_text)
+    split = out / f"{name}_by_category.csv"
+    if by_category is not None and len(by_category):
+        by_category.to_csv(split, index=False, lineterminator="\n")
+        paths["by_category"] = split
+    else:
+        split.unlink(missing_ok=True)
     return paths
 
 
