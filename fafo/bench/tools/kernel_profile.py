@@ -51,7 +51,10 @@ def profile_forward(fn, calls: int, device: torch.device) -> dict:
     activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     if cuda:
         torch.cuda.synchronize(device)
-    with profile(activities=activities) as prof:
+    # acc_events: one cycle either way; torch 2.11's prepare_trace (torch/profiler/profiler.py) creates its profiler
+    # before asking whether one exists, so without it every first profile warns that events of earlier cycles are
+    # dropped (there are none; later torch asks first)
+    with profile(activities=activities, acc_events=True) as prof:
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
