@@ -15,7 +15,7 @@ from fafo.bench.tools.report import (Run, align, category_markdown, definitions,
 from fafo.bench.tools.report_format import (SAMPLED_EXACTNESS, fmt, fmt_exact, fmt_hist, fmt_interval, fmt_n,
                                             fmt_prompts, num, sampled_temperature)
 from fafo.bench.tools.report_format import markdown as markdown_table
-from fafo.bench.tools.tables import category_frame
+from fafo.bench.tools.tables import category_frame, write_category_csv
 
 INTERVALS = ["speedup", "speedup_e2e", "speedup_decode", "tau", "aa_speedup", "speedup_vs_eager", "latency_p50",
              "latency_p90", "latency_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99", "tau_step"]
@@ -127,8 +127,7 @@ def category_entries(run_dir: Path, summaries: dict[str, dict]) -> list:
 
 def write_outputs(table, run_dir: Path, text: str, by_category: str = "", category_csv=None) -> None:
     """compare.csv, compare.md (the caption ``text`` and the per-category Markdown ``by_category`` under the table),
-    compare.png and, when ``category_csv`` has lines (:func:`fafo.bench.tools.tables.category_frame`),
-    compare_by_category.csv."""
+    compare.png and compare_by_category.csv (:func:`fafo.bench.tools.tables.write_category_csv`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     table.to_csv(run_dir / "compare.csv", index=False)
     md = markdown(table)
@@ -136,12 +135,8 @@ def write_outputs(table, run_dir: Path, text: str, by_category: str = "", catego
     (run_dir / "compare.md").write_text(f"{md}\n\n{text}{extra}\n")
     plot(table, run_dir / "compare.png", text)
     written = ["compare.csv", "compare.md", "compare.png"]
-    split = run_dir / "compare_by_category.csv"
-    if category_csv is not None and len(category_csv):
-        category_csv.to_csv(split, index=False)
-        written.append(split.name)
-    else:  # a resumed job's task without categories: no stale split beside the new table
-        split.unlink(missing_ok=True)
+    if write_category_csv(run_dir / "compare_by_category.csv", category_csv):
+        written.append("compare_by_category.csv")
     print(f"\n== fafo-bench comparison ({run_dir}) ==\n{md}\n{text}{extra}\n"
           f"written: {', '.join(written)}", flush=True)
 

@@ -239,21 +239,26 @@ def comment(note: str, width: int = 118) -> str:
 
 def write_table(out_dir, name: str, frame, md: str, latex_text: str, by_category=None) -> dict[str, Path]:
     """``<name>.csv`` (the DataFrame ``frame``), ``<name>.md`` and ``<name>.tex`` in ``out_dir``, by extension, and
-    ``<name>_by_category.csv`` (:func:`category_frame`) when ``by_category`` has lines (an older one is removed when
-    it has none, so that the folder never pairs a table with another run's categories)."""
+    ``<name>_by_category.csv`` (:func:`write_category_csv`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {ext: out / f"{name}.{ext}" for ext in ("csv", "md", "tex")}
     frame.to_csv(paths["csv"], index=False, lineterminator="\n")
     paths["md"].write_text(md)
     paths["tex"].write_text(latex_text)
-    split = out / f"{name}_by_category.csv"
-    if by_category is not None and len(by_category):
-        by_category.to_csv(split, index=False, lineterminator="\n")
-        paths["by_category"] = split
-    else:
-        split.unlink(missing_ok=True)
+    if write_category_csv(out / f"{name}_by_category.csv", by_category):
+        paths["by_category"] = out / f"{name}_by_category.csv"
     return paths
+
+
+def write_category_csv(path: Path, frame) -> bool:
+    """Write :func:`category_frame`'s ``frame`` to ``path`` when it has lines (True); else remove an older file
+    there, so that a folder never pairs a table with another run's categories (False)."""
+    if frame is not None and len(frame):
+        frame.to_csv(path, index=False, lineterminator="\n")
+        return True
+    Path(path).unlink(missing_ok=True)
+    return False
 
 
 def tex(s: str, dash: str = DASH) -> str:
